@@ -1,0 +1,31 @@
+//! The batch I/O traits every backend implements.
+//!
+//! Calls never block: they move as much as is ready (up to a batch) and return. The worker
+//! waits for readiness on [`PacketIo::fd`]/[`DatagramIo::fd`] between turns.
+
+use crate::Batch;
+use std::io;
+use std::os::fd::RawFd;
+
+/// The overlay side: IP packets to and from the TUN device (or a simulated one).
+pub trait PacketIo {
+    /// Appends received packets to `batch` until it is full or nothing is ready.
+    /// Returns how many were appended.
+    fn recv_batch(&mut self, batch: &mut Batch) -> io::Result<usize>;
+    /// Writes every packet in `batch`; packets the device refuses are dropped and counted by
+    /// the caller from the return value (packets written).
+    fn send_batch(&mut self, batch: &Batch) -> io::Result<usize>;
+    /// A descriptor that polls readable when packets are ready, if the backend has one.
+    fn fd(&self) -> Option<RawFd>;
+}
+
+/// The underlay side: UDP datagrams to and from peers.
+pub trait DatagramIo {
+    /// Appends received datagrams (with their source address) to `batch`.
+    fn recv_batch(&mut self, batch: &mut Batch) -> io::Result<usize>;
+    /// Sends every datagram in `batch` to its address. Returns how many were sent.
+    fn send_batch(&mut self, batch: &Batch) -> io::Result<usize>;
+    fn fd(&self) -> Option<RawFd>;
+    /// The local port the socket is bound to.
+    fn local_port(&self) -> u16;
+}
