@@ -1,0 +1,200 @@
+//! Network namespaces for privileged tests, made by the test and removed when dropped.
+//!
+//! Every name carries the process id and a counter, so tests run in parallel without
+//! colliding. Without root (or without `ip netns`), [`require_netns`] tells the test to skip,
+//! unless `TUNNELD_REQUIRE_NETNS=1`, where a skip is a failure.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A short name unique to this process and call: `{prefix}{pid}x{n}`, at most 15 bytes when
+/// `prefix` is at most 4 bytes (interface names are limited to 15).
+pub fn unique_name(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id() % 1_000_000;
+    format!("{prefix}{pid}x{n}")
+}
+
+/// Whether privileged namespace tests can run here. Returns `false` (after saying why) when
+/// the test should skip; panics when skipping is not allowed (`TUNNELD_REQUIRE_NETNS=1`).
+pub fn require_netns(test: &str) -> bool {
+    let reason = if unsafe_geteuid() != 0 {
+        Some("not running as root")
+    } else if !Command::new("ip")
+        .args(["netns", "list"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+    {
+        Some("`ip netns` is not usable (is iproute2 installed?)")
+    } else {
+        None
+    };
+    match reason {
+        None => true,
+        Some(why) if std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() == Ok("1") => {
+            panic!("{test}: cannot run the network-namespace test: {why} (TUNNELD_REQUIRE_NETNS=1)")
+        }
+        Some(why) => {
+            eprintln!("SKIPPED {test}: {why}; run as root to include it");
+            false
+        }
+    }
+}
+
+fn unsafe_geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// A network namespace that exists until this value is dropped.
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+}
+
+impl NetNs {
+    /// Creates `td{pid}x{n}` and brings its loopback up.
+    pub fn new() -> NetNs {
+        let name = unique_name("td");
+        run_ok(Command::new("ip").args(["netns", "add", &name]));
+        let ns = NetNs { name };
+        ns.run(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A command that runs inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name, program]);
+        cmd
+    }
+
+    /// Runs `argv` inside the namespace and panics with its output if it fails.
+    pub fn run(&self, argv: &[&str]) -> String {
+        let mut cmd = self.command(argv[0]);
+        cmd.args(&argv[1..]);
+        let out = run_ok(&mut cmd);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `argv` inside the namespace and returns its raw output, success or not.
+    pub fn output(&self, argv: &[&str]) -> Output {
+        let mut cmd = self.command(argv[0]);
+        cmd.args(&argv[1..]);
+        cmd.output()
+            .unwrap_or_else(|e| panic!("cannot run {argv:?}: {e}"))
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace (sockets it opens live there).
+    pub fn in_ns<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            enter(&path);
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
+
+    /// Spawns a thread that has entered this namespace and runs `f` there.
+    pub fn spawn_in_ns<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            enter(&path);
+            f()
+        })
+    }
+}
+
+fn enter(path: &str) {
+    let file = File::open(path).unwrap_or_else(|e| panic!("cannot open {path}: {e}"));
+    // SAFETY: setns on a valid namespace fd; it changes only the calling thread's namespace.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        // Processes still inside would keep interfaces alive; kill them first.
+        let _ = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+            .map(|out| {
+                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            });
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Joins two namespaces with a veth pair and gives each end an address (CIDR form).
+/// Returns the interface names (in `a`, in `b`).
+pub fn veth(a: &NetNs, a_addr: &str, b: &NetNs, b_addr: &str) -> (String, String) {
+    let a_if = unique_name("va");
+    let b_if = unique_name("vb");
+    run_ok(Command::new("ip").args([
+        "link", "add", &a_if, "netns", a.name(), "type", "veth", "peer", "name", &b_if, "netns",
+        b.name(),
+    ]));
+    for (ns, ifname, addr) in [(a, &a_if, a_addr), (b, &b_if, b_addr)] {
+        if addr.contains(':') {
+            // nodad: the address is usable at once instead of after duplicate detection.
+            ns.run(&["ip", "-6", "addr", "add", addr, "dev", ifname, "nodad"]);
+        } else {
+            ns.run(&["ip", "-4", "addr", "add", addr, "dev", ifname]);
+        }
+        ns.run(&["ip", "link", "set", ifname, "up"]);
+    }
+    (a_if, b_if)
+}
+
+/// Runs a command and panics with its stderr when it fails.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn veth_joins_two_namespaces() {
+        if !require_netns("veth_joins_two_namespaces") {
+            return;
+        }
+        let a = NetNs::new();
+        let b = NetNs::new();
+        veth(&a, "192.0.2.1/24", &b, "192.0.2.2/24");
+        a.run(&["ping", "-c", "1", "-W", "2", "192.0.2.2"]);
+        let name = a.name().to_string();
+        drop(a);
+        let list = run_ok(Command::new("ip").args(["netns", "list"]));
+        assert!(!String::from_utf8_lossy(&list.stdout).contains(&name));
+    }
+}
