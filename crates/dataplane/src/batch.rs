@@ -109,10 +109,12 @@ impl Batch {
         self.count = count.min(BATCH_SIZE);
     }
 
-    /// Raw pointers to every frame's payload area, for vectored syscalls.
-    pub(crate) fn payload_ptr(&mut self, i: usize) -> *mut u8 {
-        let start = i * FRAME + HEADROOM;
-        self.buf[start..].as_mut_ptr()
+    /// Raw pointers to every frame's payload area, for vectored syscalls. All are derived from
+    /// one borrow of the buffer, so they stay valid together (a pointer per call would be
+    /// invalidated by the next call's `&mut` borrow).
+    pub(crate) fn payload_ptrs(&mut self) -> [*mut u8; BATCH_SIZE] {
+        let base = self.buf.as_mut_ptr();
+        std::array::from_fn(|i| base.wrapping_add(i * FRAME + HEADROOM))
     }
 }
 

@@ -2,6 +2,10 @@
 
 pub mod batch;
 pub mod io;
+pub mod sim;
+pub mod tun;
+pub mod udp;
+pub mod worker;
 
 pub use batch::{Batch, BATCH_SIZE, FRAME_PAYLOAD, HEADROOM};
 pub use io::{DatagramIo, PacketIo};

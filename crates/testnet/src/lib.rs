@@ -61,6 +61,8 @@ pub struct NetNs {
 
 impl NetNs {
     /// Creates `td{pid}x{n}` and brings its loopback up.
+    // Not `Default`: creating a namespace is a system change, not a default value.
+    #[allow(clippy::new_without_default)]
     pub fn new() -> NetNs {
         let name = unique_name("td");
         run_ok(Command::new("ip").args(["netns", "add", &name]));
@@ -151,7 +153,17 @@ pub fn veth(a: &NetNs, a_addr: &str, b: &NetNs, b_addr: &str) -> (String, String
     let a_if = unique_name("va");
     let b_if = unique_name("vb");
     run_ok(Command::new("ip").args([
-        "link", "add", &a_if, "netns", a.name(), "type", "veth", "peer", "name", &b_if, "netns",
+        "link",
+        "add",
+        &a_if,
+        "netns",
+        a.name(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &b_if,
+        "netns",
         b.name(),
     ]));
     for (ns, ifname, addr) in [(a, &a_if, a_addr), (b, &b_if, b_addr)] {

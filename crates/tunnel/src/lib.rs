@@ -6,7 +6,15 @@
 
 #![forbid(unsafe_code)]
 
+pub mod allowed_ips;
+pub mod clock;
+pub mod device;
 pub mod packet;
+mod peer;
 pub mod sink;
+pub mod stats;
+pub mod uapi;
 
+pub use device::{Device, DeviceSettings, PeerSettings};
 pub use sink::{DatagramSink, PacketSink};
+pub use stats::{DropReason, Stats};

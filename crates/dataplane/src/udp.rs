@@ -1,0 +1,434 @@
+//! The UDP underlay: one dual-stack socket, a batch per `recvmmsg`/`sendmmsg` call.
+//!
+//! The message headers, iovecs and address buffers are allocated once, with the socket; a call
+//! only fills them in. GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`) come later: they add a control
+//! buffer per message next to the address buffers in `Scratch`, and a segment size per frame.
+
+use crate::{Batch, DatagramIo, BATCH_SIZE, FRAME_PAYLOAD};
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr;
+
+/// Socket buffer size asked for; the kernel may grant less (SO_RCVBUF is capped by rmem_max).
+const SOCKET_BUFFER: libc::c_int = 4 << 20;
+
+/// How many pending socket errors (ICMP reports) one `recv_batch` consumes before giving up.
+const ERROR_RETRIES: usize = 8;
+
+/// A non-blocking UDP socket, normally dual-stack (`[::]:port`, IPv4 peers appear as plain
+/// IPv4 addresses).
+pub struct UdpSocket {
+    fd: OwnedFd,
+    local: SocketAddr,
+    scratch: Box<Scratch>,
+}
+
+impl std::fmt::Debug for UdpSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdpSocket")
+            .field("fd", &self.fd.as_raw_fd())
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+/// The arrays the vectored calls use, one entry per frame.
+struct Scratch {
+    hdrs: [libc::mmsghdr; BATCH_SIZE],
+    iovs: [libc::iovec; BATCH_SIZE],
+    names: [libc::sockaddr_storage; BATCH_SIZE],
+}
+
+// SAFETY: the raw pointers inside `hdrs` and `iovs` are rewritten at the start of every call
+// before the kernel sees them and point only into this struct or into the batch borrowed for
+// that call; nothing is shared between threads through them, so moving the struct is sound.
+unsafe impl Send for Scratch {}
+
+impl Scratch {
+    fn new() -> Box<Scratch> {
+        // SAFETY: mmsghdr, iovec and sockaddr_storage are plain C structs for which all zeroes
+        // (null pointers, zero lengths, AF_UNSPEC) is a valid value.
+        Box::new(unsafe { zeroed() })
+    }
+
+    /// Points message `j` at its address buffer and at `len` bytes at `buf`.
+    fn prepare(&mut self, j: usize, buf: *mut u8, len: usize, namelen: libc::socklen_t) {
+        self.iovs[j] = libc::iovec {
+            iov_base: buf.cast(),
+            iov_len: len,
+        };
+        let hdr = &mut self.hdrs[j].msg_hdr;
+        hdr.msg_name = ptr::addr_of_mut!(self.names[j]).cast();
+        hdr.msg_namelen = namelen;
+        hdr.msg_iov = ptr::addr_of_mut!(self.iovs[j]);
+        hdr.msg_iovlen = 1;
+        hdr.msg_control = ptr::null_mut();
+        hdr.msg_controllen = 0;
+        hdr.msg_flags = 0;
+        self.hdrs[j].msg_len = 0;
+    }
+}
+
+impl UdpSocket {
+    /// Binds `[::]:port` with IPV6_V6ONLY off, so IPv4 and IPv6 peers share the socket (port 0:
+    /// any free port). Falls back to `0.0.0.0:port` where the kernel has no IPv6.
+    pub fn bind(port: u16) -> io::Result<UdpSocket> {
+        let any6 = SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0));
+        match UdpSocket::bind_addr(any6) {
+            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => UdpSocket::bind_addr(
+                SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)),
+            ),
+            other => other,
+        }
+    }
+
+    /// Binds a given address. An IPv6 socket is made dual-stack as in [`UdpSocket::bind`]; an
+    /// IPv4 socket can only reach IPv4 peers (datagrams to IPv6 addresses are dropped).
+    pub fn bind_addr(addr: SocketAddr) -> io::Result<UdpSocket> {
+        let fail = |what: &str, e: io::Error| {
+            io::Error::new(e.kind(), format!("cannot {what} UDP socket {addr}: {e}"))
+        };
+        let v6 = addr.is_ipv6();
+        let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        // SAFETY: socket() has no memory preconditions.
+        let raw = unsafe {
+            libc::socket(
+                domain,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if raw < 0 {
+            return Err(fail("create", io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a descriptor socket() just returned, owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+
+        if v6 {
+            setsockopt(&fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)
+                .map_err(|e| fail("make dual-stack", e))?;
+        }
+        // Big buffers absorb bursts between worker turns. The FORCE variants ignore rmem_max
+        // and wmem_max but need CAP_NET_ADMIN; without it, take what the plain ones give.
+        for (force, plain) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        ] {
+            if setsockopt(&fd, libc::SOL_SOCKET, force, SOCKET_BUFFER).is_err() {
+                let _ = setsockopt(&fd, libc::SOL_SOCKET, plain, SOCKET_BUFFER);
+            }
+        }
+
+        // SAFETY: sockaddr_storage is plain data; all zeroes is valid.
+        let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+        let len = write_sockaddr(addr, v6, &mut storage)
+            .ok_or_else(|| fail("bind", io::Error::from(io::ErrorKind::InvalidInput)))?;
+        // SAFETY: `storage` holds a sockaddr of `len` bytes of the socket's family.
+        let rc = unsafe { libc::bind(fd.as_raw_fd(), ptr::addr_of!(storage).cast(), len) };
+        if rc < 0 {
+            return Err(fail("bind", io::Error::last_os_error()));
+        }
+
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: getsockname writes at most `len` bytes into `storage` and updates `len`.
+        let rc = unsafe {
+            libc::getsockname(fd.as_raw_fd(), ptr::addr_of_mut!(storage).cast(), &mut len)
+        };
+        if rc < 0 {
+            return Err(fail("inspect", io::Error::last_os_error()));
+        }
+        let local = read_sockaddr(&storage, len)
+            .ok_or_else(|| fail("inspect", io::Error::from(io::ErrorKind::InvalidData)))?;
+        Ok(UdpSocket {
+            fd,
+            local,
+            scratch: Scratch::new(),
+        })
+    }
+
+    /// The address the socket is bound to (`[::]:port` for a dual-stack socket).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn is_v6(&self) -> bool {
+        self.local.is_ipv6()
+    }
+}
+
+fn setsockopt(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: the option value is a c_int that lives across the call, and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            ptr::addr_of!(value).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Writes `addr` as the sockaddr a socket of the given family takes (IPv4 addresses become
+/// `::ffff:a.b.c.d` on an IPv6 socket). `None` when the family cannot carry it (IPv6 on IPv4).
+fn write_sockaddr(
+    addr: SocketAddr,
+    v6_socket: bool,
+    storage: &mut libc::sockaddr_storage,
+) -> Option<libc::socklen_t> {
+    let v6 = match (addr, v6_socket) {
+        (SocketAddr::V4(a), false) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than, and aligned at least as, sockaddr_in.
+            unsafe { ptr::write(ptr::addr_of_mut!(*storage).cast::<libc::sockaddr_in>(), sin) };
+            return Some(size_of::<libc::sockaddr_in>() as libc::socklen_t);
+        }
+        (SocketAddr::V6(_), false) => return None,
+        (SocketAddr::V4(a), true) => SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0),
+        (SocketAddr::V6(a), true) => a,
+    };
+    let sin6 = libc::sockaddr_in6 {
+        sin6_family: libc::AF_INET6 as libc::sa_family_t,
+        sin6_port: v6.port().to_be(),
+        sin6_flowinfo: v6.flowinfo(),
+        sin6_addr: libc::in6_addr {
+            s6_addr: v6.ip().octets(),
+        },
+        sin6_scope_id: v6.scope_id(),
+    };
+    // SAFETY: sockaddr_storage is larger than, and aligned at least as, sockaddr_in6.
+    unsafe {
+        ptr::write(
+            ptr::addr_of_mut!(*storage).cast::<libc::sockaddr_in6>(),
+            sin6,
+        )
+    };
+    Some(size_of::<libc::sockaddr_in6>() as libc::socklen_t)
+}
+
+/// Reads the address the kernel wrote (`len` bytes); `::ffff:a.b.c.d` comes back as IPv4.
+/// `None` for an unknown family or a short address.
+fn read_sockaddr(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
+    match libc::c_int::from(storage.ss_family) {
+        libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in, `len` says it is all
+            // there, and sockaddr_storage is aligned for it.
+            let sin: libc::sockaddr_in =
+                unsafe { ptr::read(ptr::addr_of!(*storage).cast::<libc::sockaddr_in>()) };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6: libc::sockaddr_in6 =
+                unsafe { ptr::read(ptr::addr_of!(*storage).cast::<libc::sockaddr_in6>()) };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            let port = u16::from_be(sin6.sin6_port);
+            Some(match ip.to_ipv4_mapped() {
+                Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, port)),
+                None => SocketAddr::V6(SocketAddrV6::new(
+                    ip,
+                    port,
+                    sin6.sin6_flowinfo,
+                    sin6.sin6_scope_id,
+                )),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Errors that mean the socket (or our call) is broken, rather than a report about some
+/// earlier datagram (ICMP errors) or a refusal of one datagram.
+fn is_fatal(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EBADF | libc::ENOTSOCK | libc::EFAULT)
+    )
+}
+
+impl DatagramIo for UdpSocket {
+    fn recv_batch(&mut self, batch: &mut Batch) -> io::Result<usize> {
+        let start = batch.len();
+        let free = BATCH_SIZE - start;
+        if free == 0 {
+            return Ok(0);
+        }
+        let frames = batch.payload_ptrs();
+        let scratch = &mut *self.scratch;
+        let namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        for j in 0..free {
+            scratch.prepare(j, frames[start + j], FRAME_PAYLOAD, namelen);
+        }
+
+        let mut retries = 0;
+        let received = loop {
+            // SAFETY: the first `free` headers point at their own address buffer and iovec in
+            // `scratch`, and each iovec at a distinct, unused frame of `batch` with
+            // FRAME_PAYLOAD writable bytes; `scratch` and `batch` are borrowed mutably for the
+            // whole call and nothing else touches them.
+            let rc = unsafe {
+                libc::recvmmsg(
+                    self.fd.as_raw_fd(),
+                    scratch.hdrs.as_mut_ptr(),
+                    free as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    ptr::null_mut(),
+                )
+            };
+            if rc >= 0 {
+                break rc.unsigned_abs() as usize;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(0),
+                io::ErrorKind::Interrupted => continue,
+                _ if is_fatal(&e) => return Err(e),
+                // A pending error about an earlier datagram (ICMP unreachable, ...): the call
+                // consumed it; try again for data.
+                _ if retries < ERROR_RETRIES => retries += 1,
+                _ => return Ok(0),
+            }
+        };
+
+        // Keep the well-formed datagrams, moving them down over any dropped one.
+        let mut kept = 0;
+        for j in 0..received.min(free) {
+            let hdr = &scratch.hdrs[j];
+            let len = hdr.msg_len as usize;
+            let truncated = hdr.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            let from = read_sockaddr(&scratch.names[j], hdr.msg_hdr.msg_namelen);
+            let (Some(from), false, true) = (from, truncated, len <= FRAME_PAYLOAD) else {
+                continue;
+            };
+            if kept != j {
+                // SAFETY: both pointers are frames of `batch` (distinct, so not overlapping)
+                // with FRAME_PAYLOAD bytes each, and len <= FRAME_PAYLOAD.
+                unsafe { ptr::copy_nonoverlapping(frames[start + j], frames[start + kept], len) };
+            }
+            batch.set(start + kept, len, from);
+            kept += 1;
+        }
+        batch.set_len(start + kept);
+        Ok(kept)
+    }
+
+    fn send_batch(&mut self, batch: &Batch) -> io::Result<usize> {
+        let v6 = self.is_v6();
+        let scratch = &mut *self.scratch;
+        // Messages to build: destinations the socket's family cannot reach are left out.
+        let mut count = 0;
+        for i in 0..batch.len() {
+            let Some(namelen) = write_sockaddr(batch.addr(i), v6, &mut scratch.names[count]) else {
+                continue;
+            };
+            let payload = batch.payload(i);
+            // The kernel only reads through this pointer (sendmmsg).
+            scratch.prepare(count, payload.as_ptr().cast_mut(), payload.len(), namelen);
+            count += 1;
+        }
+
+        let mut pos = 0;
+        let mut sent = 0;
+        while pos < count {
+            // SAFETY: headers pos..count point at their own address buffer and iovec in
+            // `scratch`, each iovec at a frame payload of `batch`, which is borrowed for the
+            // call; the kernel only reads them.
+            let rc = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    scratch.hdrs[pos..].as_mut_ptr(),
+                    (count - pos) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if rc > 0 {
+                let n = rc.unsigned_abs() as usize;
+                pos += n;
+                sent += n;
+                continue;
+            }
+            if rc == 0 {
+                break; // Not expected; do not spin.
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                // The send buffer is full: the rest is dropped, the caller counts it.
+                io::ErrorKind::WouldBlock => break,
+                _ if is_fatal(&e) => return if sent == 0 { Err(e) } else { Ok(sent) },
+                // The kernel refused the datagram at `pos` (EHOSTUNREACH, EINVAL, EMSGSIZE,
+                // EPERM from a firewall, ...): skip it.
+                _ => pos += 1,
+            }
+        }
+        Ok(sent)
+    }
+
+    fn fd(&self) -> Option<RawFd> {
+        Some(self.fd.as_raw_fd())
+    }
+
+    fn local_port(&self) -> u16 {
+        self.local.port()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(addr: SocketAddr, v6_socket: bool) -> Option<SocketAddr> {
+        // SAFETY: sockaddr_storage is plain data; all zeroes is valid.
+        let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+        let len = write_sockaddr(addr, v6_socket, &mut storage)?;
+        read_sockaddr(&storage, len)
+    }
+
+    #[test]
+    fn addresses_convert_both_ways() {
+        let v4: SocketAddr = "192.0.2.7:51820".parse().unwrap();
+        let v6: SocketAddr = "[2001:db8::1]:443".parse().unwrap();
+        assert_eq!(roundtrip(v4, false), Some(v4));
+        assert_eq!(roundtrip(v4, true), Some(v4), "mapped and back");
+        assert_eq!(roundtrip(v6, true), Some(v6));
+        assert_eq!(
+            roundtrip(v6, false),
+            None,
+            "IPv6 cannot go on an IPv4 socket"
+        );
+        let scoped = SocketAddr::V6(SocketAddrV6::new("fe80::1".parse().unwrap(), 9, 0, 3));
+        assert_eq!(roundtrip(scoped, true), Some(scoped));
+
+        // SAFETY: as above.
+        let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+        let len = write_sockaddr(v4, true, &mut storage).unwrap();
+        assert_eq!(storage.ss_family, libc::AF_INET6 as libc::sa_family_t);
+        assert_eq!(read_sockaddr(&storage, len - 1), None, "short address");
+        storage.ss_family = libc::AF_UNIX as libc::sa_family_t;
+        assert_eq!(read_sockaddr(&storage, len), None, "unknown family");
+    }
+}

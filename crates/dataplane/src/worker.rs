@@ -1,0 +1,297 @@
+//! The worker: one thread that owns a device, its TUN queue and its UDP socket, and runs each
+//! batch to completion (read a batch, process it inline, write the results) with no queues
+//! between threads on the data path.
+//!
+//! The control plane reaches the worker only through [`WorkerHandle::run`], which sends a
+//! closure to run between batches on the worker's own thread: the device is never shared.
+
+use crate::{Batch, DatagramIo, PacketIo};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tunneld_tunnel::Device;
+
+/// How often protocol timers run (boringtun's own device uses 250 ms).
+const TICK: Duration = Duration::from_millis(250);
+/// Batches taken from one side before looking at the other, so neither starves.
+const BATCHES_PER_TURN: usize = 8;
+
+type Job = Box<dyn FnOnce(&mut Device, Instant) + Send>;
+
+enum Control {
+    Run(Job),
+    Shutdown,
+}
+
+/// Wakes a worker blocked in `poll`.
+#[derive(Debug)]
+struct Waker {
+    fd: OwnedFd,
+}
+
+impl Waker {
+    fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes no pointers; a negative return is an error.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a freshly created descriptor that nothing else owns.
+        Ok(Self {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to an eventfd we own. A full counter
+        // (EAGAIN) still leaves the worker woken, so the result needs no handling.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn reset(&self) {
+        let mut value: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64; EAGAIN (not woken) is fine.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut value as *mut u64).cast(), 8) };
+    }
+}
+
+/// The control plane's end of a worker.
+#[derive(Debug, Clone)]
+pub struct WorkerHandle {
+    sender: mpsc::Sender<Control>,
+    waker: Arc<Waker>,
+}
+
+impl WorkerHandle {
+    /// Runs `f` on the worker's thread with its device, between batches, and returns its
+    /// result; `None` if the worker has stopped.
+    pub fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Device, Instant) -> T + Send + 'static,
+    ) -> Option<T> {
+        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |device, now| {
+            let _ = reply_tx.send(f(device, now));
+        });
+        self.sender.send(Control::Run(job)).ok()?;
+        self.waker.wake();
+        reply_rx.recv().ok()
+    }
+
+    /// Asks the worker to stop after its current batch.
+    pub fn shutdown(&self) {
+        let _ = self.sender.send(Control::Shutdown);
+        self.waker.wake();
+    }
+}
+
+/// A worker ready to run on its own thread.
+pub struct Worker<P, D> {
+    device: Device,
+    tun: P,
+    udp: D,
+    control: mpsc::Receiver<Control>,
+    waker: Arc<Waker>,
+    tun_rx: Batch,
+    tun_tx: Batch,
+    net_rx: Batch,
+    net_tx: Batch,
+    /// Datagrams or packets the kernel refused to take (full buffers); counted, not retried.
+    send_shortfall: u64,
+}
+
+impl<P, D> std::fmt::Debug for Worker<P, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
+    pub fn new(device: Device, tun: P, udp: D) -> io::Result<(Self, WorkerHandle)> {
+        let (sender, control) = mpsc::channel();
+        let waker = Arc::new(Waker::new()?);
+        let handle = WorkerHandle {
+            sender,
+            waker: waker.clone(),
+        };
+        let worker = Self {
+            device,
+            tun,
+            udp,
+            control,
+            waker,
+            tun_rx: Batch::new(),
+            tun_tx: Batch::new(),
+            net_rx: Batch::new(),
+            net_tx: Batch::new(),
+            send_shortfall: 0,
+        };
+        Ok((worker, handle))
+    }
+
+    /// Runs until [`WorkerHandle::shutdown`] (or every handle is dropped). Returns the device
+    /// so the caller can read its final state.
+    pub fn run(mut self) -> Device {
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            let now = Instant::now();
+            let timeout = next_tick.saturating_duration_since(now);
+            self.wait(timeout);
+            if !self.serve_control() {
+                return self.device;
+            }
+            self.turn(Instant::now());
+            let now = Instant::now();
+            if now >= next_tick {
+                self.device.tick(now, &mut self.net_tx);
+                self.flush_network();
+                next_tick = now + TICK;
+            }
+        }
+    }
+
+    /// One turn of the data path without waiting: what the kernel has ready, processed inline.
+    /// Returns whether anything was received.
+    pub fn turn(&mut self, now: Instant) -> bool {
+        let mut busy = false;
+        for _ in 0..BATCHES_PER_TURN {
+            if !self.overlay_to_underlay(now) {
+                break;
+            }
+            busy = true;
+        }
+        for _ in 0..BATCHES_PER_TURN {
+            if !self.underlay_to_overlay(now) {
+                break;
+            }
+            busy = true;
+        }
+        busy
+    }
+
+    /// Packets from the TUN, encrypted, out to UDP.
+    fn overlay_to_underlay(&mut self, now: Instant) -> bool {
+        self.tun_rx.clear();
+        match self.tun.recv_batch(&mut self.tun_rx) {
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("reading the TUN device: {e}");
+                return false;
+            }
+        }
+        for i in 0..self.tun_rx.len() {
+            if self.net_tx.is_full() {
+                self.flush_network();
+            }
+            let (frame, len) = self.tun_rx.frame_mut(i);
+            self.device.encapsulate(frame, len, now, &mut self.net_tx);
+        }
+        self.flush_network();
+        true
+    }
+
+    /// Datagrams from UDP, decrypted, out to the TUN (replies back out to UDP).
+    fn underlay_to_overlay(&mut self, now: Instant) -> bool {
+        self.net_rx.clear();
+        match self.udp.recv_batch(&mut self.net_rx) {
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("reading the UDP socket: {e}");
+                return false;
+            }
+        }
+        for i in 0..self.net_rx.len() {
+            if self.tun_tx.is_full() {
+                self.flush_tunnel();
+            }
+            // A handshake can produce a reply plus every packet queued while it ran.
+            if self.net_tx.len() + 8 > crate::BATCH_SIZE {
+                self.flush_network();
+            }
+            let from = self.net_rx.addr(i);
+            let datagram = self.net_rx.payload(i);
+            self.device
+                .decapsulate(from, datagram, now, &mut self.tun_tx, &mut self.net_tx);
+        }
+        self.flush_tunnel();
+        self.flush_network();
+        true
+    }
+
+    fn flush_network(&mut self) {
+        if self.net_tx.is_empty() {
+            return;
+        }
+        match self.udp.send_batch(&self.net_tx) {
+            Ok(sent) => self.send_shortfall += (self.net_tx.len() - sent) as u64,
+            Err(e) => {
+                self.send_shortfall += self.net_tx.len() as u64;
+                tracing::debug!("sending on the UDP socket: {e}");
+            }
+        }
+        self.net_tx.clear();
+    }
+
+    fn flush_tunnel(&mut self) {
+        if self.tun_tx.is_empty() {
+            return;
+        }
+        match self.tun.send_batch(&self.tun_tx) {
+            Ok(sent) => self.send_shortfall += (self.tun_tx.len() - sent) as u64,
+            Err(e) => {
+                self.send_shortfall += self.tun_tx.len() as u64;
+                tracing::debug!("writing the TUN device: {e}");
+            }
+        }
+        self.tun_tx.clear();
+    }
+
+    /// Runs queued control jobs. Returns `false` when the worker must stop.
+    fn serve_control(&mut self) -> bool {
+        self.waker.reset();
+        loop {
+            match self.control.try_recv() {
+                Ok(Control::Run(job)) => job(&mut self.device, Instant::now()),
+                Ok(Control::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => return false,
+                Err(mpsc::TryRecvError::Empty) => return true,
+            }
+        }
+    }
+
+    /// Blocks until the TUN, the socket or the control channel has something, or `timeout`.
+    fn wait(&self, timeout: Duration) {
+        let mut fds = [
+            pollfd(self.tun.fd()),
+            pollfd(self.udp.fd()),
+            pollfd(Some(self.waker.fd.as_raw_fd())),
+        ];
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: fds is a valid array of pollfd for its whole length; entries with fd -1
+        // are ignored by the kernel.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+
+    /// Packets or datagrams the kernel did not take.
+    pub fn send_shortfall(&self) -> u64 {
+        self.send_shortfall
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+fn pollfd(fd: Option<RawFd>) -> libc::pollfd {
+    libc::pollfd {
+        fd: fd.unwrap_or(-1),
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}

@@ -1,0 +1,295 @@
+//! The UDP backend on loopback: full batches v4, v6 and across a dual-stack socket, and
+//! datagrams the kernel refuses.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+use tunneld_dataplane::udp::UdpSocket;
+use tunneld_dataplane::{Batch, DatagramIo, BATCH_SIZE};
+
+const LOCAL4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+const LOCAL6: IpAddr = IpAddr::V6(Ipv6Addr::LOCALHOST);
+
+/// Sizes from empty to the largest IPv4 UDP payload, most of them typical tunnel sizes.
+fn size(i: usize, max: usize) -> usize {
+    match i {
+        0 => 0,
+        1 => 1,
+        2 => max,
+        3 => 9000,
+        4 => 1420,
+        5 => 1500,
+        _ => (i * 97) % 1600 + 2,
+    }
+}
+
+fn content(i: usize, len: usize, tag: u8) -> Vec<u8> {
+    (0..len)
+        .map(|k| (k as u8).wrapping_mul(31) ^ (i as u8) ^ tag)
+        .collect()
+}
+
+fn fill(batch: &mut Batch, n: usize, to: SocketAddr, tag: u8, max: usize) {
+    for i in 0..n {
+        let data = content(i, size(i, max), tag);
+        let slot = batch.next_free().expect("free frame");
+        slot[..data.len()].copy_from_slice(&data);
+        batch.commit(data.len(), to);
+    }
+}
+
+fn wait_readable(fd: RawFd, until: Instant) -> bool {
+    let left = until.saturating_duration_since(Instant::now());
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    let rc = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(10_000) as libc::c_int) };
+    rc > 0
+}
+
+/// Receives into `batch` until it holds `n` datagrams or five seconds pass.
+fn recv_n(sock: &mut UdpSocket, batch: &mut Batch, n: usize) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while batch.len() < n {
+        sock.recv_batch(batch).expect("recv_batch");
+        if batch.len() >= n || Instant::now() >= until {
+            break;
+        }
+        wait_readable(sock.fd().unwrap(), until);
+    }
+    assert_eq!(batch.len(), n, "datagrams received");
+}
+
+fn check(batch: &Batch, n: usize, from: SocketAddr, tag: u8, max: usize) {
+    for i in 0..n {
+        let want = content(i, size(i, max), tag);
+        assert_eq!(batch.payload(i).len(), want.len(), "length of datagram {i}");
+        assert!(batch.payload(i) == want, "content of datagram {i}");
+        assert_eq!(batch.addr(i), from, "source of datagram {i}");
+    }
+}
+
+fn bind(ip: IpAddr) -> Option<UdpSocket> {
+    match UdpSocket::bind_addr(SocketAddr::new(ip, 0)) {
+        Ok(s) => Some(s),
+        Err(e) if ip.is_ipv6() && e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+            eprintln!("SKIPPED: no {ip} on this machine: {e}");
+            None
+        }
+        Err(e) => panic!("bind {ip}: {e}"),
+    }
+}
+
+fn addr_of(sock: &UdpSocket, ip: IpAddr) -> SocketAddr {
+    SocketAddr::new(ip, sock.local_port())
+}
+
+/// Sends a full batch `from` → `to` (addressed to `to_ip`) and checks what arrives, from
+/// `from_ip` and `from`'s port.
+fn full_batch(from: &mut UdpSocket, from_ip: IpAddr, to: &mut UdpSocket, to_ip: IpAddr) {
+    let from_addr = addr_of(from, from_ip);
+    let max = if from_addr.is_ipv4() { 65507 } else { 65527 };
+    let mut out = Batch::new();
+    fill(&mut out, BATCH_SIZE, addr_of(to, to_ip), 0x5a, max);
+    assert_eq!(from.send_batch(&out).unwrap(), BATCH_SIZE);
+    let mut got = Batch::new();
+    recv_n(to, &mut got, BATCH_SIZE);
+    check(&got, BATCH_SIZE, from_addr, 0x5a, max);
+    assert_eq!(
+        to.recv_batch(&mut got).unwrap(),
+        0,
+        "a full batch takes nothing"
+    );
+    got.clear();
+    assert_eq!(to.recv_batch(&mut got).unwrap(), 0, "nothing more was sent");
+}
+
+#[test]
+fn full_batch_v4_to_v4() {
+    let mut a = bind(LOCAL4).unwrap();
+    let mut b = bind(LOCAL4).unwrap();
+    assert_eq!(a.local_addr(), addr_of(&a, LOCAL4));
+    full_batch(&mut a, LOCAL4, &mut b, LOCAL4);
+    full_batch(&mut b, LOCAL4, &mut a, LOCAL4);
+}
+
+#[test]
+fn full_batch_v6_to_v6() {
+    let (Some(mut a), Some(mut b)) = (bind(LOCAL6), bind(LOCAL6)) else {
+        return;
+    };
+    full_batch(&mut a, LOCAL6, &mut b, LOCAL6);
+    full_batch(&mut b, LOCAL6, &mut a, LOCAL6);
+}
+
+#[test]
+fn v4_and_v6_peers_share_a_dual_stack_socket() {
+    let mut ds = UdpSocket::bind(0).unwrap();
+    assert_ne!(ds.local_port(), 0);
+    assert!(ds.local_addr().is_ipv6(), "{}", ds.local_addr());
+
+    // An IPv4 peer: the dual-stack socket sees a plain IPv4 source, and answers to it.
+    let mut peer = bind(LOCAL4).unwrap();
+    let peer_addr = addr_of(&peer, LOCAL4);
+    full_batch(&mut peer, LOCAL4, &mut ds, LOCAL4);
+    let mut out = Batch::new();
+    fill(&mut out, BATCH_SIZE, peer_addr, 0x17, 65507);
+    assert_eq!(ds.send_batch(&out).unwrap(), BATCH_SIZE);
+    let mut got = Batch::new();
+    recv_n(&mut peer, &mut got, BATCH_SIZE);
+    check(&got, BATCH_SIZE, addr_of(&ds, LOCAL4), 0x17, 65507);
+
+    // An IPv6 peer on the same socket, both ways.
+    if let Some(mut peer6) = bind(LOCAL6) {
+        full_batch(&mut peer6, LOCAL6, &mut ds, LOCAL6);
+        full_batch(&mut ds, LOCAL6, &mut peer6, LOCAL6);
+    }
+}
+
+#[test]
+fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
+    let mut tx = bind(LOCAL4).unwrap();
+    let mut rx = bind(LOCAL4).unwrap();
+    // A port nobody listens on: bind one, note it, close it.
+    let closed = addr_of(&bind(LOCAL4).unwrap(), LOCAL4);
+    let rx_addr = addr_of(&rx, LOCAL4);
+
+    let mut out = Batch::new();
+    let mut push = |to: SocketAddr, data: &[u8]| {
+        out.next_free().unwrap()[..data.len()].copy_from_slice(data);
+        out.commit(data.len(), to);
+    };
+    push(SocketAddr::new(LOCAL4, 0), b"port 0: EINVAL"); // refused by the kernel
+    push(rx_addr, b"one");
+    push(closed, b"to nobody"); // sent; an ICMP port unreachable comes back
+    push(SocketAddr::new(LOCAL6, 9), b"IPv6 from an IPv4 socket"); // cannot be sent
+    push(rx_addr, b"two");
+    push(SocketAddr::new(LOCAL4, 0), b"port 0 again");
+    push(rx_addr, b"three");
+    let sent = tx.send_batch(&out).unwrap();
+    assert_eq!(sent, 4, "three to rx and one to the closed port");
+
+    let mut got = Batch::new();
+    recv_n(&mut rx, &mut got, 3);
+    for (i, want) in [&b"one"[..], b"two", b"three"].iter().enumerate() {
+        assert_eq!(got.payload(i), *want);
+        assert_eq!(got.addr(i), addr_of(&tx, LOCAL4));
+    }
+
+    // The unreachable report leaves the socket usable both ways.
+    std::thread::sleep(Duration::from_millis(50));
+    let mut empty = Batch::new();
+    assert_eq!(tx.recv_batch(&mut empty).unwrap(), 0);
+    let mut out = Batch::new();
+    fill(&mut out, 3, rx_addr, 1, 100);
+    assert_eq!(tx.send_batch(&out).unwrap(), 3);
+    let mut got = Batch::new();
+    recv_n(&mut rx, &mut got, 3);
+
+    // The same through a dual-stack socket, to IPv4 destinations.
+    let mut ds = UdpSocket::bind(0).unwrap();
+    let mut out = Batch::new();
+    let mut push = |to: SocketAddr, data: &[u8]| {
+        out.next_free().unwrap()[..data.len()].copy_from_slice(data);
+        out.commit(data.len(), to);
+    };
+    push(SocketAddr::new(LOCAL4, 0), b"refused");
+    push(closed, b"to nobody");
+    push(rx_addr, b"four");
+    assert_eq!(ds.send_batch(&out).unwrap(), 2);
+    let mut got = Batch::new();
+    recv_n(&mut rx, &mut got, 1);
+    assert_eq!(got.payload(0), b"four");
+    assert_eq!(got.addr(0), addr_of(&ds, LOCAL4));
+}
+
+#[test]
+fn recv_appends_after_the_frames_already_in_the_batch() {
+    let mut tx = bind(LOCAL4).unwrap();
+    let mut rx = bind(LOCAL4).unwrap();
+    let mut empty = Batch::new();
+    assert_eq!(rx.recv_batch(&mut empty).unwrap(), 0, "nothing ready");
+
+    let mut out = Batch::new();
+    fill(&mut out, 5, addr_of(&rx, LOCAL4), 9, 1000);
+    assert_eq!(tx.send_batch(&out).unwrap(), 5);
+
+    let mut got = Batch::new();
+    let mine = SocketAddr::new(LOCAL6, 1);
+    for _ in 0..BATCH_SIZE - 2 {
+        got.next_free().unwrap()[..4].copy_from_slice(b"kept");
+        got.commit(4, mine);
+    }
+    recv_n(&mut rx, &mut got, BATCH_SIZE);
+    for i in 0..BATCH_SIZE - 2 {
+        assert_eq!((got.payload(i), got.addr(i)), (&b"kept"[..], mine));
+    }
+    assert_eq!(got.payload(BATCH_SIZE - 2), out.payload(0));
+    assert_eq!(got.payload(BATCH_SIZE - 1), out.payload(1));
+
+    let mut rest = Batch::new();
+    recv_n(&mut rx, &mut rest, 3);
+    assert_eq!(rest.payload(0), out.payload(2));
+}
+
+/// Whether `fd` is non-blocking and close-on-exec.
+fn nonblocking_cloexec(fd: RawFd) -> (bool, bool) {
+    // SAFETY: fcntl with F_GETFL/F_GETFD only reads the descriptor's flags.
+    let (fl, fd_flags) = unsafe {
+        (
+            libc::fcntl(fd, libc::F_GETFL),
+            libc::fcntl(fd, libc::F_GETFD),
+        )
+    };
+    (fl & libc::O_NONBLOCK != 0, fd_flags & libc::FD_CLOEXEC != 0)
+}
+
+#[test]
+fn sockets_are_nonblocking_close_on_exec_with_big_buffers() {
+    let ds = UdpSocket::bind(0).unwrap();
+    let fd = ds.fd().unwrap();
+    assert_eq!(nonblocking_cloexec(fd), (true, true));
+    let mut v6only: libc::c_int = -1;
+    let mut rcvbuf: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into the c_int it is given.
+    unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            (&mut v6only as *mut libc::c_int).cast(),
+            &mut len,
+        );
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut rcvbuf as *mut libc::c_int).cast(),
+            &mut len,
+        );
+    }
+    assert_eq!(v6only, 0, "dual-stack");
+    // The kernel doubles what was set; the plain option is capped by net.core.rmem_max.
+    assert!(rcvbuf >= 256 * 1024, "SO_RCVBUF {rcvbuf}");
+}
+
+#[test]
+fn bind_errors_name_the_address() {
+    let a = bind(LOCAL4).unwrap();
+    let taken = addr_of(&a, LOCAL4);
+    let e = UdpSocket::bind_addr(taken).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+    assert!(
+        e.to_string()
+            .starts_with(&format!("cannot bind UDP socket {taken}: ")),
+        "{e}"
+    );
+    // The dual-stack socket holds the port for IPv4 too.
+    let ds = UdpSocket::bind(0).unwrap();
+    let e = UdpSocket::bind_addr(addr_of(&ds, LOCAL4)).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
+}

@@ -1,0 +1,630 @@
+//! The WireGuard device: one interface's key, its peers, and allowed-IPs routing.
+//!
+//! All input comes through four calls: [`Device::encapsulate`] (a packet from the overlay),
+//! [`Device::decapsulate`] (a datagram from the underlay), [`Device::tick`] (timers) and
+//! [`Device::apply`] (a UAPI `set`). Output goes into the caller's sinks.
+
+use crate::allowed_ips::AllowedIps;
+use crate::clock::Clock;
+use crate::packet::{self, padded_len};
+use crate::peer::{new_tunn, Peer};
+use crate::sink::{DatagramSink, PacketSink};
+use crate::stats::{DropReason, Stats};
+use crate::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, SetRequest, UapiError};
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::{Packet, TunnResult};
+use ipnet::IpNet;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
+
+/// Handshake messages per second above which the device answers with cookies (boringtun's
+/// device uses 100). Initiations pass the limiter twice (once to find the peer, once inside
+/// `Tunn`), so this is twice the intended rate.
+const HANDSHAKE_RATE_LIMIT: u64 = 200;
+/// Peer slots must fit in the 24 high bits of a receiver index (`Tunn` uses the low 8).
+const MAX_PEERS: usize = 1 << 24;
+const RATE_LIMIT_RESET: Duration = Duration::from_secs(1);
+
+const MSG_INITIATION: u8 = 1;
+const MSG_RESPONSE: u8 = 2;
+const MSG_COOKIE: u8 = 3;
+const MSG_DATA: u8 = 4;
+
+/// Settings of the interface itself.
+#[derive(Debug, Clone)]
+pub struct DeviceSettings {
+    pub private_key: PrivateKey,
+    pub listen_port: u16,
+    pub mtu: u16,
+    pub fwmark: u32,
+}
+
+/// Settings of one peer, as the config file gives them.
+#[derive(Debug, Clone)]
+pub struct PeerSettings {
+    pub public_key: PublicKey,
+    pub preshared_key: Option<PresharedKey>,
+    pub endpoint: Option<SocketAddr>,
+    pub allowed_ips: Vec<IpNet>,
+    pub persistent_keepalive: u16,
+}
+
+pub struct Device {
+    private_key: PrivateKey,
+    static_secret: boringtun::x25519::StaticSecret,
+    static_public: boringtun::x25519::PublicKey,
+    listen_port: u16,
+    mtu: u16,
+    fwmark: u32,
+    /// Peer slots; a slot's index is the high 24 bits of its receiver indices.
+    peers: Vec<Option<Peer>>,
+    by_key: HashMap<PublicKey, usize>,
+    routes: AllowedIps<usize>,
+    rate_limiter: Arc<RateLimiter>,
+    clock: Clock,
+    last_rate_reset: Instant,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Keys stay out of debug output; the public key identifies the device.
+        f.debug_struct("Device")
+            .field("public_key", &self.public_key())
+            .field("listen_port", &self.listen_port)
+            .field("peers", &self.by_key.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+fn new_rate_limiter(public: &boringtun::x25519::PublicKey) -> Arc<RateLimiter> {
+    Arc::new(RateLimiter::new(public, HANDSHAKE_RATE_LIMIT))
+}
+
+impl Device {
+    pub fn new(settings: DeviceSettings, peers: Vec<PeerSettings>, now: Instant) -> Self {
+        let clock = Clock::new(now);
+        let static_secret = settings.private_key.to_static_secret();
+        let static_public = boringtun::x25519::PublicKey::from(&static_secret);
+        let mut device = Self {
+            rate_limiter: new_rate_limiter(&static_public),
+            private_key: settings.private_key,
+            static_secret,
+            static_public,
+            listen_port: settings.listen_port,
+            mtu: settings.mtu,
+            fwmark: settings.fwmark,
+            peers: Vec::new(),
+            by_key: HashMap::new(),
+            routes: AllowedIps::new(),
+            clock,
+            last_rate_reset: now,
+            stats: Stats::default(),
+        };
+        for p in peers {
+            let update = PeerUpdate {
+                public_key: p.public_key,
+                remove: false,
+                update_only: false,
+                preshared_key: Some(p.preshared_key),
+                endpoint: p.endpoint,
+                persistent_keepalive: Some(p.persistent_keepalive),
+                replace_allowed_ips: true,
+                allowed_ips: p.allowed_ips,
+            };
+            // Config validation already refused duplicates and the slot space is 2^24.
+            let _ = device.update_peer(update);
+        }
+        device
+    }
+
+    pub fn public_key(&self) -> PublicKey {
+        self.private_key.public_key()
+    }
+    pub fn listen_port(&self) -> u16 {
+        self.listen_port
+    }
+    /// Records the port the socket actually bound (when the config asked for any port).
+    pub fn set_listen_port(&mut self, port: u16) {
+        self.listen_port = port;
+    }
+    pub fn mtu(&self) -> u16 {
+        self.mtu
+    }
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+    pub fn peer_count(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// Every prefix some peer is allowed, i.e. the routes the interface needs.
+    pub fn routes(&self) -> Vec<IpNet> {
+        self.routes.iter().map(|(net, _)| net).collect()
+    }
+
+    /// Encrypts one IP packet read from the overlay and queues the datagram in `out`.
+    ///
+    /// `frame` is the packet's whole buffer: the packet is its first `len` bytes and the rest
+    /// is room for padding, so padding needs no copy.
+    pub fn encapsulate(
+        &mut self,
+        frame: &mut [u8],
+        len: usize,
+        now: Instant,
+        out: &mut impl DatagramSink,
+    ) {
+        let Some(dst) = packet::destination(&frame[..len]) else {
+            self.stats.drop(DropReason::NotIp);
+            return;
+        };
+        let Some(&slot) = self.routes.lookup(dst) else {
+            self.stats.drop(DropReason::NoRoute);
+            return;
+        };
+        let Some(peer) = self.peers[slot].as_mut() else {
+            self.stats.drop(DropReason::NoRoute);
+            return;
+        };
+        let Some(endpoint) = peer.endpoint else {
+            self.stats.drop(DropReason::NoEndpoint);
+            return;
+        };
+        let padded = padded_len(len, usize::from(self.mtu)).min(frame.len());
+        frame[len..padded].fill(0);
+        let Some(buf) = out.slot() else {
+            self.stats.drop(DropReason::NetworkBatchFull);
+            return;
+        };
+        self.clock.sync(now);
+        match peer.tunn.encapsulate(&frame[..padded], buf) {
+            TunnResult::WriteToNetwork(datagram) => {
+                let n = datagram.len();
+                if datagram[0] == MSG_INITIATION {
+                    // No session yet: the packet was queued and this is a handshake initiation.
+                    peer.maybe_queued = true;
+                    self.stats.handshakes_sent += 1;
+                } else {
+                    self.stats.tx_packets += 1;
+                }
+                out.push(n, endpoint);
+                peer.last_sent = Some(now);
+                peer.tx_bytes += n as u64;
+                self.stats.tx_bytes += n as u64;
+            }
+            TunnResult::Done => peer.maybe_queued = true,
+            TunnResult::Err(e) => self.stats.drop(DropReason::from(&e)),
+            TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => {
+                self.stats.drop(DropReason::Other)
+            }
+        }
+    }
+
+    /// Handles one datagram received from `from`: decrypted packets go to `tunnel`, replies
+    /// (handshake responses, cookies, queued packets) to `network`.
+    pub fn decapsulate(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        now: Instant,
+        tunnel: &mut impl PacketSink,
+        network: &mut impl DatagramSink,
+    ) {
+        if datagram.len() < 4 || datagram[1..4] != [0, 0, 0] {
+            self.stats.drop(DropReason::Malformed);
+            return;
+        }
+        self.clock.sync(now);
+        let slot = match datagram[0] {
+            MSG_INITIATION => match self.initiator_slot(from, datagram, network) {
+                Some(slot) => slot,
+                None => return,
+            },
+            MSG_RESPONSE | MSG_COOKIE | MSG_DATA if datagram.len() >= 8 => {
+                let index =
+                    u32::from_le_bytes([datagram[4], datagram[5], datagram[6], datagram[7]]);
+                (index >> 8) as usize
+            }
+            _ => {
+                self.stats.drop(DropReason::Malformed);
+                return;
+            }
+        };
+        let Some(Some(peer)) = self.peers.get_mut(slot) else {
+            self.stats.drop(DropReason::UnknownIndex);
+            return;
+        };
+
+        if datagram[0] == MSG_DATA {
+            let Some(buf) = tunnel.slot() else {
+                self.stats.drop(DropReason::TunnelBatchFull);
+                return;
+            };
+            match peer.tunn.decapsulate(Some(from.ip()), datagram, buf) {
+                TunnResult::WriteToTunnelV4(p, src) => {
+                    let n = p.len();
+                    if self.routes.lookup(IpAddr::V4(src)) == Some(&slot) {
+                        tunnel.push(n);
+                        self.stats.rx_packets += 1;
+                    } else {
+                        self.stats.drop(DropReason::SourceNotAllowed);
+                    }
+                }
+                TunnResult::WriteToTunnelV6(p, src) => {
+                    let n = p.len();
+                    if self.routes.lookup(IpAddr::V6(src)) == Some(&slot) {
+                        tunnel.push(n);
+                        self.stats.rx_packets += 1;
+                    } else {
+                        self.stats.drop(DropReason::SourceNotAllowed);
+                    }
+                }
+                TunnResult::Done => {} // a keepalive
+                TunnResult::Err(e) => {
+                    self.stats.drop(DropReason::from(&e));
+                    return;
+                }
+                TunnResult::WriteToNetwork(_) => {
+                    self.stats.drop(DropReason::Other);
+                    return;
+                }
+            }
+        } else {
+            let Some(buf) = network.slot() else {
+                self.stats.drop(DropReason::NetworkBatchFull);
+                return;
+            };
+            match peer.tunn.decapsulate(Some(from.ip()), datagram, buf) {
+                TunnResult::WriteToNetwork(reply) => {
+                    let n = reply.len();
+                    network.push(n, from);
+                    peer.last_sent = Some(now);
+                    peer.tx_bytes += n as u64;
+                    self.stats.tx_bytes += n as u64;
+                }
+                TunnResult::Done => {}
+                TunnResult::Err(e) => {
+                    self.stats.drop(DropReason::from(&e));
+                    return;
+                }
+                TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => {
+                    self.stats.drop(DropReason::Other);
+                    return;
+                }
+            }
+            peer.maybe_queued = true;
+        }
+
+        // Authenticated: the peer may have roamed to a new address.
+        peer.endpoint = Some(from);
+        peer.rx_bytes += datagram.len() as u64;
+        self.stats.rx_bytes += datagram.len() as u64;
+        if peer.maybe_queued {
+            Self::flush_queued(peer, now, network, &mut self.stats);
+        }
+    }
+
+    /// For a handshake initiation: checks MACs and load (answering with a cookie when under
+    /// load), then finds the initiating peer by its static key.
+    fn initiator_slot(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        network: &mut impl DatagramSink,
+    ) -> Option<usize> {
+        let Some(buf) = network.slot() else {
+            self.stats.drop(DropReason::NetworkBatchFull);
+            return None;
+        };
+        let half = match self
+            .rate_limiter
+            .verify_packet(Some(from.ip()), datagram, buf)
+        {
+            Ok(Packet::HandshakeInit(init)) => {
+                parse_handshake_anon(&self.static_secret, &self.static_public, &init)
+            }
+            Ok(_) => {
+                self.stats.drop(DropReason::Malformed);
+                return None;
+            }
+            Err(TunnResult::WriteToNetwork(cookie)) => {
+                let n = cookie.len();
+                network.push(n, from);
+                self.stats.cookie_replies_sent += 1;
+                return None;
+            }
+            Err(TunnResult::Err(e)) => {
+                self.stats.drop(DropReason::from(&e));
+                return None;
+            }
+            Err(_) => {
+                self.stats.drop(DropReason::Other);
+                return None;
+            }
+        };
+        match half {
+            Ok(half) => {
+                let key = PublicKey::from_bytes(half.peer_static_public);
+                let slot = self.by_key.get(&key).copied();
+                if slot.is_none() {
+                    self.stats.drop(DropReason::UnknownPeer);
+                }
+                slot
+            }
+            Err(e) => {
+                self.stats.drop(DropReason::from(&e));
+                None
+            }
+        }
+    }
+
+    /// Sends what `Tunn` queued while it had no session, now that it may have one.
+    fn flush_queued(
+        peer: &mut Peer,
+        now: Instant,
+        network: &mut impl DatagramSink,
+        stats: &mut Stats,
+    ) {
+        let Some(endpoint) = peer.endpoint else {
+            return;
+        };
+        loop {
+            let Some(buf) = network.slot() else {
+                // Try again on the next datagram or tick.
+                return;
+            };
+            match peer.tunn.decapsulate(None, &[], buf) {
+                TunnResult::WriteToNetwork(datagram) => {
+                    let n = datagram.len();
+                    network.push(n, endpoint);
+                    peer.last_sent = Some(now);
+                    peer.tx_bytes += n as u64;
+                    stats.tx_bytes += n as u64;
+                    stats.tx_packets += 1;
+                }
+                _ => break,
+            }
+        }
+        peer.maybe_queued = false;
+    }
+
+    /// Runs the protocol timers (handshake retries, rekeys, keepalives) of every peer.
+    /// Call it every few hundred milliseconds.
+    pub fn tick(&mut self, now: Instant, network: &mut impl DatagramSink) {
+        self.clock.sync(now);
+        if now.saturating_duration_since(self.last_rate_reset) >= RATE_LIMIT_RESET {
+            self.rate_limiter.reset_count();
+            self.last_rate_reset = now;
+        }
+        for peer in self.peers.iter_mut().flatten() {
+            let Some(buf) = network.slot() else {
+                self.stats.drop(DropReason::NetworkBatchFull);
+                return;
+            };
+            match peer.tunn.update_timers(buf) {
+                TunnResult::WriteToNetwork(datagram) => {
+                    let n = datagram.len();
+                    if let Some(endpoint) = peer.endpoint {
+                        network.push(n, endpoint);
+                        peer.last_sent = Some(now);
+                        peer.tx_bytes += n as u64;
+                        self.stats.tx_bytes += n as u64;
+                    }
+                }
+                TunnResult::Err(e) => tracing::trace!(peer = %peer.public_key, "timers: {e:?}"),
+                _ => {}
+            }
+            if peer.keepalive_due(now) {
+                let Some(buf) = network.slot() else {
+                    self.stats.drop(DropReason::NetworkBatchFull);
+                    return;
+                };
+                if let (TunnResult::WriteToNetwork(datagram), Some(endpoint)) =
+                    (peer.tunn.encapsulate(&[], buf), peer.endpoint)
+                {
+                    let n = datagram.len();
+                    network.push(n, endpoint);
+                    peer.last_sent = Some(now);
+                    peer.tx_bytes += n as u64;
+                    self.stats.tx_bytes += n as u64;
+                }
+            }
+            if peer.maybe_queued {
+                Self::flush_queued(peer, now, network, &mut self.stats);
+            }
+        }
+    }
+
+    /// The state `wg show` displays. `unix_now` is the wall-clock time, for handshake ages.
+    pub fn snapshot(&self, now: Instant, unix_now: Duration) -> DeviceSnapshot {
+        self.clock.sync(now);
+        let peers = self
+            .peers
+            .iter()
+            .flatten()
+            .map(|peer| PeerSnapshot {
+                public_key: peer.public_key,
+                preshared_key: peer.preshared_key.clone(),
+                endpoint: peer.endpoint,
+                last_handshake: peer
+                    .tunn
+                    .time_since_last_handshake()
+                    .map(|age| unix_now.saturating_sub(age)),
+                tx_bytes: peer.tx_bytes,
+                rx_bytes: peer.rx_bytes,
+                persistent_keepalive: peer.persistent_keepalive,
+                allowed_ips: peer.allowed_ips.clone(),
+            })
+            .collect();
+        DeviceSnapshot {
+            private_key: Some(self.private_key.clone()),
+            listen_port: self.listen_port,
+            fwmark: self.fwmark,
+            peers,
+        }
+    }
+
+    /// Applies a UAPI `set`, in order, as WireGuard does. Changing an existing peer keeps its
+    /// session, except for a new preshared key, which boringtun can only take in a new session.
+    pub fn apply(&mut self, request: SetRequest, now: Instant) -> Result<(), UapiError> {
+        self.clock.sync(now);
+        if let Some(port) = request.listen_port {
+            if port != self.listen_port {
+                return Err(UapiError {
+                    errno: libc_errno::EOPNOTSUPP,
+                    message: format!(
+                        "listen_port: changing the port of a running tunneld ({} to {port}) is not supported; edit the config and restart",
+                        self.listen_port
+                    ),
+                });
+            }
+        }
+        match request.private_key {
+            Some(Some(key)) => self.set_private_key(key),
+            Some(None) => {
+                return Err(UapiError {
+                    errno: libc_errno::EOPNOTSUPP,
+                    message: "private_key: removing the private key is not supported".into(),
+                })
+            }
+            None => {}
+        }
+        if let Some(mark) = request.fwmark {
+            self.fwmark = mark;
+        }
+        if request.replace_peers {
+            let keys: Vec<PublicKey> = self.by_key.keys().copied().collect();
+            for key in keys {
+                self.remove_peer(&key);
+            }
+        }
+        for update in request.peers {
+            self.update_peer(update)?;
+        }
+        Ok(())
+    }
+
+    fn set_private_key(&mut self, key: PrivateKey) {
+        if key == self.private_key {
+            return;
+        }
+        self.static_secret = key.to_static_secret();
+        self.static_public = boringtun::x25519::PublicKey::from(&self.static_secret);
+        self.rate_limiter = new_rate_limiter(&self.static_public);
+        self.private_key = key;
+        for peer in self.peers.iter_mut().flatten() {
+            peer.tunn.set_static_private(
+                self.static_secret.clone(),
+                self.static_public,
+                Some(self.rate_limiter.clone()),
+            );
+        }
+    }
+
+    fn remove_peer(&mut self, key: &PublicKey) {
+        if let Some(slot) = self.by_key.remove(key) {
+            self.routes.retain(|_, s| *s != slot);
+            self.peers[slot] = None;
+        }
+    }
+
+    fn update_peer(&mut self, update: PeerUpdate) -> Result<(), UapiError> {
+        if update.remove {
+            self.remove_peer(&update.public_key);
+            return Ok(());
+        }
+        if update.public_key == self.public_key() {
+            // WireGuard ignores a peer that has the interface's own key.
+            return Ok(());
+        }
+        let slot = match self.by_key.get(&update.public_key) {
+            Some(&slot) => slot,
+            None if update.update_only => return Ok(()),
+            None => self.add_peer(update.public_key)?,
+        };
+        let Some(peer) = self.peers[slot].as_mut() else {
+            return Ok(());
+        };
+        if let Some(psk) = update.preshared_key {
+            let psk = psk.filter(|k| !k.is_zero());
+            if psk != peer.preshared_key {
+                peer.tunn = new_tunn(
+                    &self.private_key,
+                    &peer.public_key,
+                    psk.as_ref(),
+                    slot as u32,
+                    self.rate_limiter.clone(),
+                );
+                peer.preshared_key = psk;
+            }
+        }
+        if let Some(endpoint) = update.endpoint {
+            peer.endpoint = Some(endpoint);
+        }
+        if let Some(keepalive) = update.persistent_keepalive {
+            if keepalive != peer.persistent_keepalive {
+                peer.persistent_keepalive = keepalive;
+                // Like the kernel: a newly enabled keepalive goes out at the next tick.
+                peer.last_sent = None;
+            }
+        }
+        if update.replace_allowed_ips {
+            for net in peer.allowed_ips.drain(..) {
+                self.routes.remove(net);
+            }
+        }
+        for net in update.allowed_ips {
+            let net = net.trunc();
+            // A prefix moves to the peer that claims it last, as in the kernel.
+            if let Some(previous) = self.routes.insert(net, slot) {
+                if previous != slot {
+                    if let Some(Some(other)) = self.peers.get_mut(previous) {
+                        other.allowed_ips.retain(|n| *n != net);
+                    }
+                }
+            }
+            if let Some(peer) = self.peers[slot].as_mut() {
+                if !peer.allowed_ips.contains(&net) {
+                    peer.allowed_ips.push(net);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn add_peer(&mut self, key: PublicKey) -> Result<usize, UapiError> {
+        let slot = match self.peers.iter().position(Option::is_none) {
+            Some(free) => free,
+            None if self.peers.len() < MAX_PEERS => {
+                self.peers.push(None);
+                self.peers.len() - 1
+            }
+            None => {
+                return Err(UapiError {
+                    errno: libc_errno::ENOSPC,
+                    message: format!("public_key: cannot add more than {MAX_PEERS} peers"),
+                })
+            }
+        };
+        self.peers[slot] = Some(Peer::new(
+            &self.private_key,
+            key,
+            None,
+            slot as u32,
+            self.rate_limiter.clone(),
+        ));
+        self.by_key.insert(key, slot);
+        Ok(slot)
+    }
+}
+
+/// The errno values UAPI replies use (Linux numbering, as `wg` expects).
+mod libc_errno {
+    pub const ENOSPC: i32 = 28;
+    pub const EOPNOTSUPP: i32 = 95;
+}

@@ -1,0 +1,118 @@
+//! Counters of the data path. The data path returns no errors: a packet it cannot handle is
+//! dropped and counted here by reason.
+
+use boringtun::noise::errors::WireGuardError;
+use std::fmt;
+
+macro_rules! drop_reasons {
+    ($($name:ident => $text:literal,)*) => {
+        /// Why a packet or datagram was dropped.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum DropReason { $($name,)* }
+
+        impl DropReason {
+            pub const ALL: &'static [DropReason] = &[$(DropReason::$name,)*];
+            /// A short stable name, used in logs and metrics.
+            pub fn name(self) -> &'static str {
+                match self { $(DropReason::$name => $text,)* }
+            }
+        }
+    };
+}
+
+drop_reasons! {
+    NotIp => "not_ip",
+    NoRoute => "no_route",
+    NoEndpoint => "no_endpoint",
+    NetworkBatchFull => "network_batch_full",
+    TunnelBatchFull => "tunnel_batch_full",
+    Malformed => "malformed",
+    UnknownPeer => "unknown_peer",
+    UnknownIndex => "unknown_index",
+    SourceNotAllowed => "source_not_allowed",
+    InvalidMac => "invalid_mac",
+    HandshakeRejected => "handshake_rejected",
+    DecryptFailed => "decrypt_failed",
+    Replay => "replay",
+    NoSession => "no_session",
+    Expired => "expired",
+    UnderLoad => "under_load",
+    Other => "other",
+}
+
+impl fmt::Display for DropReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl From<&WireGuardError> for DropReason {
+    fn from(e: &WireGuardError) -> Self {
+        use WireGuardError as E;
+        match e {
+            E::InvalidMac => DropReason::InvalidMac,
+            E::InvalidAeadTag => DropReason::DecryptFailed,
+            E::InvalidCounter | E::DuplicateCounter => DropReason::Replay,
+            E::NoCurrentSession => DropReason::NoSession,
+            E::ConnectionExpired => DropReason::Expired,
+            E::UnderLoad => DropReason::UnderLoad,
+            E::WrongIndex => DropReason::UnknownIndex,
+            E::InvalidPacket | E::IncorrectPacketLength | E::WrongPacketType => {
+                DropReason::Malformed
+            }
+            E::WrongKey
+            | E::InvalidTai64nTimestamp
+            | E::WrongTai64nTimestamp
+            | E::UnexpectedPacket => DropReason::HandshakeRejected,
+            E::DestinationBufferTooSmall | E::LockFailed => DropReason::Other,
+        }
+    }
+}
+
+/// Counters of one device (later: of one worker; summed for display).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub handshakes_sent: u64,
+    pub cookie_replies_sent: u64,
+    drops: [u64; DropReason::ALL.len()],
+}
+
+impl Stats {
+    #[inline]
+    pub fn drop(&mut self, reason: DropReason) {
+        self.drops[reason as usize] += 1;
+    }
+
+    pub fn drops(&self, reason: DropReason) -> u64 {
+        self.drops[reason as usize]
+    }
+
+    pub fn total_drops(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+
+    /// Non-zero drop counters, by reason.
+    pub fn nonzero_drops(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
+        DropReason::ALL
+            .iter()
+            .map(|r| (*r, self.drops[*r as usize]))
+            .filter(|(_, n)| *n > 0)
+    }
+
+    /// Adds another set of counters (for summing workers).
+    pub fn add(&mut self, other: &Stats) {
+        self.tx_packets += other.tx_packets;
+        self.tx_bytes += other.tx_bytes;
+        self.rx_packets += other.rx_packets;
+        self.rx_bytes += other.rx_bytes;
+        self.handshakes_sent += other.handshakes_sent;
+        self.cookie_replies_sent += other.cookie_replies_sent;
+        for (a, b) in self.drops.iter_mut().zip(other.drops.iter()) {
+            *a += b;
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! The pair harness: two cores joined by a simulated link, driven in virtual time.
+//!
+//! Needs `--features virtual-time` (boringtun's timers then follow the `now` passed in), so
+//! two minutes of protocol time take milliseconds. Run: `cargo test -p tunneld-tunnel --features virtual-time`.
+#![cfg(feature = "virtual-time")]
+
+use ipnet::IpNet;
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+use tunneld_crypto::{PresharedKey, PrivateKey};
+use tunneld_tunnel::packet::MAX_DATAGRAM;
+use tunneld_tunnel::uapi::{PeerUpdate, SetRequest};
+use tunneld_tunnel::{DatagramSink, Device, DeviceSettings, DropReason, PacketSink, PeerSettings};
+
+/// A sink that copies what the core writes into owned buffers.
+struct Collect {
+    scratch: Vec<u8>,
+    datagrams: Vec<(SocketAddr, Vec<u8>)>,
+    packets: Vec<Vec<u8>>,
+}
+
+impl Collect {
+    fn new() -> Self {
+        Self {
+            scratch: vec![0; MAX_DATAGRAM],
+            datagrams: Vec::new(),
+            packets: Vec::new(),
+        }
+    }
+}
+
+impl DatagramSink for Collect {
+    fn slot(&mut self) -> Option<&mut [u8]> {
+        Some(&mut self.scratch)
+    }
+    fn push(&mut self, len: usize, to: SocketAddr) {
+        self.datagrams.push((to, self.scratch[..len].to_vec()));
+    }
+}
+
+impl PacketSink for Collect {
+    fn slot(&mut self) -> Option<&mut [u8]> {
+        Some(&mut self.scratch)
+    }
+    fn push(&mut self, len: usize) {
+        self.packets.push(self.scratch[..len].to_vec());
+    }
+}
+
+/// A minimal IPv4 or IPv6 packet: the core looks only at version, length and addresses.
+fn ip_packet(src: &str, dst: &str, payload: &[u8]) -> Vec<u8> {
+    let (src, dst): (IpAddr, IpAddr) = (src.parse().unwrap(), dst.parse().unwrap());
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut p = vec![0u8; 20];
+            p[0] = 0x45;
+            p[2..4].copy_from_slice(&((20 + payload.len()) as u16).to_be_bytes());
+            p[8] = 64;
+            p[9] = 17;
+            p[12..16].copy_from_slice(&s.octets());
+            p[16..20].copy_from_slice(&d.octets());
+            p.extend_from_slice(payload);
+            p
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let mut p = vec![0u8; 40];
+            p[0] = 0x60;
+            p[4..6].copy_from_slice(&(payload.len() as u16).to_be_bytes());
+            p[6] = 17;
+            p[7] = 64;
+            p[8..24].copy_from_slice(&s.octets());
+            p[24..40].copy_from_slice(&d.octets());
+            p.extend_from_slice(payload);
+            p
+        }
+        _ => panic!("mixed families"),
+    }
+}
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+const A_ADDR: &str = "192.0.2.1:51820";
+const B_ADDR: &str = "192.0.2.2:51820";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Side {
+    A,
+    B,
+}
+
+/// Two devices, a lossy in-order link between them, and a virtual clock.
+struct Pair {
+    a: Device,
+    b: Device,
+    now: Instant,
+    in_flight: VecDeque<(Side, SocketAddr, Vec<u8>)>,
+    to_a_tun: Vec<Vec<u8>>,
+    to_b_tun: Vec<Vec<u8>>,
+    /// Datagrams seen on the wire, by sender, for assertions.
+    wire_log: Vec<(Side, Vec<u8>)>,
+    /// Returns true for a datagram the link should lose.
+    lose: Box<dyn FnMut(Side, &[u8]) -> bool>,
+}
+
+struct PairConfig {
+    psk: Option<PresharedKey>,
+    a_keepalive: u16,
+    b_knows_a_endpoint: bool,
+}
+
+impl Default for PairConfig {
+    fn default() -> Self {
+        Self {
+            psk: None,
+            a_keepalive: 0,
+            b_knows_a_endpoint: true,
+        }
+    }
+}
+
+impl Pair {
+    fn new(cfg: PairConfig) -> Self {
+        let now = Instant::now();
+        let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+        let a = Device::new(
+            DeviceSettings {
+                private_key: ka.clone(),
+                listen_port: 51820,
+                mtu: 1420,
+                fwmark: 0,
+            },
+            vec![PeerSettings {
+                public_key: kb.public_key(),
+                preshared_key: cfg.psk.clone(),
+                endpoint: Some(B_ADDR.parse().unwrap()),
+                allowed_ips: vec![net("10.0.0.2/32"), net("10.2.0.0/16"), net("fd00::2/128")],
+                persistent_keepalive: cfg.a_keepalive,
+            }],
+            now,
+        );
+        let b = Device::new(
+            DeviceSettings {
+                private_key: kb,
+                listen_port: 51820,
+                mtu: 1420,
+                fwmark: 0,
+            },
+            vec![PeerSettings {
+                public_key: ka.public_key(),
+                preshared_key: cfg.psk,
+                endpoint: cfg.b_knows_a_endpoint.then(|| A_ADDR.parse().unwrap()),
+                allowed_ips: vec![net("10.0.0.1/32"), net("fd00::1/128")],
+                persistent_keepalive: 0,
+            }],
+            now,
+        );
+        Self {
+            a,
+            b,
+            now,
+            in_flight: VecDeque::new(),
+            to_a_tun: Vec::new(),
+            to_b_tun: Vec::new(),
+            wire_log: Vec::new(),
+            lose: Box::new(|_, _| false),
+        }
+    }
+
+    fn device(&mut self, side: Side) -> &mut Device {
+        match side {
+            Side::A => &mut self.a,
+            Side::B => &mut self.b,
+        }
+    }
+
+    fn emit(&mut self, from: Side, out: Collect) {
+        for (_, d) in out.datagrams {
+            self.wire_log.push((from, d.clone()));
+            let src = match from {
+                Side::A => A_ADDR.parse().unwrap(),
+                Side::B => B_ADDR.parse().unwrap(),
+            };
+            self.in_flight.push_back((from, src, d));
+        }
+    }
+
+    /// Sends an IP packet into `side`'s tunnel interface.
+    fn send(&mut self, side: Side, packet: &[u8]) {
+        let now = self.now;
+        let mut frame = packet.to_vec();
+        frame.resize(packet.len() + 64, 0xAA);
+        let mut out = Collect::new();
+        self.device(side)
+            .encapsulate(&mut frame, packet.len(), now, &mut out);
+        self.emit(side, out);
+        self.deliver();
+    }
+
+    /// Delivers every datagram in flight (and whatever they cause), unless the link loses it.
+    fn deliver(&mut self) {
+        let mut guard = 0;
+        while let Some((from, src, datagram)) = self.in_flight.pop_front() {
+            guard += 1;
+            assert!(guard < 10_000, "datagram storm");
+            if (self.lose)(from, &datagram) {
+                continue;
+            }
+            let to = match from {
+                Side::A => Side::B,
+                Side::B => Side::A,
+            };
+            let now = self.now;
+            let mut tun = Collect::new();
+            let mut out = Collect::new();
+            self.device(to)
+                .decapsulate(src, &datagram, now, &mut tun, &mut out);
+            match to {
+                Side::A => self.to_a_tun.extend(tun.packets),
+                Side::B => self.to_b_tun.extend(tun.packets),
+            }
+            self.emit(to, out);
+        }
+    }
+
+    /// Advances virtual time in 250 ms ticks, as the worker does.
+    fn advance(&mut self, duration: Duration) {
+        let end = self.now + duration;
+        while self.now < end {
+            self.now += Duration::from_millis(250);
+            for side in [Side::A, Side::B] {
+                let now = self.now;
+                let mut out = Collect::new();
+                self.device(side).tick(now, &mut out);
+                self.emit(side, out);
+            }
+            self.deliver();
+        }
+    }
+
+    fn initiations_from(&self, side: Side) -> usize {
+        self.wire_log
+            .iter()
+            .filter(|(s, d)| *s == side && d[0] == 1)
+            .count()
+    }
+}
+
+#[test]
+fn handshake_then_data_both_ways_v4_and_v6() {
+    let mut pair = Pair::new(PairConfig::default());
+    let first = ip_packet("10.0.0.1", "10.0.0.2", b"hello b");
+    pair.send(Side::A, &first);
+    // The packet waited for the handshake and then went through, unchanged.
+    assert_eq!(pair.to_b_tun, vec![first]);
+    assert_eq!(pair.initiations_from(Side::A), 1);
+
+    let reply = ip_packet("fd00::2", "fd00::1", b"hello a over v6");
+    pair.send(Side::B, &reply);
+    assert_eq!(pair.to_a_tun, vec![reply]);
+
+    let big = ip_packet("10.2.3.4", "10.0.0.1", &vec![7u8; 1380]);
+    pair.send(Side::B, &big);
+    assert_eq!(pair.to_a_tun.last(), Some(&big));
+    assert_eq!(pair.a.stats().total_drops(), 0);
+    assert_eq!(pair.b.stats().total_drops(), 0);
+}
+
+#[test]
+fn datagrams_are_padded_to_16_bytes() {
+    let mut pair = Pair::new(PairConfig::default());
+    pair.send(Side::A, &ip_packet("10.0.0.1", "10.0.0.2", b"x"));
+    pair.wire_log.clear();
+    for len in [1usize, 5, 17, 100] {
+        pair.send(Side::A, &ip_packet("10.0.0.1", "10.0.0.2", &vec![1; len]));
+    }
+    for (_, d) in &pair.wire_log {
+        if d[0] == 4 {
+            assert_eq!((d.len() - 32) % 16, 0, "data message of {} bytes", d.len());
+        }
+    }
+    // The receiver strips the padding: packets arrive at their own length.
+    assert_eq!(pair.to_b_tun.last().map(Vec::len), Some(20 + 100));
+}
+
+#[test]
+fn lost_initiation_is_retried_and_the_packet_still_arrives() {
+    let mut pair = Pair::new(PairConfig::default());
+    let mut lost = 0;
+    pair.lose = Box::new(move |from, d| {
+        if from == Side::A && d[0] == 1 && lost == 0 {
+            lost += 1;
+            return true;
+        }
+        false
+    });
+    let packet = ip_packet("10.0.0.1", "10.0.0.2", b"patience");
+    pair.send(Side::A, &packet);
+    assert!(pair.to_b_tun.is_empty());
+    // REKEY_TIMEOUT is 5 s (plus jitter); well within 10 s of virtual time.
+    pair.advance(Duration::from_secs(10));
+    assert_eq!(pair.initiations_from(Side::A), 2);
+    assert_eq!(pair.to_b_tun, vec![packet]);
+}
+
+#[test]
+fn rekeys_after_two_minutes_of_traffic_without_losing_packets() {
+    let mut pair = Pair::new(PairConfig::default());
+    let mut sent = 0;
+    for _ in 0..30 {
+        // 30 x 10 s = 5 minutes, traffic both ways.
+        pair.send(
+            Side::A,
+            &ip_packet("10.0.0.1", "10.0.0.2", &[sent as u8; 64]),
+        );
+        pair.send(
+            Side::B,
+            &ip_packet("10.0.0.2", "10.0.0.1", &[sent as u8; 64]),
+        );
+        sent += 1;
+        pair.advance(Duration::from_secs(10));
+    }
+    // REKEY_AFTER_TIME is 120 s: at least two new handshakes in five minutes.
+    let handshakes = pair.initiations_from(Side::A) + pair.initiations_from(Side::B);
+    assert!(handshakes >= 3, "only {handshakes} handshakes in 5 minutes");
+    assert_eq!(pair.to_a_tun.len(), sent);
+    assert_eq!(pair.to_b_tun.len(), sent);
+}
+
+#[test]
+fn persistent_keepalive_keeps_an_idle_tunnel_talking() {
+    let mut pair = Pair::new(PairConfig {
+        a_keepalive: 25,
+        ..PairConfig::default()
+    });
+    pair.send(Side::A, &ip_packet("10.0.0.1", "10.0.0.2", b"up"));
+    pair.wire_log.clear();
+    pair.advance(Duration::from_secs(100));
+    let keepalives = pair
+        .wire_log
+        .iter()
+        .filter(|(s, d)| *s == Side::A && d[0] == 4 && d.len() == 32)
+        .count();
+    assert!(
+        (3..=5).contains(&keepalives),
+        "{keepalives} keepalives in 100 s at 25 s"
+    );
+}
+
+#[test]
+fn responder_learns_the_endpoint_from_the_handshake() {
+    let mut pair = Pair::new(PairConfig {
+        b_knows_a_endpoint: false,
+        ..PairConfig::default()
+    });
+    // B cannot send first: it has no endpoint for A.
+    pair.send(Side::B, &ip_packet("10.0.0.2", "10.0.0.1", b"nowhere"));
+    assert_eq!(pair.b.stats().drops(DropReason::NoEndpoint), 1);
+    pair.send(Side::A, &ip_packet("10.0.0.1", "10.0.0.2", b"hi"));
+    let reply = ip_packet("10.0.0.2", "10.0.0.1", b"now I know you");
+    pair.send(Side::B, &reply);
+    assert_eq!(pair.to_a_tun, vec![reply]);
+}
+
+#[test]
+fn source_address_outside_allowed_ips_is_dropped() {
+    let mut pair = Pair::new(PairConfig::default());
+    pair.send(Side::A, &ip_packet("10.0.0.1", "10.0.0.2", b"hi"));
+    // B claims a source A has not allowed for B.
+    pair.send(Side::B, &ip_packet("10.9.9.9", "10.0.0.1", b"spoofed"));
+    assert!(pair.to_a_tun.is_empty());
+    assert_eq!(pair.a.stats().drops(DropReason::SourceNotAllowed), 1);
+}
+
+#[test]
+fn preshared_key_handshake_works() {
+    let mut pair = Pair::new(PairConfig {
+        psk: Some(PresharedKey::generate()),
+        ..PairConfig::default()
+    });
+    let p = ip_packet("10.0.0.1", "10.0.0.2", b"with psk");
+    pair.send(Side::A, &p);
+    assert_eq!(pair.to_b_tun, vec![p]);
+}
+
+#[test]
+fn changing_allowed_ips_live_keeps_the_session() {
+    let mut pair = Pair::new(PairConfig::default());
+    pair.send(Side::A, &ip_packet("10.0.0.1", "10.0.0.2", b"hi"));
+    let before = pair.initiations_from(Side::A);
+    let b_key = pair.b.public_key();
+    let now = pair.now;
+    pair.a
+        .apply(
+            SetRequest {
+                private_key: None,
+                listen_port: None,
+                fwmark: None,
+                replace_peers: false,
+                peers: vec![PeerUpdate {
+                    public_key: b_key,
+                    remove: false,
+                    update_only: true,
+                    preshared_key: None,
+                    endpoint: None,
+                    persistent_keepalive: None,
+                    replace_allowed_ips: true,
+                    allowed_ips: vec![net("10.0.0.2/32"), net("10.3.0.0/16")],
+                }],
+            },
+            now,
+        )
+        .unwrap();
+    assert!(pair.a.routes().contains(&net("10.3.0.0/16")));
+    assert!(!pair.a.routes().contains(&net("10.2.0.0/16")));
+    let p = ip_packet("10.0.0.1", "10.3.0.9", b"new prefix");
+    pair.send(Side::A, &p);
+    assert_eq!(pair.to_b_tun.last(), Some(&p));
+    assert_eq!(pair.initiations_from(Side::A), before, "no new handshake");
+    // The removed prefix no longer routes.
+    pair.send(Side::A, &ip_packet("10.0.0.1", "10.2.0.9", b"old prefix"));
+    assert_eq!(pair.a.stats().drops(DropReason::NoRoute), 1);
+}
+
+#[test]
+fn garbage_datagrams_are_counted_not_fatal() {
+    let mut pair = Pair::new(PairConfig::default());
+    let from: SocketAddr = "198.51.100.7:9".parse().unwrap();
+    let mut seed = 0x1234_5678u32;
+    for len in 0..400usize {
+        let mut d = Vec::with_capacity(len);
+        for _ in 0..len {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            d.push(seed as u8);
+        }
+        // Make some look like each message type so they get past the first check.
+        if len >= 4 && len % 3 == 0 {
+            d[0] = (len % 4 + 1) as u8;
+            d[1..4].fill(0);
+        }
+        let (mut tun, mut out) = (Collect::new(), Collect::new());
+        let now = pair.now;
+        pair.a.decapsulate(from, &d, now, &mut tun, &mut out);
+        assert!(tun.packets.is_empty());
+    }
+    assert_eq!(pair.a.stats().total_drops(), 400);
+    // The tunnel still works afterwards.
+    let p = ip_packet("10.0.0.1", "10.0.0.2", b"still fine");
+    pair.send(Side::A, &p);
+    assert_eq!(pair.to_b_tun, vec![p]);
+}
