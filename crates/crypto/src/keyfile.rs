@@ -29,10 +29,7 @@ pub fn read_key_file(path: &Path) -> Result<Zeroizing<String>, KeyFileError> {
     let mut file = File::open(path).map_err(read_err)?;
     let mode = file.metadata().map_err(read_err)?.mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(KeyFileError::WorldReadable {
-            path: shown,
-            mode,
-        });
+        return Err(KeyFileError::WorldReadable { path: shown, mode });
     }
     let mut text = Zeroizing::new(String::new());
     // A key is 44 characters; allow a newline and some whitespace but refuse anything huge.
@@ -76,8 +73,13 @@ mod tests {
     #[test]
     fn refuses_huge_files_and_missing_files() {
         let file = write_key(0o600, &"A".repeat(10_000));
-        assert!(matches!(read_key_file(file.path()), Err(KeyFileError::TooLarge { .. })));
-        let err = read_key_file(Path::new("/nonexistent/key")).unwrap_err().to_string();
+        assert!(matches!(
+            read_key_file(file.path()),
+            Err(KeyFileError::TooLarge { .. })
+        ));
+        let err = read_key_file(Path::new("/nonexistent/key"))
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("cannot read /nonexistent/key"), "{err}");
     }
 }

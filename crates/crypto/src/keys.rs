@@ -228,10 +228,19 @@ mod tests {
 
     #[test]
     fn bad_keys_are_refused_with_a_reason() {
-        assert_eq!(PublicKey::from_base64("not base64!").unwrap_err(), KeyError::Base64);
-        assert_eq!(PublicKey::from_base64("AAAA").unwrap_err(), KeyError::Length(3));
+        assert_eq!(
+            PublicKey::from_base64("not base64!").unwrap_err(),
+            KeyError::Base64
+        );
+        assert_eq!(
+            PublicKey::from_base64("AAAA").unwrap_err(),
+            KeyError::Length(3)
+        );
         let long = "A".repeat(200);
-        assert!(matches!(PublicKey::from_base64(&long), Err(KeyError::Length(_))));
+        assert!(matches!(
+            PublicKey::from_base64(&long),
+            Err(KeyError::Length(_))
+        ));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod allowed_ips;
 pub mod clock;
+pub mod config;
 pub mod device;
 pub mod packet;
 mod peer;

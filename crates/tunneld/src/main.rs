@@ -1,1 +1,145 @@
-fn main() {}
+//! `tunneld`: a WireGuard site-to-site gateway. See README.md for the commands.
+
+mod load;
+mod netlink;
+mod uapi_server;
+mod up;
+
+use clap::{Parser, Subcommand};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tunneld_crypto::{PresharedKey, PrivateKey};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tunneld",
+    version,
+    about = "A fast user-space WireGuard gateway"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Bring up the interface a config describes and carry its traffic until SIGINT/SIGTERM.
+    Up { config: PathBuf },
+    /// Validate config files without touching the system; print every error.
+    Check {
+        #[arg(required = true)]
+        configs: Vec<PathBuf>,
+    },
+    /// Print a new private key (base64), as `wg genkey` does.
+    Genkey,
+    /// Print a new preshared key (base64), as `wg genpsk` does.
+    Genpsk,
+    /// Read a private key on stdin and print its public key, as `wg pubkey` does.
+    Pubkey,
+    /// Convert a wg-quick .conf file to a tunneld TOML config on stdout.
+    Import {
+        conf: PathBuf,
+        /// Interface name for the new config (default: the file's stem).
+        #[arg(long)]
+        name: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tunneld: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Up { config } => {
+            init_logging();
+            up::run(&config)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { configs } => {
+            let mut ok = true;
+            for path in &configs {
+                match load::load(path, load::Resolve::CheckOnly) {
+                    Ok(_) => println!("{}: ok", path.display()),
+                    Err(errors) => {
+                        ok = false;
+                        for e in errors {
+                            eprintln!("{}: {e}", path.display());
+                        }
+                    }
+                }
+            }
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Genkey => {
+            print_secret(PrivateKey::generate().to_base64().as_str())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Genpsk => {
+            print_secret(PresharedKey::generate().to_base64().as_str())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pubkey => {
+            let mut text = zeroize::Zeroizing::new(String::new());
+            std::io::stdin()
+                .take(1024)
+                .read_to_string(&mut text)
+                .map_err(|e| anyhow::anyhow!("reading the private key from stdin: {e}"))?;
+            let key = PrivateKey::from_base64(&text)
+                .map_err(|e| anyhow::anyhow!("the private key on stdin {e}"))?;
+            println!("{}", key.public_key());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Import { conf, name } => {
+            let text = std::fs::read_to_string(&conf)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", conf.display()))?;
+            let name = name.unwrap_or_else(|| {
+                conf.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "wg0".into())
+            });
+            match tunneld_tunnel::config::import_wg_quick(&text, &name) {
+                Ok(toml) => {
+                    print!("{toml}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(errors) => {
+                    for e in errors.0 {
+                        eprintln!("{}: {e}", conf.display());
+                    }
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+    }
+}
+
+fn print_secret(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}")?;
+    out.flush()?;
+    Ok(())
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TUNNELD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+}

@@ -1,0 +1,137 @@
+//! From a config file to what the daemon runs: parsed, validated, key files read, endpoints
+//! resolved. Every problem found is reported, one line each.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use tunneld_crypto::{read_key_file, PresharedKey, PrivateKey};
+use tunneld_tunnel::config::{self, Config, Endpoint, KeySource};
+use tunneld_tunnel::{DeviceSettings, PeerSettings};
+
+/// A config ready to run.
+#[derive(Debug)]
+pub struct Loaded {
+    pub config: Config,
+    pub device: DeviceSettings,
+    pub peers: Vec<PeerSettings>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolve {
+    /// `check`: read key files, but do not look hostnames up (no network use).
+    CheckOnly,
+    /// `up`: everything, including DNS for hostname endpoints.
+    Everything,
+}
+
+pub fn load(path: &Path, resolve: Resolve) -> Result<Loaded, Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| vec![format!("cannot read the config file: {e}")])?;
+    let config = config::parse(&text)
+        .map_err(|errors| errors.0.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let mut errors = Vec::new();
+
+    let private_key = match &config.interface.private_key {
+        KeySource::Inline(key) => Some(key.clone()),
+        KeySource::File(file) => read_key(base, file, "interface.private_key_file", &mut errors)
+            .and_then(|text| match PrivateKey::from_base64(&text) {
+                Ok(key) => Some(key),
+                Err(e) => {
+                    errors.push(format!(
+                        "interface.private_key_file: {}: the key {e}",
+                        file.display()
+                    ));
+                    None
+                }
+            }),
+    };
+
+    let mut peers = Vec::new();
+    for (i, peer) in config.peers.iter().enumerate() {
+        let preshared_key = match &peer.preshared_key {
+            None => None,
+            Some(KeySource::Inline(key)) => Some(key.clone()),
+            Some(KeySource::File(file)) => {
+                let field = format!("peer[{i}].preshared_key_file");
+                read_key(base, file, &field, &mut errors).and_then(|text| {
+                    match PresharedKey::from_base64(&text) {
+                        Ok(key) => Some(key),
+                        Err(e) => {
+                            errors.push(format!("{field}: {}: the key {e}", file.display()));
+                            None
+                        }
+                    }
+                })
+            }
+        };
+        let endpoint = match (&peer.endpoint, resolve) {
+            (None, _) => None,
+            (Some(Endpoint::Addr(addr)), _) => Some(*addr),
+            (Some(Endpoint::Host { .. }), Resolve::CheckOnly) => None,
+            (Some(Endpoint::Host { host, port }), Resolve::Everything) => {
+                match resolve_host(host, *port) {
+                    Ok(addr) => Some(addr),
+                    Err(e) => {
+                        errors.push(format!("peer[{i}].endpoint: cannot resolve {host}: {e}"));
+                        None
+                    }
+                }
+            }
+        };
+        peers.push(PeerSettings {
+            public_key: peer.public_key,
+            preshared_key,
+            endpoint,
+            allowed_ips: peer.allowed_ips.clone(),
+            persistent_keepalive: peer.persistent_keepalive,
+        });
+    }
+
+    if let Some(key) = &private_key {
+        let own = key.public_key();
+        for (i, peer) in config.peers.iter().enumerate() {
+            if peer.public_key == own {
+                errors.push(format!(
+                    "peer[{i}].public_key: is the interface's own public key"
+                ));
+            }
+        }
+    }
+
+    match private_key {
+        Some(private_key) if errors.is_empty() => Ok(Loaded {
+            device: DeviceSettings {
+                private_key,
+                listen_port: config.interface.listen_port,
+                mtu: config.interface.mtu,
+                fwmark: config.interface.fwmark,
+            },
+            peers,
+            config,
+        }),
+        _ => Err(errors),
+    }
+}
+
+fn read_key(
+    base: &Path,
+    file: &Path,
+    field: &str,
+    errors: &mut Vec<String>,
+) -> Option<zeroize::Zeroizing<String>> {
+    let path: PathBuf = base.join(file);
+    match read_key_file(&path) {
+        Ok(text) => Some(text),
+        Err(e) => {
+            errors.push(format!("{field}: {e}"));
+            None
+        }
+    }
+}
+
+fn resolve_host(host: &str, port: u16) -> std::io::Result<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address found"))
+}

@@ -1,0 +1,191 @@
+//! The WireGuard cross-platform UAPI socket (`/var/run/wireguard/<name>.sock`), so `wg show`
+//! and `wg set` work against tunneld. Requests run on the worker's thread via its handle;
+//! route changes they imply are made here, on the control side.
+
+use crate::netlink::Netlink;
+use anyhow::{bail, Context};
+use ipnet::IpNet;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tunneld_dataplane::worker::WorkerHandle;
+use tunneld_tunnel::uapi::{self, Request};
+
+const SOCKET_DIR: &str = "/var/run/wireguard";
+/// A request larger than this is refused (a config with tens of thousands of peers fits).
+const MAX_REQUEST: usize = 16 << 20;
+/// A client that sends nothing for this long is disconnected, so it cannot block the socket.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The bound socket, before serving.
+#[derive(Debug)]
+pub struct UapiServer {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+/// Serving the socket; dropping it stops serving and removes the socket file.
+#[derive(Debug)]
+pub struct Serving {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees `stop`.
+        let _ = UnixStream::connect(&self.path);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl UapiServer {
+    pub fn bind(interface: &str) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(SOCKET_DIR)
+            .with_context(|| format!("cannot create {SOCKET_DIR}"))?;
+        let path = PathBuf::from(format!("{SOCKET_DIR}/{interface}.sock"));
+        if path.exists() {
+            if UnixStream::connect(&path).is_ok() {
+                bail!(
+                    "interface {interface} is already served by another process ({} answers)",
+                    path.display()
+                );
+            }
+            // A socket left by a process that died: nobody answers on it.
+            std::fs::remove_file(&path)
+                .with_context(|| format!("cannot remove the stale {}", path.display()))?;
+        }
+        let listener = UnixListener::bind(&path)
+            .with_context(|| format!("cannot create the UAPI socket {}", path.display()))?;
+        // Keys can be read and set through it: root only.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot restrict {}", path.display()))?;
+        Ok(Self { listener, path })
+    }
+
+    pub fn serve(
+        self,
+        worker: WorkerHandle,
+        mut netlink: Netlink,
+        link: u32,
+    ) -> anyhow::Result<Serving> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let serving = Serving {
+            path: self.path.clone(),
+            stop: stop.clone(),
+        };
+        let listener = self.listener;
+        std::thread::Builder::new()
+            .name("uapi".into())
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    match stream {
+                        Ok(stream) => {
+                            if let Err(e) = serve_client(stream, &worker, &mut netlink, link) {
+                                tracing::debug!("uapi client: {e}");
+                            }
+                        }
+                        Err(e) => tracing::warn!("uapi accept: {e}"),
+                    }
+                }
+            })
+            .context("cannot start the UAPI thread")?;
+        Ok(serving)
+    }
+}
+
+fn serve_client(
+    mut stream: UnixStream,
+    worker: &WorkerHandle,
+    netlink: &mut Netlink,
+    link: u32,
+) -> io::Result<()> {
+    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > MAX_REQUEST {
+            stream.write_all(uapi::format_errno(libc::EMSGSIZE).as_bytes())?;
+            return Ok(());
+        }
+        if !uapi::is_complete(&buf) {
+            continue;
+        }
+        let reply = match std::str::from_utf8(&buf) {
+            Ok(text) => handle(text, worker, netlink, link),
+            Err(_) => {
+                tracing::warn!("uapi: request is not UTF-8");
+                uapi::format_errno(libc::EPROTO)
+            }
+        };
+        stream.write_all(reply.as_bytes())?;
+        buf.clear();
+    }
+}
+
+fn handle(text: &str, worker: &WorkerHandle, netlink: &mut Netlink, link: u32) -> String {
+    let request = match uapi::parse_request(text) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("uapi: refused request: {e}");
+            return uapi::format_errno(e.errno);
+        }
+    };
+    match request {
+        Request::Get => {
+            let unix_now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            match worker.run(move |device, now| device.snapshot(now, unix_now)) {
+                Some(snapshot) => uapi::format_get(&snapshot),
+                None => uapi::format_errno(libc::ESHUTDOWN),
+            }
+        }
+        Request::Set(set) => {
+            let outcome = worker.run(move |device, now| {
+                let before = device.routes();
+                let result = device.apply(set, now);
+                (result, before, device.routes())
+            });
+            let Some((result, before, after)) = outcome else {
+                return uapi::format_errno(libc::ESHUTDOWN);
+            };
+            sync_routes(netlink, link, &before, &after);
+            match result {
+                Ok(()) => uapi::format_errno(0),
+                Err(e) => {
+                    tracing::warn!("uapi: set failed: {e}");
+                    uapi::format_errno(e.errno)
+                }
+            }
+        }
+    }
+}
+
+/// Makes the kernel's routes through the interface follow the peers' allowed IPs.
+fn sync_routes(netlink: &mut Netlink, link: u32, before: &[IpNet], after: &[IpNet]) {
+    for net in after.iter().filter(|n| !before.contains(n)) {
+        if let Err(e) = netlink.add_route(link, *net) {
+            tracing::warn!("{e}");
+        }
+    }
+    for net in before.iter().filter(|n| !after.contains(n)) {
+        if let Err(e) = netlink.del_route(link, *net) {
+            tracing::warn!("{e}");
+        }
+    }
+}

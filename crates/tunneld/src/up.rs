@@ -1,0 +1,104 @@
+//! `tunneld up`: bring the interface up, run the worker, serve UAPI, tear down on a signal.
+//!
+//! Teardown is by ownership: the TUN device is not persistent, so when the worker (which owns
+//! it) is dropped the kernel removes the interface with its addresses and routes; the UAPI
+//! socket file is removed by a guard. Every exit path, error or signal, runs both.
+
+use crate::load::{self, Resolve};
+use crate::netlink::Netlink;
+use crate::uapi_server::UapiServer;
+use anyhow::{bail, Context};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tunneld_dataplane::tun::Tun;
+use tunneld_dataplane::udp::UdpSocket;
+use tunneld_dataplane::worker::Worker;
+use tunneld_dataplane::DatagramIo;
+use tunneld_tunnel::Device;
+
+pub fn run(config_path: &Path) -> anyhow::Result<()> {
+    if tunneld_tunnel::clock::VIRTUAL_TIME {
+        bail!("this build drives WireGuard timers from virtual time (feature `virtual-time`, for tests only); rebuild without it");
+    }
+    let loaded = load::load(config_path, Resolve::Everything).map_err(|errors| {
+        anyhow::anyhow!(
+            "{}: {}",
+            config_path.display(),
+            errors.join(&format!("\n{}: ", config_path.display()))
+        )
+    })?;
+    let name = loaded.config.interface.name.clone();
+    let mtu = loaded.config.interface.mtu;
+
+    // The socket first: it refuses to start a second tunneld for the same interface before
+    // anything else is touched.
+    let uapi = UapiServer::bind(&name)?;
+    let tun = Tun::open(&name)?;
+    let udp = UdpSocket::bind(loaded.device.listen_port)
+        .with_context(|| format!("cannot listen on UDP port {}", loaded.device.listen_port))?;
+
+    let mut netlink = Netlink::open().context("cannot open a netlink socket")?;
+    let index = netlink.link_index(&name)?;
+    netlink.set_mtu(index, mtu.into())?;
+    for addr in &loaded.config.interface.addresses {
+        netlink.add_address(index, *addr)?;
+    }
+    netlink.set_up(index)?;
+
+    let mut device = Device::new(loaded.device, loaded.peers, Instant::now());
+    device.set_listen_port(udp.local_port());
+    for route in device.routes() {
+        netlink.add_route(index, route)?;
+    }
+    tracing::info!(
+        interface = %name,
+        public_key = %device.public_key(),
+        listen_port = device.listen_port(),
+        peers = device.peer_count(),
+        "interface up"
+    );
+
+    let (worker, handle) = Worker::new(device, tun, udp).context("cannot start the worker")?;
+    let worker_thread = std::thread::Builder::new()
+        .name(format!("worker-{name}"))
+        .spawn(move || drop(worker.run()))
+        .context("cannot start the worker thread")?;
+    let uapi_thread = uapi.serve(handle.clone(), netlink, index)?;
+
+    let signals = wait_for_signal(&worker_thread);
+    handle.shutdown();
+    if worker_thread.join().is_err() {
+        bail!("the worker thread failed; the interface has been removed");
+    }
+    drop(uapi_thread);
+    match signals {
+        Some(signal) => tracing::info!(interface = %name, "{signal}: interface removed, exiting"),
+        None => bail!("the worker stopped unexpectedly; the interface has been removed"),
+    }
+    Ok(())
+}
+
+/// Waits for SIGINT or SIGTERM (returning its name), or for the worker to stop (`None`).
+fn wait_for_signal(worker: &std::thread::JoinHandle<()>) -> Option<&'static str> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot install signal handlers: {e}");
+            return Some("signal setup failure");
+        }
+    };
+    loop {
+        for signal in signals.pending() {
+            match signal {
+                SIGINT => return Some("SIGINT"),
+                SIGTERM => return Some("SIGTERM"),
+                _ => tracing::warn!("SIGHUP: reloading the config is not supported yet; ignored"),
+            }
+        }
+        if worker.is_finished() {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
