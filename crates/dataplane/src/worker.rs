@@ -138,6 +138,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     /// so the caller can read its final state.
     pub fn run(mut self) -> Device {
         let mut next_tick = Instant::now() + TICK;
+        let mut logged_drops = 0;
         loop {
             let now = Instant::now();
             let timeout = next_tick.saturating_duration_since(now);
@@ -151,6 +152,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                 self.device.tick(now, &mut self.net_tx);
                 self.flush_network();
                 next_tick = now + TICK;
+                self.log_new_drops(&mut logged_drops);
             }
         }
     }
@@ -276,6 +278,20 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         // SAFETY: fds is a valid array of pollfd for its whole length; entries with fd -1
         // are ignored by the kernel.
         unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+
+    /// Says at debug level which drop counters moved since the last tick, so a tunnel that
+    /// does not come up explains itself with `TUNNELD_LOG=debug`.
+    fn log_new_drops(&self, logged: &mut u64) {
+        let stats = self.device.stats();
+        if stats.total_drops() != *logged && tracing::enabled!(tracing::Level::DEBUG) {
+            *logged = stats.total_drops();
+            let drops: Vec<String> = stats
+                .nonzero_drops()
+                .map(|(reason, n)| format!("{reason}={n}"))
+                .collect();
+            tracing::debug!("drops so far: {}", drops.join(" "));
+        }
     }
 
     /// Packets or datagrams the kernel did not take.

@@ -225,11 +225,10 @@ impl Device {
                 Some(slot) => slot,
                 None => return,
             },
-            MSG_RESPONSE | MSG_COOKIE | MSG_DATA if datagram.len() >= 8 => {
-                let index =
-                    u32::from_le_bytes([datagram[4], datagram[5], datagram[6], datagram[7]]);
-                (index >> 8) as usize
-            }
+            // The receiver index (ours) follows the type, except in a response, where the
+            // responder's own index comes first.
+            MSG_RESPONSE if datagram.len() >= 12 => receiver_slot(&datagram[8..12]),
+            MSG_COOKIE | MSG_DATA if datagram.len() >= 8 => receiver_slot(&datagram[4..8]),
             _ => {
                 self.stats.drop(DropReason::Malformed);
                 return;
@@ -621,6 +620,12 @@ impl Device {
         self.by_key.insert(key, slot);
         Ok(slot)
     }
+}
+
+/// The peer slot a receiver index names: its high 24 bits (`Tunn` numbers sessions in the low 8).
+fn receiver_slot(index: &[u8]) -> usize {
+    let index = u32::from_le_bytes([index[0], index[1], index[2], index[3]]);
+    (index >> 8) as usize
 }
 
 /// The errno values UAPI replies use (Linux numbering, as `wg` expects).

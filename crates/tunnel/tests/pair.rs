@@ -107,6 +107,9 @@ struct Pair {
 
 struct PairConfig {
     psk: Option<PresharedKey>,
+    /// Unrelated peers each side has before the real one, so peer slots differ per side.
+    a_extra_peers: usize,
+    b_extra_peers: usize,
     a_keepalive: u16,
     b_knows_a_endpoint: bool,
 }
@@ -115,6 +118,8 @@ impl Default for PairConfig {
     fn default() -> Self {
         Self {
             psk: None,
+            a_extra_peers: 0,
+            b_extra_peers: 3,
             a_keepalive: 0,
             b_knows_a_endpoint: true,
         }
@@ -125,6 +130,19 @@ impl Pair {
     fn new(cfg: PairConfig) -> Self {
         let now = Instant::now();
         let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+        let extra = |n: usize, base: u8| -> Vec<PeerSettings> {
+            (0..n)
+                .map(|i| PeerSettings {
+                    public_key: PrivateKey::generate().public_key(),
+                    preshared_key: None,
+                    endpoint: None,
+                    allowed_ips: vec![net(&format!("10.{base}.{i}.0/24"))],
+                    persistent_keepalive: 0,
+                })
+                .collect()
+        };
+        let mut a_peers = extra(cfg.a_extra_peers, 100);
+        let mut b_peers = extra(cfg.b_extra_peers, 200);
         let a = Device::new(
             DeviceSettings {
                 private_key: ka.clone(),
@@ -132,13 +150,16 @@ impl Pair {
                 mtu: 1420,
                 fwmark: 0,
             },
-            vec![PeerSettings {
-                public_key: kb.public_key(),
-                preshared_key: cfg.psk.clone(),
-                endpoint: Some(B_ADDR.parse().unwrap()),
-                allowed_ips: vec![net("10.0.0.2/32"), net("10.2.0.0/16"), net("fd00::2/128")],
-                persistent_keepalive: cfg.a_keepalive,
-            }],
+            {
+                a_peers.push(PeerSettings {
+                    public_key: kb.public_key(),
+                    preshared_key: cfg.psk.clone(),
+                    endpoint: Some(B_ADDR.parse().unwrap()),
+                    allowed_ips: vec![net("10.0.0.2/32"), net("10.2.0.0/16"), net("fd00::2/128")],
+                    persistent_keepalive: cfg.a_keepalive,
+                });
+                a_peers
+            },
             now,
         );
         let b = Device::new(
@@ -148,13 +169,16 @@ impl Pair {
                 mtu: 1420,
                 fwmark: 0,
             },
-            vec![PeerSettings {
-                public_key: ka.public_key(),
-                preshared_key: cfg.psk,
-                endpoint: cfg.b_knows_a_endpoint.then(|| A_ADDR.parse().unwrap()),
-                allowed_ips: vec![net("10.0.0.1/32"), net("fd00::1/128")],
-                persistent_keepalive: 0,
-            }],
+            {
+                b_peers.push(PeerSettings {
+                    public_key: ka.public_key(),
+                    preshared_key: cfg.psk,
+                    endpoint: cfg.b_knows_a_endpoint.then(|| A_ADDR.parse().unwrap()),
+                    allowed_ips: vec![net("10.0.0.1/32"), net("fd00::1/128")],
+                    persistent_keepalive: 0,
+                });
+                b_peers
+            },
             now,
         );
         Self {
@@ -266,6 +290,29 @@ fn handshake_then_data_both_ways_v4_and_v6() {
     assert_eq!(pair.to_a_tun.last(), Some(&big));
     assert_eq!(pair.a.stats().total_drops(), 0);
     assert_eq!(pair.b.stats().total_drops(), 0);
+}
+
+#[test]
+fn peer_slots_that_differ_on_each_side_still_handshake_both_ways() {
+    // The responder's own index comes first in a response; reading the wrong one only
+    // works when both sides happen to use the same slot.
+    for (a_extra, b_extra) in [(0, 3), (5, 0), (2, 7)] {
+        let mut pair = Pair::new(PairConfig {
+            a_extra_peers: a_extra,
+            b_extra_peers: b_extra,
+            ..PairConfig::default()
+        });
+        let p = ip_packet("10.0.0.1", "10.0.0.2", b"slots");
+        pair.send(Side::A, &p);
+        assert_eq!(
+            pair.to_b_tun,
+            vec![p],
+            "a_extra={a_extra} b_extra={b_extra}"
+        );
+        let q = ip_packet("10.0.0.2", "10.0.0.1", b"back");
+        pair.send(Side::B, &q);
+        assert_eq!(pair.to_a_tun, vec![q]);
+    }
 }
 
 #[test]
