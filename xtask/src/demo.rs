@@ -305,7 +305,7 @@ fn received_bits_per_second(json: &str) -> Option<f64> {
     let key = rest.find("\"bits_per_second\"")?;
     let value = rest[key + "\"bits_per_second\"".len()..]
         .trim_start_matches([':', ' '])
-        .split(|c: char| c == ',' || c == '\n' || c == '}')
+        .split([',', '\n', '}'])
         .next()?;
     value.trim().parse().ok()
 }
