@@ -1,0 +1,317 @@
+//! Shared pieces of the end-to-end tests: gateways run in namespaces the test creates.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+use tunneld_testnet::NetNs;
+
+pub const TUNNELD: &str = env!("CARGO_BIN_EXE_tunneld");
+
+/// Generous: these are waits for things that normally take milliseconds, not thresholds.
+pub const WAIT: Duration = Duration::from_secs(15);
+
+pub fn genkey() -> String {
+    let out = Command::new(TUNNELD).arg("genkey").output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+pub fn pubkey(private: &str) -> String {
+    let mut child = Command::new(TUNNELD)
+        .arg("pubkey")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(private.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Writes `content` to `dir/name` with mode 0600.
+pub fn write_private(dir: &Path, name: &str, content: &str) -> PathBuf {
+    let path = dir.join(name);
+    fs::write(&path, content).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+pub fn socket_path(ifname: &str) -> PathBuf {
+    PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"))
+}
+
+pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// A `tunneld up` running in a namespace; stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Gateway {
+    pub ifname: String,
+    pub private_key: String,
+    pub public_key: String,
+    pub dir: tempfile::TempDir,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Gateway {
+    /// Writes a config with `private_key_file` and starts `tunneld up` in `ns`.
+    pub fn start(ns: &NetNs, ifname: &str, private_key: &str, body: &str) -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        write_private(dir.path(), "private.key", private_key);
+        let config =
+            format!("[interface]\nname = \"{ifname}\"\nprivate_key_file = \"private.key\"\n{body}");
+        let path = dir.path().join("gateway.toml");
+        fs::write(&path, config).unwrap();
+        let log = dir.path().join("tunneld.log");
+        let child = ns
+            .command(TUNNELD)
+            .arg("up")
+            .arg(&path)
+            .env("TUNNELD_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut gw = Gateway {
+            ifname: ifname.to_string(),
+            public_key: pubkey(private_key),
+            private_key: private_key.to_string(),
+            dir,
+            log,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = gw.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("tunneld exited early ({status}):\n{}", gw.log_text());
+            }
+            let ready =
+                socket_path(ifname).exists() && ns.output(&["wg", "show", ifname]).status.success();
+            if ready {
+                return gw;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tunneld did not become ready:\n{}",
+                gw.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Sends `signal` and waits for the exit status.
+    pub fn stop_with(&mut self, signal: &str) -> ExitStatus {
+        let mut child = self.child.take().unwrap();
+        Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("tunneld did not exit after {signal}:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            if std::thread::panicking() {
+                eprintln!("--- tunneld log ({}) ---\n{}", self.ifname, self.log_text());
+            }
+        }
+    }
+}
+
+/// A wireguard-go process in a namespace, configured with `wg`; killed when dropped.
+pub struct WireguardGo {
+    pub ifname: String,
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl WireguardGo {
+    pub fn start(ns: &NetNs, ifname: &str) -> WireguardGo {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("wireguard-go.log");
+        let child = ns
+            .command("wireguard-go")
+            .args(["-f", ifname])
+            .env("WG_PROCESS_FOREGROUND", "1")
+            .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1")
+            .env("LOG_LEVEL", "debug")
+            .stdout(fs::File::create(&log).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("wireguard-go is not installed (cargo xtask deps installs it)");
+        let wg = WireguardGo {
+            ifname: ifname.to_string(),
+            child,
+            log,
+            _dir: dir,
+        };
+        wait_until("wireguard-go's UAPI socket", || {
+            socket_path(ifname).exists()
+        });
+        wg
+    }
+}
+
+impl Drop for WireguardGo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_file(socket_path(&self.ifname));
+        if std::thread::panicking() {
+            eprintln!(
+                "--- wireguard-go log ---\n{}",
+                fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// Two namespaces joined by a veth underlay 192.0.2.1/24 <-> 192.0.2.2/24.
+pub fn two_sites() -> (NetNs, NetNs) {
+    let a = NetNs::new();
+    let b = NetNs::new();
+    tunneld_testnet::veth(&a, "192.0.2.1/24", &b, "192.0.2.2/24");
+    (a, b)
+}
+
+/// The body of a site's config (after name and key) with one peer.
+pub fn site_body(me: u8, peer_public: &str, peer_underlay: &str) -> String {
+    let other = 3 - me;
+    format!(
+        "listen_port = 51820\naddress = [\"10.77.0.{me}/24\", \"fd77::{me}/64\"]\nmtu = 1420\n\n\
+         [[peer]]\npublic_key = \"{peer_public}\"\nendpoint = \"{peer_underlay}\"\n\
+         allowed_ips = [\"10.77.0.{other}/32\", \"fd77::{other}/128\"]\n"
+    )
+}
+
+pub fn ping(ns: &NetNs, addr: &str) {
+    let out = ns.output(&["ping", "-c", "3", "-i", "0.2", "-W", "3", addr]);
+    assert!(
+        out.status.success(),
+        "ping {addr} from {} failed:\n{}",
+        ns.name(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// A deterministic, non-repeating-looking byte pattern.
+pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// Sends `len` bytes over TCP from `from` to `to_addr` (listening inside `to`) and checks
+/// that exactly those bytes arrive.
+pub fn tcp_transfer(from: &NetNs, to: &NetNs, to_addr: SocketAddr, len: usize) {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let receiver = to.spawn_in_ns(move || {
+        let listener = TcpListener::bind(to_addr);
+        let _ = ready_tx.send(listener.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        let (mut stream, _) = listener.ok()?.accept().ok()?;
+        stream.set_read_timeout(Some(WAIT)).ok()?;
+        let mut got = Vec::with_capacity(len);
+        stream.read_to_end(&mut got).ok()?;
+        Some(got)
+    });
+    match ready_rx.recv_timeout(WAIT) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("cannot listen on {to_addr} inside {}: {e}", to.name()),
+        Err(_) => panic!("the listener on {to_addr} did not start"),
+    }
+    let data = pattern(len, len as u32);
+    let sent = data.clone();
+    from.in_ns(move || {
+        let mut stream = TcpStream::connect_timeout(&to_addr, WAIT).expect("connect across");
+        stream.set_write_timeout(Some(WAIT)).unwrap();
+        stream.write_all(&sent).unwrap();
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+    });
+    let got = receiver
+        .join()
+        .unwrap()
+        .unwrap_or_else(|| panic!("receiving over {to_addr} failed"));
+    assert_eq!(got.len(), data.len(), "bytes received over {to_addr}");
+    assert!(
+        got == data,
+        "received bytes differ from those sent over {to_addr}"
+    );
+}
+
+/// `wg show <if> dump` lines: the interface line (4 fields), then one line per peer (8 fields).
+pub fn wg_dump(ns: &NetNs, ifname: &str) -> Vec<Vec<String>> {
+    let out = ns.run(&["wg", "show", ifname, "dump"]);
+    out.lines()
+        .map(|l| l.split('\t').map(str::to_string).collect())
+        .collect()
+}
+
+/// The latest-handshake time (UNIX seconds) `wg` reports for `peer`.
+pub fn latest_handshake(ns: &NetNs, ifname: &str, peer: &str) -> u64 {
+    wg_dump(ns, ifname)
+        .iter()
+        .skip(1)
+        .find(|f| f[0] == peer)
+        .map(|f| f[4].parse().unwrap())
+        .unwrap_or(0)
+}
