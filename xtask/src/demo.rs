@@ -211,7 +211,12 @@ fn site_to_site(name: &'static str, tunneld: &Path, which: Impl) -> Result<Row, 
     wait_for_socket(&if_a)?;
     wait_for_socket(&if_b)?;
 
-    let ping = a.output(&["ping", "-c", "5", "-i", "0.2", "-W", "2", "10.77.0.2"]);
+    // The first packet waits for the handshake; measure the round trip after it.
+    let warm_up = a.output(&["ping", "-c", "1", "-W", "5", "10.77.0.2"]);
+    if !warm_up.status.success() {
+        return Err(format!("{name}: no handshake across the tunnel within 5 s"));
+    }
+    let ping = a.output(&["ping", "-c", "10", "-i", "0.1", "-W", "2", "10.77.0.2"]);
     let ping_text = String::from_utf8_lossy(&ping.stdout);
     if !ping.status.success() {
         return Err(format!(
