@@ -153,6 +153,17 @@ impl UdpSocket {
         self.local
     }
 
+    /// Marks every datagram the socket sends (SO_MARK), for policy routing; 0 clears it.
+    pub fn set_mark(&self, mark: u32) -> io::Result<()> {
+        setsockopt(
+            &self.fd,
+            libc::SOL_SOCKET,
+            libc::SO_MARK,
+            mark as libc::c_int,
+        )
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot set fwmark {mark}: {e}")))
+    }
+
     fn is_v6(&self) -> bool {
         self.local.is_ipv6()
     }

@@ -470,31 +470,33 @@ impl Device {
 
     /// Applies a UAPI `set`, in order, as WireGuard does. Changing an existing peer keeps its
     /// session, except for a new preshared key, which boringtun can only take in a new session.
+    /// Device-level changes tunneld cannot make live are refused before anything changes.
     pub fn apply(&mut self, request: SetRequest, now: Instant) -> Result<(), UapiError> {
         self.clock.sync(now);
-        if let Some(port) = request.listen_port {
-            if port != self.listen_port {
-                return Err(UapiError {
-                    errno: libc_errno::EOPNOTSUPP,
-                    message: format!(
-                        "listen_port: changing the port of a running tunneld ({} to {port}) is not supported; edit the config and restart",
-                        self.listen_port
-                    ),
-                });
-            }
+        let unsupported = |message: String| UapiError {
+            errno: libc_errno::EOPNOTSUPP,
+            message,
+        };
+        if let Some(port) = request.listen_port.filter(|p| *p != self.listen_port) {
+            return Err(unsupported(format!(
+                "listen_port: changing the port of a running tunneld ({} to {port}) is not supported; edit the config and restart",
+                self.listen_port
+            )));
+        }
+        if let Some(mark) = request.fwmark.filter(|m| *m != self.fwmark) {
+            return Err(unsupported(format!(
+                "fwmark: changing the mark of a running tunneld ({} to {mark}) is not supported; edit the config and restart",
+                self.fwmark
+            )));
         }
         match request.private_key {
             Some(Some(key)) => self.set_private_key(key),
             Some(None) => {
-                return Err(UapiError {
-                    errno: libc_errno::EOPNOTSUPP,
-                    message: "private_key: removing the private key is not supported".into(),
-                })
+                return Err(unsupported(
+                    "private_key: removing the private key is not supported".into(),
+                ))
             }
             None => {}
-        }
-        if let Some(mark) = request.fwmark {
-            self.fwmark = mark;
         }
         if request.replace_peers {
             let keys: Vec<PublicKey> = self.by_key.keys().copied().collect();

@@ -500,3 +500,33 @@ fn garbage_datagrams_are_counted_not_fatal() {
     pair.send(Side::A, &p);
     assert_eq!(pair.to_b_tun, vec![p]);
 }
+
+#[test]
+fn refused_device_changes_change_nothing() {
+    let mut pair = Pair::new(PairConfig::default());
+    let now = pair.now;
+    for request in [
+        SetRequest {
+            listen_port: Some(1),
+            ..SetRequest::default()
+        },
+        SetRequest {
+            fwmark: Some(7),
+            ..SetRequest::default()
+        },
+        SetRequest {
+            private_key: Some(None),
+            ..SetRequest::default()
+        },
+    ] {
+        let mut request = request;
+        request.replace_peers = true;
+        let err = pair.a.apply(request, now).unwrap_err();
+        assert_eq!(err.errno, 95, "{err}");
+        // replace_peers came after the refused change, so the peer is still there.
+        assert_eq!(pair.a.peer_count(), 1);
+    }
+    let p = ip_packet("10.0.0.1", "10.0.0.2", b"still configured");
+    pair.send(Side::A, &p);
+    assert_eq!(pair.to_b_tun, vec![p]);
+}

@@ -5,6 +5,7 @@
 use crate::netlink::Netlink;
 use anyhow::{bail, Context};
 use ipnet::IpNet;
+use std::collections::HashSet;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -178,12 +179,14 @@ fn handle(text: &str, worker: &WorkerHandle, netlink: &mut Netlink, link: u32) -
 
 /// Makes the kernel's routes through the interface follow the peers' allowed IPs.
 fn sync_routes(netlink: &mut Netlink, link: u32, before: &[IpNet], after: &[IpNet]) {
-    for net in after.iter().filter(|n| !before.contains(n)) {
+    let (before_set, after_set): (HashSet<&IpNet>, HashSet<&IpNet>) =
+        (before.iter().collect(), after.iter().collect());
+    for net in after.iter().filter(|n| !before_set.contains(n)) {
         if let Err(e) = netlink.add_route(link, *net) {
             tracing::warn!("{e}");
         }
     }
-    for net in before.iter().filter(|n| !after.contains(n)) {
+    for net in before.iter().filter(|n| !after_set.contains(n)) {
         if let Err(e) = netlink.del_route(link, *net) {
             tracing::warn!("{e}");
         }

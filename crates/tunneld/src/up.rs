@@ -36,6 +36,9 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     let tun = Tun::open(&name)?;
     let udp = UdpSocket::bind(loaded.device.listen_port)
         .with_context(|| format!("cannot listen on UDP port {}", loaded.device.listen_port))?;
+    if loaded.device.fwmark != 0 {
+        udp.set_mark(loaded.device.fwmark)?;
+    }
 
     let mut netlink = Netlink::open().context("cannot open a netlink socket")?;
     let index = netlink.link_index(&name)?;
