@@ -300,6 +300,13 @@ impl Device {
         }
 
         // Authenticated: the peer may have roamed to a new address.
+        if peer.endpoint != Some(from) && peer.connected {
+            tracing::info!(peer = %peer.public_key, endpoint = %from, "peer roamed");
+        }
+        if !peer.connected && datagram[0] != MSG_COOKIE {
+            tracing::info!(peer = %peer.public_key, endpoint = %from, "session established");
+            peer.connected = true;
+        }
         peer.endpoint = Some(from);
         peer.rx_bytes += datagram.len() as u64;
         self.stats.rx_bytes += datagram.len() as u64;
@@ -414,6 +421,12 @@ impl Device {
                         peer.tx_bytes += n as u64;
                         self.stats.tx_bytes += n as u64;
                     }
+                }
+                TunnResult::Err(boringtun::noise::errors::WireGuardError::ConnectionExpired)
+                    if peer.connected =>
+                {
+                    tracing::info!(peer = %peer.public_key, "session expired: no handshake for 9 minutes");
+                    peer.connected = false;
                 }
                 TunnResult::Err(e) => tracing::trace!(peer = %peer.public_key, "timers: {e:?}"),
                 _ => {}

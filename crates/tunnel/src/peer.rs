@@ -22,6 +22,8 @@ pub(crate) struct Peer {
     pub rx_bytes: u64,
     /// `Tunn` may hold packets queued while a handshake was in progress.
     pub maybe_queued: bool,
+    /// Whether a session is up, for logging its start and end once (not every rekey).
+    pub connected: bool,
 }
 
 impl std::fmt::Debug for Peer {
@@ -60,6 +62,7 @@ impl Peer {
             tx_bytes: 0,
             rx_bytes: 0,
             maybe_queued: false,
+            connected: false,
         }
     }
 
