@@ -14,6 +14,8 @@ const EPROTO: i32 = 71;
 pub enum Request {
     Get,
     Set(SetRequest),
+    /// `stats=1`: tunneld's own extension (used by `tunneld show`), never sent by `wg`.
+    Stats,
 }
 
 #[derive(Debug, Default)]
@@ -101,6 +103,10 @@ pub fn parse_request(message: &str) -> Result<Request, UapiError> {
             Some(line) => Err(protocol(format!("unexpected line after get=1: {line:?}"))),
         },
         Some("set=1") => parse_set(lines).map(Request::Set),
+        Some("stats=1") => match lines.next() {
+            None => Ok(Request::Stats),
+            Some(line) => Err(protocol(format!("unexpected line after stats=1: {line:?}"))),
+        },
         Some(other) => Err(protocol(format!(
             "unknown operation {:?} (expected get=1 or set=1)",
             truncate(other)
@@ -277,6 +283,26 @@ pub fn format_get(snapshot: &DeviceSnapshot) -> String {
         );
         for net in &peer.allowed_ips {
             let _ = writeln!(out, "allowed_ip={net}");
+        }
+    }
+    out.push_str("errno=0\n\n");
+    out
+}
+
+/// The reply to `stats=1`: one `key=value` line per counter, per worker, then `errno=0`.
+/// Workers are numbered from 0; today there is one.
+pub fn format_stats(workers: &[crate::Stats]) -> String {
+    let mut out = String::new();
+    for (i, s) in workers.iter().enumerate() {
+        let _ = writeln!(out, "worker={i}");
+        let _ = writeln!(out, "tx_packets={}", s.tx_packets);
+        let _ = writeln!(out, "tx_bytes={}", s.tx_bytes);
+        let _ = writeln!(out, "rx_packets={}", s.rx_packets);
+        let _ = writeln!(out, "rx_bytes={}", s.rx_bytes);
+        let _ = writeln!(out, "handshakes_sent={}", s.handshakes_sent);
+        let _ = writeln!(out, "cookie_replies_sent={}", s.cookie_replies_sent);
+        for reason in crate::DropReason::ALL {
+            let _ = writeln!(out, "drop_{}={}", reason.name(), s.drops(*reason));
         }
     }
     out.push_str("errno=0\n\n");

@@ -58,8 +58,19 @@ fn zero_keys_mean_remove() {
 }
 
 #[test]
-fn get_parses() {
+fn get_and_stats_parse() {
     assert!(matches!(uapi::parse_request("get=1\n\n"), Ok(Request::Get)));
+    assert!(matches!(
+        uapi::parse_request("stats=1\n\n"),
+        Ok(Request::Stats)
+    ));
+    let mut stats = tunneld_tunnel::Stats::default();
+    stats.drop(tunneld_tunnel::DropReason::NoRoute);
+    stats.tx_packets = 3;
+    let text = uapi::format_stats(&[stats]);
+    assert!(text.starts_with("worker=0\ntx_packets=3\n"), "{text}");
+    assert!(text.contains("drop_no_route=1\n"), "{text}");
+    assert!(text.ends_with("errno=0\n\n"));
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 mod load;
 mod netlink;
+mod show;
 mod uapi_server;
 mod up;
 
@@ -37,6 +38,11 @@ enum Command {
     Genpsk,
     /// Read a private key on stdin and print its public key, as `wg pubkey` does.
     Pubkey,
+    /// Show running interfaces: peers, handshakes, transfer, and per-worker counters.
+    Show {
+        /// One interface (default: every running one).
+        interface: Option<String>,
+    },
     /// Convert a wg-quick .conf file to a tunneld TOML config on stdout.
     Import {
         conf: PathBuf,
@@ -100,6 +106,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             let key = PrivateKey::from_base64(&text)
                 .map_err(|e| anyhow::anyhow!("the private key on stdin {e}"))?;
             println!("{}", key.public_key());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Show { interface } => {
+            show::run(interface.as_deref())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Import { conf, name } => {

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tunneld_dataplane::worker::WorkerHandle;
 use tunneld_tunnel::uapi::{self, Request};
 
-const SOCKET_DIR: &str = "/var/run/wireguard";
+pub const SOCKET_DIR: &str = "/var/run/wireguard";
 /// A request larger than this is refused (a config with tens of thousands of peers fits).
 const MAX_REQUEST: usize = 16 << 20;
 /// A client that sends nothing for this long is disconnected, so it cannot block the socket.
@@ -156,6 +156,10 @@ fn handle(text: &str, worker: &WorkerHandle, netlink: &mut Netlink, link: u32) -
                 None => uapi::format_errno(libc::ESHUTDOWN),
             }
         }
+        Request::Stats => match worker.run(|device, _| device.stats().clone()) {
+            Some(stats) => uapi::format_stats(&[stats]),
+            None => uapi::format_errno(libc::ESHUTDOWN),
+        },
         Request::Set(set) => {
             let outcome = worker.run(move |device, now| {
                 let before = device.routes();

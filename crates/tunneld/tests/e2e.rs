@@ -51,6 +51,13 @@ fn tunneld_to_tunneld_v4_v6_ping_and_tcp_both_ways() {
         assert!(p[5].parse::<u64>().unwrap() > 4 << 20, "rx: {p:?}");
         assert!(p[6].parse::<u64>().unwrap() > 4 << 20, "tx: {p:?}");
     }
+    // tunneld's own view adds per-worker counters.
+    let show = a.run(&[TUNNELD, "show", &ga.ifname]);
+    assert!(show.contains(&format!("peer: {}", gb.public_key)), "{show}");
+    assert!(show.contains("latest handshake: "), "{show}");
+    assert!(show.contains("worker 0: sent "), "{show}");
+    assert!(show.contains("; drops: "), "{show}");
+
     // The configured routes and addresses are on the interface.
     let routes = a.run(&["ip", "-4", "route", "show", "dev", &ga.ifname]);
     assert!(routes.contains("10.77.0.2"), "{routes}");

@@ -1,0 +1,184 @@
+//! `tunneld show [INTERFACE]`: the state `wg show` gives, plus tunneld's per-worker counters,
+//! read from the running daemon's UAPI socket.
+
+use crate::uapi_server::SOCKET_DIR;
+use anyhow::{bail, Context};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tunneld_crypto::{parse_hex_key, PrivateKey, PublicKey};
+
+pub fn run(interface: Option<&str>) -> anyhow::Result<()> {
+    let names = match interface {
+        Some(name) => vec![name.to_string()],
+        None => {
+            let mut names: Vec<String> = std::fs::read_dir(SOCKET_DIR)
+                .map(|dir| {
+                    dir.flatten()
+                        .filter_map(|e| {
+                            e.file_name()
+                                .to_str()
+                                .and_then(|n| n.strip_suffix(".sock"))
+                                .map(str::to_string)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            names.sort();
+            if names.is_empty() {
+                bail!("no interface is running (nothing in {SOCKET_DIR})");
+            }
+            names
+        }
+    };
+    for (i, name) in names.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        show_one(name)?;
+    }
+    Ok(())
+}
+
+fn request(interface: &str, message: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let path = format!("{SOCKET_DIR}/{interface}.sock");
+    let mut stream = UnixStream::connect(&path)
+        .with_context(|| format!("interface {interface} is not running ({path})"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(message.as_bytes())?;
+    let mut reply = String::new();
+    let mut buf = [0u8; 8192];
+    while !reply.ends_with("\n\n") {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        reply.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let pairs: Vec<(String, String)> = reply
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    match pairs.iter().find(|(k, _)| k == "errno") {
+        Some((_, e)) if e == "0" => Ok(pairs),
+        Some((_, e)) => bail!("{interface}: the daemon answered errno {e}"),
+        None => bail!("{interface}: incomplete reply from {path}"),
+    }
+}
+
+fn show_one(interface: &str) -> anyhow::Result<()> {
+    let device = request(interface, "get=1\n\n")?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    println!("interface: {interface}");
+    let mut in_peer = false;
+    let (mut handshake, mut rx, mut tx, mut allowed) = (0u64, 0u64, 0u64, Vec::new());
+    let finish_peer = |handshake: u64, rx: u64, tx: u64, allowed: &mut Vec<String>| {
+        if !allowed.is_empty() {
+            println!("  allowed ips: {}", allowed.join(", "));
+        }
+        allowed.clear();
+        if handshake > 0 {
+            let age = now.as_secs().saturating_sub(handshake);
+            println!("  latest handshake: {age} seconds ago");
+        } else {
+            println!("  latest handshake: never");
+        }
+        println!("  transfer: {} received, {} sent", bytes(rx), bytes(tx));
+    };
+    for (key, value) in &device {
+        match key.as_str() {
+            "private_key" => {
+                if let Some(k) = parse_hex_key(value) {
+                    println!("  public key: {}", PrivateKey::from_bytes(k).public_key());
+                }
+            }
+            "listen_port" => println!("  listening port: {value}"),
+            "fwmark" => println!("  fwmark: {value}"),
+            "public_key" => {
+                if in_peer {
+                    finish_peer(handshake, rx, tx, &mut allowed);
+                }
+                in_peer = true;
+                (handshake, rx, tx) = (0, 0, 0);
+                let shown = parse_hex_key(value)
+                    .map(|k| PublicKey::from_bytes(k).to_base64())
+                    .unwrap_or_else(|| value.clone());
+                println!("\npeer: {shown}");
+            }
+            "endpoint" => println!("  endpoint: {value}"),
+            "allowed_ip" => allowed.push(value.clone()),
+            "last_handshake_time_sec" => handshake = value.parse().unwrap_or(0),
+            "rx_bytes" => rx = value.parse().unwrap_or(0),
+            "tx_bytes" => tx = value.parse().unwrap_or(0),
+            "persistent_keepalive_interval" if value != "0" => {
+                println!("  persistent keepalive: every {value} seconds")
+            }
+            _ => {}
+        }
+    }
+    if in_peer {
+        finish_peer(handshake, rx, tx, &mut allowed);
+    }
+
+    // Counters are tunneld's own; another implementation's socket does not have them.
+    if let Ok(stats) = request(interface, "stats=1\n\n") {
+        let mut line = String::new();
+        let mut drops = Vec::new();
+        let flush = |line: &mut String, drops: &mut Vec<String>| {
+            if !line.is_empty() {
+                let drops = if drops.is_empty() {
+                    "none".to_string()
+                } else {
+                    drops.join(" ")
+                };
+                println!("{line}; drops: {drops}");
+            }
+            line.clear();
+            drops.clear();
+        };
+        println!();
+        let (mut txp, mut rxp) = (0u64, 0u64);
+        for (key, value) in &stats {
+            match key.as_str() {
+                "worker" => {
+                    flush(&mut line, &mut drops);
+                    line = format!("worker {value}:");
+                }
+                "tx_packets" => txp = value.parse().unwrap_or(0),
+                "rx_packets" => rxp = value.parse().unwrap_or(0),
+                "tx_bytes" => line.push_str(&format!(
+                    " sent {txp} packets ({})",
+                    bytes(value.parse().unwrap_or(0))
+                )),
+                "rx_bytes" => line.push_str(&format!(
+                    ", received {rxp} packets ({})",
+                    bytes(value.parse().unwrap_or(0))
+                )),
+                k if k.starts_with("drop_") && value != "0" => {
+                    drops.push(format!("{}={value}", &k[5..]))
+                }
+                _ => {}
+            }
+        }
+        flush(&mut line, &mut drops);
+    }
+    Ok(())
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
