@@ -1,8 +1,10 @@
 //! Project automation. `cargo xtask test` runs the whole suite; `cargo xtask demo` shows two
 //! sites joined by tunneld in network namespaces. Both install missing system tools first.
 
+mod bench;
 mod demo;
 mod system;
+mod testbed;
 
 use std::process::ExitCode;
 
@@ -12,6 +14,10 @@ commands:
   test             install missing tools, then fmt, clippy, all tests (incl. netns end to end)
   demo [--compare] two sites joined by tunneld in namespaces: ping, TCP transfer, speed;
                    --compare adds wireguard-go in the same testbed
+  bench [--quick] [--rounds N] [--seconds S]
+                   end-to-end comparison in namespaces: direct, tunneld, wireguard-go
+                   (Debian; Go-module build), boringtun-cli, kernel WireGuard where present;
+                   interleaved rounds, medians; report in target/bench-report/
   deps             only install the system tools the tests and demo need";
 
 fn main() -> ExitCode {
@@ -19,6 +25,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test(),
         Some("demo") => demo::run(args.iter().any(|a| a == "--compare")),
+        Some("bench") => bench::run(&args[1..]),
         Some("deps") => system::install_tools(),
         _ => {
             eprintln!("{USAGE}");
@@ -96,6 +103,12 @@ fn test() -> Result<(), String> {
         if !ok {
             failures.push(*name);
         }
+    }
+    // The end-to-end benchmark harness, one short round, so it never rots.
+    eprintln!("==> benchmark harness smoke run: cargo xtask bench --quick");
+    if let Err(e) = bench::run(&["--quick".to_string()]) {
+        eprintln!("bench --quick: {e}");
+        failures.push("bench --quick");
     }
     println!(
         "summary: {} passed, {} failed, {} skipped",

@@ -23,9 +23,29 @@ pub fn repo_root() -> Result<PathBuf, String> {
         .ok_or_else(|| "cannot find the repository root".into())
 }
 
+pub fn which(command: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(command))
+        .find(|p| p.is_file())
+}
+
 pub fn have(command: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(command).is_file()))
+    which(command).is_some()
+}
+
+pub fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// Builds tunneld in release mode and returns its path.
+pub fn build_tunneld() -> Result<PathBuf, String> {
+    let root = repo_root()?;
+    eprintln!("==> building tunneld (release)");
+    run(Command::new(cargo())
+        .args(["build", "--release", "-q", "-p", "tunneld"])
+        .current_dir(&root))?;
+    Ok(root.join("target/release/tunneld"))
 }
 
 /// Installs, with apt-get, the packages whose commands are missing. Without root, says what
@@ -74,8 +94,7 @@ pub fn cargo_streaming(
     args: &[&str],
     mut on_line: impl FnMut(&str),
 ) -> Result<bool, String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut child = Command::new(cargo)
+    let mut child = Command::new(cargo())
         .args(args)
         .current_dir(root)
         .stdout(Stdio::piped())

@@ -1,0 +1,406 @@
+//! `cargo xtask bench`: every implementation in the same testbed, the same traffic and the
+//! same accounting, interleaved over rounds (A B C A B C ...), medians reported. Writes a
+//! Markdown table, a CSV and an SVG chart under target/bench-report/.
+
+use crate::system;
+use crate::testbed::{kernel_has_wireguard, Impl, Testbed};
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tunneld_testnet::require_netns;
+
+/// The offload-capable wireguard-go DESIGN.md compares against. The module proxy here refuses
+/// the tag `v0.0.20250522` but serves this pseudo-version, whose binary reports itself as
+/// "wireguard-go v0.0.20250522"; pinned for reproducibility.
+const WIREGUARD_GO_MODULE: &str = "golang.zx2c4.com/wireguard@v0.0.0-20260522210424-ecfc5a8d5446";
+const BORINGTUN_CLI_VERSION: &str = "0.7.1";
+
+struct Options {
+    quick: bool,
+    rounds: usize,
+    seconds: u32,
+}
+
+fn parse_options(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        quick: false,
+        rounds: 5,
+        seconds: 5,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| -> Result<usize, String> {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .filter(|v| *v > 0)
+                .ok_or_else(|| format!("{name} takes a positive number"))
+        };
+        match arg.as_str() {
+            "--quick" => o.quick = true,
+            "--rounds" => o.rounds = value("--rounds")?,
+            "--seconds" => o.seconds = value("--seconds")? as u32,
+            other => {
+                return Err(format!(
+                    "unknown bench option {other} (--quick, --rounds N, --seconds S)"
+                ))
+            }
+        }
+    }
+    if o.quick {
+        o.rounds = 1;
+        o.seconds = 1;
+    }
+    Ok(o)
+}
+
+/// One implementation's row: its name, how to run it, or why it is not in this run.
+struct Contender {
+    name: String,
+    which: Result<Impl, String>,
+    samples: Vec<Sample>,
+}
+
+#[derive(Default, Clone)]
+struct Sample {
+    tcp1_gbits: f64,
+    tcp1_tunnel_cpu: f64,
+    tcp1_machine_cpu: f64,
+    tcp4_gbits: f64,
+    rtt_p50_us: f64,
+    rtt_p99_us: f64,
+    small_pps: f64,
+    peak_rss_kib: f64,
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let options = parse_options(args)?;
+    system::install_tools()?;
+    if !require_netns("cargo xtask bench") {
+        return Err("the benchmark needs root (network namespaces)".into());
+    }
+    let root = system::repo_root()?;
+    let tunneld = system::build_tunneld()?;
+    let tools = root.join("target/bench-tools");
+
+    let mut contenders = vec![
+        contender("direct (veth, no tunnel)", Ok(Impl::Direct)),
+        contender("tunneld (mmsg)", Ok(Impl::Tunneld(tunneld.clone()))),
+        contender(
+            "wireguard-go (Debian package)",
+            system::which("wireguard-go")
+                .map(Impl::WireguardGo)
+                .ok_or_else(|| "not installed".to_string()),
+        ),
+    ];
+    if options.quick {
+        eprintln!("--quick: one short round; the Go-module wireguard-go, boringtun-cli and kernel rows are left out");
+    } else {
+        contenders.push(contender(
+            "wireguard-go v0.0.20250522 (Go module build, offloads)",
+            build_wireguard_go(&tools).map(Impl::WireguardGo),
+        ));
+        contenders.push(contender(
+            "boringtun-cli 0.7.1",
+            build_boringtun(&tools).map(Impl::Boringtun),
+        ));
+        contenders.push(contender(
+            "kernel WireGuard",
+            if kernel_has_wireguard() {
+                Ok(Impl::Kernel)
+            } else {
+                Err("not available on this kernel".into())
+            },
+        ));
+    }
+    for c in contenders.iter().filter(|c| c.which.is_err()) {
+        eprintln!(
+            "{}: skipped ({})",
+            c.name,
+            c.which.as_ref().err().unwrap_or(&String::new())
+        );
+    }
+
+    let total = options.rounds * contenders.iter().filter(|c| c.which.is_ok()).count();
+    let mut done = 0;
+    for round in 1..=options.rounds {
+        for c in contenders.iter_mut() {
+            let Ok(which) = &c.which else { continue };
+            done += 1;
+            eprintln!("[{done}/{total}] round {round}: {}", c.name);
+            match measure(which, &tunneld, &options) {
+                Ok(sample) => c.samples.push(sample),
+                Err(e) => eprintln!("  failed: {e}"),
+            }
+        }
+    }
+
+    let report_dir = root.join("target/bench-report");
+    fs::create_dir_all(&report_dir)
+        .map_err(|e| format!("cannot create {}: {e}", report_dir.display()))?;
+    let markdown = markdown(&contenders, &options);
+    fs::write(report_dir.join("report.md"), &markdown).map_err(|e| e.to_string())?;
+    fs::write(report_dir.join("results.csv"), csv(&contenders)).map_err(|e| e.to_string())?;
+    chart(&contenders, &report_dir.join("chart.svg"))?;
+    println!("{markdown}");
+    println!("Written: target/bench-report/report.md, results.csv, chart.svg");
+    if contenders
+        .iter()
+        .any(|c| c.which.is_ok() && c.samples.is_empty())
+    {
+        return Err("some implementations produced no measurement (see above)".into());
+    }
+    Ok(())
+}
+
+fn contender(name: &str, which: Result<Impl, String>) -> Contender {
+    Contender {
+        name: name.into(),
+        which,
+        samples: Vec::new(),
+    }
+}
+
+fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> {
+    let bed = Testbed::new(which, tunneld)?;
+    let (bps1, cpu1, machine1) = bed.iperf_tcp(1, o.seconds)?;
+    let (bps4, _, _) = bed.iperf_tcp(4, o.seconds)?;
+    let probes = if o.quick { 200 } else { 1000 };
+    let (p50, p99) = bed
+        .udp_rtt_us(probes)
+        .ok_or("the UDP echo got no answers")?;
+    let pps = bed.small_packet_rate(o.seconds.max(1))?;
+    Ok(Sample {
+        tcp1_gbits: bps1 / 1e9,
+        tcp1_tunnel_cpu: cpu1,
+        tcp1_machine_cpu: machine1,
+        tcp4_gbits: bps4 / 1e9,
+        rtt_p50_us: p50,
+        rtt_p99_us: p99,
+        small_pps: pps,
+        peak_rss_kib: bed.peak_rss_kib().map(|v| v as f64).unwrap_or(f64::NAN),
+    })
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.retain(|v| v.is_finite());
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// Medians of one contender: (tcp1, per tunnel CPU-s, machine CPU-s, tcp4, p50, p99, pps, rss MiB).
+struct Medians {
+    tcp1: f64,
+    per_cpu: f64,
+    machine_cpu: f64,
+    tcp4: f64,
+    p50: f64,
+    p99: f64,
+    pps: f64,
+    rss_mib: f64,
+}
+
+fn medians(c: &Contender, seconds: f64) -> Medians {
+    let m = |f: fn(&Sample) -> f64| median(c.samples.iter().map(f).collect());
+    // Gbit per tunnel CPU-second, per round, then the median of those.
+    let per_cpu = median(
+        c.samples
+            .iter()
+            .filter(|s| s.tcp1_tunnel_cpu > 0.0)
+            .map(|s| s.tcp1_gbits * seconds / s.tcp1_tunnel_cpu)
+            .collect(),
+    );
+    Medians {
+        tcp1: m(|s| s.tcp1_gbits),
+        per_cpu,
+        machine_cpu: m(|s| s.tcp1_machine_cpu),
+        tcp4: m(|s| s.tcp4_gbits),
+        p50: m(|s| s.rtt_p50_us),
+        p99: m(|s| s.rtt_p99_us),
+        pps: m(|s| s.small_pps),
+        rss_mib: m(|s| s.peak_rss_kib) / 1024.0,
+    }
+}
+
+fn cell(v: f64, decimals: usize, unit: &str) -> String {
+    if v.is_finite() {
+        format!("{v:.decimals$}{unit}")
+    } else {
+        "–".into()
+    }
+}
+
+fn markdown(contenders: &[Contender], o: &Options) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} round(s), {} s per iperf3 run, medians. Both gateways share this machine's cores: \
+         Gbit per tunnel CPU-second is the comparable figure.\n",
+        o.rounds, o.seconds
+    );
+    let _ = writeln!(
+        out,
+        "| path | TCP 1 stream | TCP 4 streams | Gbit per tunnel CPU-s | machine CPU-s (1 stream) | UDP RTT p50 | p99 | 64 B UDP rate | peak RSS (both) |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for c in contenders {
+        if let Err(why) = &c.which {
+            let _ = writeln!(out, "| {} | {why} | | | | | | | |", c.name);
+            continue;
+        }
+        if c.samples.is_empty() {
+            let _ = writeln!(out, "| {} | failed (see log) | | | | | | | |", c.name);
+            continue;
+        }
+        let m = medians(c, o.seconds as f64);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            c.name,
+            cell(m.tcp1, 2, " Gbit/s"),
+            cell(m.tcp4, 2, " Gbit/s"),
+            cell(m.per_cpu, 2, ""),
+            cell(m.machine_cpu, 2, ""),
+            cell(m.p50, 0, " µs"),
+            cell(m.p99, 0, " µs"),
+            cell(m.pps / 1000.0, 0, " kpps"),
+            cell(m.rss_mib, 1, " MiB"),
+        );
+    }
+    out
+}
+
+fn csv(contenders: &[Contender]) -> String {
+    let mut out = String::from(
+        "implementation,round,tcp1_gbits,tcp1_tunnel_cpu_s,tcp1_machine_cpu_s,tcp4_gbits,rtt_p50_us,rtt_p99_us,small_pps,peak_rss_kib\n",
+    );
+    for c in contenders {
+        for (i, s) in c.samples.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "\"{}\",{},{:.4},{:.3},{:.3},{:.4},{:.1},{:.1},{:.0},{}",
+                c.name,
+                i + 1,
+                s.tcp1_gbits,
+                s.tcp1_tunnel_cpu,
+                s.tcp1_machine_cpu,
+                s.tcp4_gbits,
+                s.rtt_p50_us,
+                s.rtt_p99_us,
+                s.small_pps,
+                s.peak_rss_kib
+            );
+        }
+    }
+    out
+}
+
+/// Bars of Gbit per tunnel CPU-second (the headline) per implementation.
+fn chart(contenders: &[Contender], path: &Path) -> Result<(), String> {
+    use plotters::prelude::*;
+    let bars: Vec<(String, f64)> = contenders
+        .iter()
+        .filter(|c| !c.samples.is_empty())
+        .map(|c| (c.name.clone(), medians(c, 1.0)))
+        .filter(|(_, m)| m.per_cpu.is_finite())
+        .map(|(name, m)| (name, m.per_cpu))
+        .collect();
+    let top = bars.iter().map(|(_, v)| *v).fold(0.0f64, f64::max).max(0.1) * 1.2;
+    let root =
+        SVGBackend::new(path, (900, 120 + 60 * bars.len().max(1) as u32)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| format!("chart: {e}");
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Throughput per tunnel CPU-second (TCP, 1 stream; higher is better)",
+            ("sans-serif", 18),
+        )
+        .margin(20)
+        .x_label_area_size(40)
+        .y_label_area_size(330)
+        .build_cartesian_2d(0.0..top, 0..bars.len().max(1))
+        .map_err(|e| err(&e))?;
+    let names: Vec<String> = bars.iter().map(|(n, _)| n.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc("Gbit per tunnel CPU-second")
+        .y_labels(bars.len().max(1))
+        .y_label_formatter(&|i| names.get(*i).cloned().unwrap_or_default())
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
+            let color = if i % 2 == 0 { BLUE } else { GREEN };
+            Rectangle::new([(0.0, i), (*v, i + 1)], color.mix(0.6).filled())
+        }))
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(
+            bars.iter()
+                .enumerate()
+                .map(|(i, (_, v))| Text::new(format!("{v:.2}"), (*v, i), ("sans-serif", 14))),
+        )
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// Builds the offload-capable wireguard-go from the Go module proxy with the machine's Go.
+fn build_wireguard_go(tools: &Path) -> Result<PathBuf, String> {
+    let bin = tools.join("bin/wireguard");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    let go = system::which("go").ok_or("no Go toolchain on this machine")?;
+    eprintln!("==> building {WIREGUARD_GO_MODULE} with {}", go.display());
+    system::run(
+        Command::new(go)
+            .args(["install", WIREGUARD_GO_MODULE])
+            .env("GOBIN", tools.join("bin"))
+            .env("GOFLAGS", "-mod=mod"),
+    )?;
+    bin.is_file()
+        .then_some(bin)
+        .ok_or_else(|| "go install produced no binary".into())
+}
+
+/// Installs boringtun-cli from crates.io into target/bench-tools.
+fn build_boringtun(tools: &Path) -> Result<PathBuf, String> {
+    let bin = tools.join("bin/boringtun-cli");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    eprintln!("==> building boringtun-cli {BORINGTUN_CLI_VERSION} (cargo install, a few minutes)");
+    system::run(Command::new(system::cargo()).args([
+        "install",
+        "--quiet",
+        "--locked",
+        "boringtun-cli",
+        "--version",
+        BORINGTUN_CLI_VERSION,
+        "--root",
+        &tools.to_string_lossy(),
+    ]))?;
+    Ok(bin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_of_odd_even_and_missing() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(vec![f64::NAN]).is_nan());
+    }
+}

@@ -1,0 +1,476 @@
+//! The end-to-end testbed of DESIGN.md section 5, shared by `demo` and `bench`: two gateway
+//! namespaces joined by a veth "internet" (192.0.2.0/24), a tunnel between them (10.77.0.0/24,
+//! fd77::/64) run by one implementation, and the measurements taken through it. Everything is
+//! created per round and removed when the `Testbed` is dropped.
+
+use std::fs;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tunneld_testnet::{unique_name, veth, NetNs};
+
+/// Which tunnel runs between the two sites.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Impl {
+    /// No tunnel: traffic goes over the veth underlay directly.
+    Direct,
+    /// tunneld, from this repository's release build.
+    Tunneld(PathBuf),
+    /// A wireguard-go binary (the Debian package, or a module build), configured with `wg`.
+    WireguardGo(PathBuf),
+    /// boringtun-cli, configured with `wg`.
+    Boringtun(PathBuf),
+    /// The kernel's WireGuard module, configured with `ip` and `wg`.
+    Kernel,
+}
+
+/// A process killed and reaped when dropped (SIGTERM first, so tunnels tear down cleanly).
+pub struct Guard(pub Child);
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+pub struct Testbed {
+    pub a: NetNs,
+    pub b: NetNs,
+    /// The address of site B that traffic is sent to (inside the tunnel, or the underlay).
+    pub target_v4: &'static str,
+    pub target_v6: &'static str,
+    /// The tunnel processes (empty for direct and kernel).
+    processes: Vec<Guard>,
+    interfaces: Vec<String>,
+    _dir: TempDir,
+}
+
+fn write_key(dir: &Path, name: &str, tunneld: &Path) -> Result<(PathBuf, String), String> {
+    let out = Command::new(tunneld)
+        .arg("genkey")
+        .output()
+        .map_err(|e| format!("tunneld genkey: {e}"))?;
+    let path = dir.join(name);
+    fs::write(&path, &out.stdout).map_err(|e| e.to_string())?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
+    let public = Command::new(tunneld)
+        .arg("pubkey")
+        .stdin(fs::File::open(&path).map_err(|e| e.to_string())?)
+        .output()
+        .map_err(|e| format!("tunneld pubkey: {e}"))?;
+    Ok((
+        path,
+        String::from_utf8_lossy(&public.stdout).trim().to_string(),
+    ))
+}
+
+/// Whether this kernel can create WireGuard interfaces (tried in a scratch namespace).
+pub fn kernel_has_wireguard() -> bool {
+    let ns = NetNs::new();
+    ns.output(&["ip", "link", "add", "wgprobe", "type", "wireguard"])
+        .status
+        .success()
+}
+
+impl Testbed {
+    /// Builds the two sites and brings the tunnel up with `which`. `tunneld` is used for keys.
+    pub fn new(which: &Impl, tunneld: &Path) -> Result<Testbed, String> {
+        let a = NetNs::new();
+        let b = NetNs::new();
+        veth(&a, "192.0.2.1/24", &b, "192.0.2.2/24");
+        let dir = TempDir(std::env::temp_dir().join(unique_name("tdbench")));
+        fs::create_dir_all(&dir.0)
+            .map_err(|e| format!("cannot create {}: {e}", dir.0.display()))?;
+        let mut bed = Testbed {
+            a,
+            b,
+            target_v4: "10.77.0.2",
+            target_v6: "fd77::2",
+            processes: Vec::new(),
+            interfaces: Vec::new(),
+            _dir: dir,
+        };
+        if *which == Impl::Direct {
+            bed.target_v4 = "192.0.2.2";
+            bed.target_v6 = "";
+            return Ok(bed);
+        }
+        let dir = bed._dir.0.clone();
+        let (a_key, a_pub) = write_key(&dir, "a.key", tunneld)?;
+        let (b_key, b_pub) = write_key(&dir, "b.key", tunneld)?;
+        let sites = [
+            (1u8, a_key, b_pub.clone(), "192.0.2.2"),
+            (2u8, b_key, a_pub.clone(), "192.0.2.1"),
+        ];
+        for (me, key, peer_pub, peer_ip) in sites {
+            let other = 3 - me;
+            let ns = if me == 1 { &bed.a } else { &bed.b };
+            let ifname = unique_name("tb");
+            let log =
+                fs::File::create(dir.join(format!("{ifname}.log"))).map_err(|e| e.to_string())?;
+            let spawn = |cmd: &mut Command| -> Result<Guard, String> {
+                cmd.stdout(Stdio::null())
+                    .stderr(log.try_clone().map_err(|e| e.to_string())?)
+                    .spawn()
+                    .map(Guard)
+                    .map_err(|e| format!("cannot start {cmd:?}: {e}"))
+            };
+            let configure_with_wg = |ns: &NetNs| {
+                ns.run(&[
+                    "wg",
+                    "set",
+                    &ifname,
+                    "private-key",
+                    &key.to_string_lossy(),
+                    "listen-port",
+                    "51820",
+                    "peer",
+                    &peer_pub,
+                    "endpoint",
+                    &format!("{peer_ip}:51820"),
+                    "allowed-ips",
+                    &format!("10.77.0.{other}/32,fd77::{other}/128"),
+                ]);
+                ns.run(&[
+                    "ip",
+                    "addr",
+                    "add",
+                    &format!("10.77.0.{me}/24"),
+                    "dev",
+                    &ifname,
+                ]);
+                ns.run(&[
+                    "ip",
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("fd77::{me}/64"),
+                    "dev",
+                    &ifname,
+                    "nodad",
+                ]);
+                ns.run(&["ip", "link", "set", &ifname, "mtu", "1420", "up"]);
+            };
+            match which {
+                Impl::Direct => unreachable!(),
+                Impl::Tunneld(bin) => {
+                    let config = format!(
+                        "[interface]\nname = \"{ifname}\"\nprivate_key_file = \"{}\"\nlisten_port = 51820\n\
+                         address = [\"10.77.0.{me}/24\", \"fd77::{me}/64\"]\nmtu = 1420\n\n\
+                         [[peer]]\npublic_key = \"{peer_pub}\"\nendpoint = \"{peer_ip}:51820\"\n\
+                         allowed_ips = [\"10.77.0.{other}/32\", \"fd77::{other}/128\"]\n",
+                        key.display()
+                    );
+                    let path = dir.join(format!("{ifname}.toml"));
+                    fs::write(&path, config).map_err(|e| e.to_string())?;
+                    let mut cmd = ns.command(&bin.to_string_lossy());
+                    bed.processes.push(spawn(cmd.arg("up").arg(&path))?);
+                    wait_for_socket(&ifname)?;
+                }
+                Impl::WireguardGo(bin) => {
+                    let mut cmd = ns.command(&bin.to_string_lossy());
+                    cmd.args(["-f", &ifname])
+                        .env("WG_PROCESS_FOREGROUND", "1")
+                        .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1");
+                    bed.processes.push(spawn(&mut cmd)?);
+                    wait_for_socket(&ifname)?;
+                    configure_with_wg(ns);
+                }
+                Impl::Boringtun(bin) => {
+                    let mut cmd = ns.command(&bin.to_string_lossy());
+                    cmd.args(["-f", "--disable-drop-privileges", &ifname])
+                        .env("WG_SUDO", "1");
+                    bed.processes.push(spawn(&mut cmd)?);
+                    wait_for_socket(&ifname)?;
+                    configure_with_wg(ns);
+                }
+                Impl::Kernel => {
+                    ns.run(&["ip", "link", "add", &ifname, "type", "wireguard"]);
+                    configure_with_wg(ns);
+                }
+            }
+            bed.interfaces.push(ifname);
+        }
+        // The first packet waits for the handshake.
+        let warm = bed.a.output(&["ping", "-c", "1", "-W", "5", bed.target_v4]);
+        if !warm.status.success() {
+            return Err(format!(
+                "{which:?}: no traffic across the tunnel within 5 s"
+            ));
+        }
+        Ok(bed)
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.processes.iter().map(|g| g.0.id()).collect()
+    }
+
+    /// Average ping RTT in microseconds over `count` pings (IPv4 or IPv6 target).
+    pub fn ping_us(&self, v6: bool, count: u32) -> Option<f64> {
+        let target = if v6 { self.target_v6 } else { self.target_v4 };
+        if target.is_empty() {
+            return None;
+        }
+        let out = self.a.output(&[
+            "ping",
+            "-c",
+            &count.to_string(),
+            "-i",
+            "0.05",
+            "-W",
+            "2",
+            target,
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find(|l| l.contains("min/avg/max"))
+            .and_then(|l| l.split('=').nth(1))
+            .and_then(|v| v.trim().split('/').nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|ms| ms * 1000.0)
+    }
+
+    /// Runs iperf3 from A to B; returns (received bit/s, tunnel CPU-s, machine CPU-s).
+    pub fn iperf_tcp(&self, streams: u32, seconds: u32) -> Result<(f64, f64, f64), String> {
+        let _server = Guard(
+            self.b
+                .command("iperf3")
+                .args(["-s", "-1", "-B", self.target_v4])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("cannot start iperf3: {e}"))?,
+        );
+        wait_for_tcp_listener(&self.b, 5201);
+        let pids = self.pids();
+        let (cpu0, machine0) = (cpu_seconds(&pids), machine_busy_seconds());
+        let out = self.a.output(&[
+            "iperf3",
+            "-c",
+            self.target_v4,
+            "-t",
+            &seconds.to_string(),
+            "-P",
+            &streams.to_string(),
+            "-J",
+        ]);
+        let (cpu1, machine1) = (cpu_seconds(&pids), machine_busy_seconds());
+        let json = String::from_utf8_lossy(&out.stdout);
+        let bps = json_number_after(&json, "\"sum_received\"", "\"bits_per_second\"").ok_or_else(
+            || {
+                format!(
+                    "iperf3 gave no result: {}",
+                    json.chars().take(400).collect::<String>()
+                )
+            },
+        )?;
+        Ok((bps, cpu1 - cpu0, machine1 - machine0))
+    }
+
+    /// Small-packet rate: UDP datagrams of 64 bytes, as fast as iperf3 sends them, for
+    /// `seconds`; returns datagrams per second received at B.
+    pub fn small_packet_rate(&self, seconds: u32) -> Result<f64, String> {
+        let _server = Guard(
+            self.b
+                .command("iperf3")
+                .args(["-s", "-1", "-B", self.target_v4])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("cannot start iperf3: {e}"))?,
+        );
+        wait_for_tcp_listener(&self.b, 5201);
+        let out = self.a.output(&[
+            "iperf3",
+            "-c",
+            self.target_v4,
+            "-u",
+            "-l",
+            "64",
+            "-b",
+            "0",
+            "-t",
+            &seconds.to_string(),
+            "-J",
+        ]);
+        let json = String::from_utf8_lossy(&out.stdout);
+        let packets = json_number_after(&json, "\"sum\"", "\"packets\"");
+        let lost = json_number_after(&json, "\"sum\"", "\"lost_packets\"");
+        let secs = json_number_after(&json, "\"sum\"", "\"seconds\"");
+        match (packets, lost, secs) {
+            (Some(p), Some(l), Some(s)) if s > 0.0 => Ok((p - l) / s),
+            _ => Err(format!(
+                "iperf3 UDP gave no result: {}",
+                json.chars().take(400).collect::<String>()
+            )),
+        }
+    }
+
+    /// RTT percentiles (p50, p99) in microseconds of `count` UDP echoes, one at a time, from a
+    /// socket in A to an echo server in B. Bounded: each probe waits at most 1 s.
+    pub fn udp_rtt_us(&self, count: usize) -> Option<(f64, f64)> {
+        let target: SocketAddr = format!("{}:7777", self.target_v4).parse().ok()?;
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let server = self.b.spawn_in_ns(move || {
+            let Ok(sock) = UdpSocket::bind(target) else {
+                let _ = ready_tx.send(false);
+                return;
+            };
+            let _ = sock.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = ready_tx.send(true);
+            let mut buf = [0u8; 64];
+            // Stops once the client has been silent for 2 s (it sends "stop" when done).
+            while let Ok((n, from)) = sock.recv_from(&mut buf) {
+                if &buf[..n] == b"stop" {
+                    break;
+                }
+                let _ = sock.send_to(&buf[..n], from);
+            }
+        });
+        if !ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or(false)
+        {
+            return None;
+        }
+        let mut samples = self.a.in_ns(move || {
+            let sock = UdpSocket::bind("0.0.0.0:0").ok()?;
+            sock.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+            let mut samples = Vec::with_capacity(count);
+            let mut buf = [0u8; 64];
+            for i in 0..count as u64 {
+                let start = Instant::now();
+                sock.send_to(&i.to_be_bytes(), target).ok()?;
+                if let Ok((8, _)) = sock.recv_from(&mut buf) {
+                    samples.push(start.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            let _ = sock.send_to(b"stop", target);
+            Some(samples)
+        })?;
+        let _ = server.join();
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort_by(f64::total_cmp);
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        Some((at(0.50), at(0.99)))
+    }
+
+    /// Peak resident memory (VmHWM) of the tunnel processes, summed, in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let pids = self.pids();
+        if pids.is_empty() {
+            return None;
+        }
+        Some(
+            pids.iter()
+                .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/status")).ok())
+                .filter_map(|status| {
+                    status
+                        .lines()
+                        .find(|l| l.starts_with("VmHWM:"))
+                        .and_then(|l| l.split_whitespace().nth(1))
+                        .and_then(|v| v.parse::<u64>().ok())
+                })
+                .sum(),
+        )
+    }
+}
+
+pub fn wait_for_socket(ifname: &str) -> Result<(), String> {
+    let path = format!("/var/run/wireguard/{ifname}.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if Path::new(&path).exists() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!("{path} did not appear within 10 s"))
+}
+
+/// Waits (bounded) until something listens on TCP `port` in `ns`.
+fn wait_for_tcp_listener(ns: &NetNs, port: u16) {
+    let needle = format!(":{port} ");
+    for _ in 0..100 {
+        let out = ns.output(&["ss", "-ltnH"]);
+        if String::from_utf8_lossy(&out.stdout).contains(&needle) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// User + system CPU seconds of the processes (from /proc/<pid>/stat).
+pub fn cpu_seconds(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    pids.iter()
+        .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: f64 = fields.get(11)?.parse().ok()?;
+            let stime: f64 = fields.get(12)?.parse().ok()?;
+            Some((utime + stime) / ticks)
+        })
+        .sum()
+}
+
+/// Busy (non-idle) CPU seconds of the whole machine since boot, from /proc/stat.
+pub fn machine_busy_seconds() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let Ok(stat) = fs::read_to_string("/proc/stat") else {
+        return 0.0;
+    };
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0.0;
+    };
+    let fields: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...: busy is all but idle and iowait.
+    let busy: f64 = fields
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, v)| v)
+        .sum();
+    busy / ticks
+}
+
+/// The number after `"key":` that follows `anchor` in iperf3's JSON, without a JSON crate.
+pub fn json_number_after(json: &str, anchor: &str, key: &str) -> Option<f64> {
+    let at = json.rfind(anchor)?;
+    let rest = &json[at..];
+    let k = rest.find(key)?;
+    rest[k + key.len()..]
+        .trim_start_matches([':', ' ', '\t'])
+        .split([',', '\n', '}'])
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
