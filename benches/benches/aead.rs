@@ -1,0 +1,177 @@
+//! ChaCha20-Poly1305 alone, with `ring` (the AEAD boringtun's data path uses), by message
+//! size: seal and open, each including the copy of the message into the working buffer that
+//! boringtun's `Session` does before sealing or opening in place. This is the crypto ceiling
+//! of one core for the data path; `core.rs` shows what the rest of the core costs on top.
+//!
+//! When run by `cargo bench` and an `openssl` binary is on PATH, `openssl speed` for the same
+//! AEAD runs once first (at most 60 s) and its table is printed to stderr as a reference
+//! ceiling for this machine.
+
+use criterion::{black_box, criterion_group, Criterion, Throughput};
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SIZES: [usize; 6] = [64, 256, 1420, 4096, 16384, 65536];
+const TAG_LEN: usize = 16;
+const OPENSSL_LIMIT: Duration = Duration::from_secs(60);
+
+/// WireGuard's nonce: 4 zero bytes, then the 64-bit little-endian counter.
+fn nonce(counter: u64) -> Nonce {
+    let mut n = [0u8; 12];
+    n[4..].copy_from_slice(&counter.to_le_bytes());
+    Nonce::assume_unique_for_key(n)
+}
+
+fn key() -> LessSafeKey {
+    let bytes: [u8; 32] = std::array::from_fn(|i| i as u8);
+    LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &bytes).expect("32-byte key"))
+}
+
+fn bench_aead(c: &mut Criterion) {
+    let key = key();
+    let mut group = c.benchmark_group("chacha20poly1305_ring");
+    for size in SIZES {
+        let plaintext: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let mut buf = vec![0u8; size + TAG_LEN];
+        group.throughput(Throughput::Bytes(size as u64));
+
+        let mut counter = 0u64;
+        group.bench_function(format!("seal/{size}B"), |bench| {
+            bench.iter(|| {
+                counter += 1;
+                let (data, tag_out) = buf.split_at_mut(size);
+                data.copy_from_slice(black_box(&plaintext));
+                let tag = key
+                    .seal_in_place_separate_tag(nonce(counter), Aad::empty(), data)
+                    .expect("seal");
+                tag_out.copy_from_slice(tag.as_ref());
+            })
+        });
+
+        // One sealed message, opened (copy + decrypt + verify) every iteration.
+        let mut sealed = plaintext.clone();
+        let tag = key
+            .seal_in_place_separate_tag(nonce(0), Aad::empty(), &mut sealed)
+            .expect("seal");
+        sealed.extend_from_slice(tag.as_ref());
+        group.bench_function(format!("open/{size}B"), |bench| {
+            bench.iter(|| {
+                buf.copy_from_slice(black_box(&sealed));
+                let opened = key
+                    .open_in_place(nonce(0), Aad::empty(), &mut buf)
+                    .expect("authentic message");
+                black_box(opened.len())
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Whether this process was started to benchmark (`cargo bench` passes `--bench`), rather than
+/// listed or run once as a test.
+fn benchmarking() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--list")
+}
+
+/// Runs `openssl speed -evp chacha20-poly1305 -seconds 1` (killed after [`OPENSSL_LIMIT`]) and
+/// prints its result table to stderr, or says why there is none.
+fn openssl_reference() {
+    let child = Command::new("openssl")
+        .args(["speed", "-evp", "chacha20-poly1305", "-seconds", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("openssl reference: skipped (no `openssl` binary on PATH)");
+            return;
+        }
+        Err(e) => {
+            eprintln!("openssl reference: skipped (starting `openssl` failed: {e})");
+            return;
+        }
+    };
+    eprintln!(
+        "openssl reference: running `openssl speed -evp chacha20-poly1305 -seconds 1` \
+         (about 6 s, at most {} s)...",
+        OPENSSL_LIMIT.as_secs()
+    );
+    // Drain both pipes on their own threads so a full pipe never stalls openssl.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() < OPENSSL_LIMIT => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            Ok(None) | Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let stdout = out.join().unwrap_or_default();
+    let stderr = err.join().unwrap_or_default();
+    match status {
+        None => eprintln!(
+            "openssl reference: killed after {} s, no result",
+            OPENSSL_LIMIT.as_secs()
+        ),
+        Some(s) if !s.success() => {
+            eprintln!("openssl reference: `openssl speed` failed ({s}):\n{stderr}")
+        }
+        Some(_) => {
+            // The table is the header line ("type  16 bytes ...") and the rows after it.
+            let table: Vec<&str> = stdout
+                .lines()
+                .skip_while(|l| !l.starts_with("type"))
+                .collect();
+            let table = if table.is_empty() {
+                stdout.trim_end().to_owned()
+            } else {
+                table.join("\n")
+            };
+            eprintln!(
+                "openssl reference: ChaCha20-Poly1305 ceiling on this machine \
+                 (openssl speed, 1 s per size; in 1000s of bytes per second):\n{table}\n"
+            );
+        }
+    }
+}
+
+criterion_group!(benches, bench_aead);
+
+fn main() {
+    if benchmarking() {
+        openssl_reference();
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
