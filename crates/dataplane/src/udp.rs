@@ -16,6 +16,15 @@ const SOCKET_BUFFER: libc::c_int = 4 << 20;
 
 /// How many pending socket errors (ICMP reports) one `recv_batch` consumes before giving up.
 const ERROR_RETRIES: usize = 8;
+/// Most datagrams one GSO send may carry (the kernel's UDP_MAX_SEGMENTS).
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Most payload bytes one GSO send may carry: the whole run must fit one IP packet.
+const GSO_MAX_BYTES: usize = 65_000;
+
+/// Room for one control message carrying a u16 (UDP_SEGMENT), aligned for `cmsghdr`.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct SegmentCmsg([u8; 32]);
 
 /// A non-blocking UDP socket, normally dual-stack (`[::]:port`, IPv4 peers appear as plain
 /// IPv4 addresses).
@@ -23,6 +32,8 @@ pub struct UdpSocket {
     fd: OwnedFd,
     local: SocketAddr,
     scratch: Box<Scratch>,
+    /// Whether runs of equal-size datagrams to one address go out as one UDP_SEGMENT send.
+    gso: bool,
 }
 
 impl std::fmt::Debug for UdpSocket {
@@ -39,6 +50,11 @@ struct Scratch {
     hdrs: [libc::mmsghdr; BATCH_SIZE],
     iovs: [libc::iovec; BATCH_SIZE],
     names: [libc::sockaddr_storage; BATCH_SIZE],
+    /// Send side: the UDP_SEGMENT control message of each message that carries a GSO run,
+    /// the index in the batch of its first datagram, and how many datagrams it carries.
+    cmsgs: [SegmentCmsg; BATCH_SIZE],
+    first: [usize; BATCH_SIZE],
+    segments: [usize; BATCH_SIZE],
 }
 
 // SAFETY: the raw pointers inside `hdrs` and `iovs` are rewritten at the start of every call
@@ -141,16 +157,103 @@ impl UdpSocket {
         }
         let local = read_sockaddr(&storage, len)
             .ok_or_else(|| fail("inspect", io::Error::from(io::ErrorKind::InvalidData)))?;
+        let gso = gso_supported(&fd);
         Ok(UdpSocket {
             fd,
             local,
             scratch: Scratch::new(),
+            gso,
         })
     }
 
     /// The address the socket is bound to (`[::]:port` for a dual-stack socket).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Whether sends use UDP GSO (on by default where the kernel has it).
+    pub fn gso(&self) -> bool {
+        self.gso
+    }
+
+    /// Turns UDP GSO off (or back on, where the kernel has it), e.g. to measure its gain.
+    pub fn set_gso(&mut self, on: bool) {
+        self.gso = on && gso_supported(&self.fd);
+    }
+
+    /// Builds the send messages for datagrams `from..` of `batch`: one message per datagram,
+    /// or, with GSO, one per run of datagrams to the same address whose sizes are equal (the
+    /// last may be shorter). Returns the number of messages.
+    fn build_send(&mut self, batch: &Batch, from: usize) -> usize {
+        let v6 = self.is_v6();
+        let gso = self.gso;
+        let s = &mut *self.scratch;
+        // SAFETY: CMSG_* only compute sizes.
+        let (space, cmsg_len) = unsafe {
+            (
+                libc::CMSG_SPACE(size_of::<u16>() as u32) as usize,
+                libc::CMSG_LEN(size_of::<u16>() as u32) as usize,
+            )
+        };
+        let (mut m, mut k, mut i) = (0, 0, from);
+        while i < batch.len() {
+            let addr = batch.addr(i);
+            let Some(namelen) = write_sockaddr(addr, v6, &mut s.names[m]) else {
+                i += 1; // this socket's family cannot reach it
+                continue;
+            };
+            let (first, first_iov) = (i, k);
+            let segment = batch.payload(i).len();
+            let mut total = 0;
+            loop {
+                let p = batch.payload(i);
+                s.iovs[k] = libc::iovec {
+                    // The kernel only reads through this pointer (sendmmsg).
+                    iov_base: p.as_ptr().cast_mut().cast(),
+                    iov_len: p.len(),
+                };
+                k += 1;
+                i += 1;
+                total += p.len();
+                let run = i - first;
+                let next_fits = i < batch.len()
+                    && batch.addr(i) == addr
+                    && (1..=segment).contains(&batch.payload(i).len())
+                    && total + batch.payload(i).len() <= GSO_MAX_BYTES;
+                // A shorter datagram can only end a run.
+                if !gso || p.len() < segment || run == GSO_MAX_SEGMENTS || !next_fits {
+                    break;
+                }
+            }
+            let run = i - first;
+            let hdr = &mut s.hdrs[m].msg_hdr;
+            hdr.msg_name = ptr::addr_of_mut!(s.names[m]).cast();
+            hdr.msg_namelen = namelen;
+            hdr.msg_iov = ptr::addr_of_mut!(s.iovs[first_iov]);
+            hdr.msg_iovlen = run as _;
+            hdr.msg_flags = 0;
+            if run > 1 {
+                hdr.msg_control = s.cmsgs[m].0.as_mut_ptr().cast();
+                hdr.msg_controllen = space as _;
+                // SAFETY: the control buffer is 32 aligned bytes, more than CMSG_SPACE(2), so
+                // CMSG_FIRSTHDR is non-null and the header and its u16 fit inside it.
+                unsafe {
+                    let c = libc::CMSG_FIRSTHDR(hdr);
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = libc::UDP_SEGMENT;
+                    (*c).cmsg_len = cmsg_len as _;
+                    ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), segment as u16);
+                }
+            } else {
+                hdr.msg_control = ptr::null_mut();
+                hdr.msg_controllen = 0;
+            }
+            s.hdrs[m].msg_len = 0;
+            s.first[m] = first;
+            s.segments[m] = run;
+            m += 1;
+        }
+        m
     }
 
     /// Marks every datagram the socket sends (SO_MARK), for policy routing; 0 clears it.
@@ -167,6 +270,23 @@ impl UdpSocket {
     fn is_v6(&self) -> bool {
         self.local.is_ipv6()
     }
+}
+
+/// Whether the kernel takes UDP_SEGMENT on this socket (Linux 4.18 and later).
+fn gso_supported(fd: &OwnedFd) -> bool {
+    let mut value: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value` and updates `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            ptr::addr_of_mut!(value).cast(),
+            &mut len,
+        )
+    };
+    rc == 0
 }
 
 fn setsockopt(
@@ -348,48 +468,48 @@ impl DatagramIo for UdpSocket {
     }
 
     fn send_batch(&mut self, batch: &Batch) -> io::Result<usize> {
-        let v6 = self.is_v6();
-        let scratch = &mut *self.scratch;
-        // Messages to build: destinations the socket's family cannot reach are left out.
-        let mut count = 0;
-        for i in 0..batch.len() {
-            let Some(namelen) = write_sockaddr(batch.addr(i), v6, &mut scratch.names[count]) else {
-                continue;
-            };
-            let payload = batch.payload(i);
-            // The kernel only reads through this pointer (sendmmsg).
-            scratch.prepare(count, payload.as_ptr().cast_mut(), payload.len(), namelen);
-            count += 1;
-        }
-
+        let mut count = self.build_send(batch, 0);
         let mut pos = 0;
         let mut sent = 0;
         while pos < count {
-            // SAFETY: headers pos..count point at their own address buffer and iovec in
-            // `scratch`, each iovec at a frame payload of `batch`, which is borrowed for the
-            // call; the kernel only reads them.
+            // SAFETY: headers pos..count point at their own address buffer, control buffer and
+            // iovecs in `scratch`, each iovec at a frame payload of `batch`, which is borrowed
+            // for the call; the kernel only reads them.
             let rc = unsafe {
                 libc::sendmmsg(
                     self.fd.as_raw_fd(),
-                    scratch.hdrs[pos..].as_mut_ptr(),
+                    self.scratch.hdrs[pos..].as_mut_ptr(),
                     (count - pos) as libc::c_uint,
                     libc::MSG_DONTWAIT,
                 )
             };
             if rc > 0 {
                 let n = rc.unsigned_abs() as usize;
+                sent += self.scratch.segments[pos..pos + n].iter().sum::<usize>();
                 pos += n;
-                sent += n;
                 continue;
             }
             if rc == 0 {
                 break; // Not expected; do not spin.
             }
             let e = io::Error::last_os_error();
+            let gso_refused = self.scratch.segments[pos] > 1
+                && matches!(
+                    e.raw_os_error(),
+                    Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE | libc::ENOPROTOOPT)
+                );
             match e.kind() {
                 io::ErrorKind::Interrupted => {}
                 // The send buffer is full: the rest is dropped, the caller counts it.
                 io::ErrorKind::WouldBlock => break,
+                _ if gso_refused => {
+                    // Degrade, never fail: send datagram by datagram from here on.
+                    tracing::warn!("UDP GSO refused by the kernel ({e}); sending without it");
+                    self.gso = false;
+                    let from = self.scratch.first[pos];
+                    count = self.build_send(batch, from);
+                    pos = 0;
+                }
                 _ if is_fatal(&e) => return if sent == 0 { Err(e) } else { Ok(sent) },
                 // The kernel refused the datagram at `pos` (EHOSTUNREACH, EINVAL, EMSGSIZE,
                 // EPERM from a firewall, ...): skip it.

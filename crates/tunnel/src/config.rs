@@ -44,11 +44,24 @@ pub enum KeySource<K> {
     File(PathBuf),
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataplaneConfig {
     pub backend: Backend,
     pub workers: Workers,
     pub cpus: Option<Vec<usize>>,
+    /// UDP generic segmentation offload on sends (default on where the kernel has it).
+    pub udp_gso: bool,
+}
+
+impl Default for DataplaneConfig {
+    fn default() -> Self {
+        Self {
+            backend: Backend::Auto,
+            workers: Workers::Auto,
+            cpus: None,
+            udp_gso: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -492,7 +505,18 @@ fn check_interface_name(c: &mut Checker, name: &str) -> bool {
 
 fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
     let path = "dataplane";
-    c.unknown_keys(t, path, &["backend", "workers", "cpus"]);
+    c.unknown_keys(t, path, &["backend", "workers", "cpus", "udp_gso"]);
+    let udp_gso = match t.get("udp_gso") {
+        None => true,
+        Some(Value::Boolean(b)) => *b,
+        Some(other) => {
+            c.error(
+                "dataplane.udp_gso",
+                format!("must be true or false, not {}", describe(other)),
+            );
+            true
+        }
+    };
     let backend = match c.string(t, path, "backend") {
         None => Backend::Auto,
         Some("auto") => Backend::Auto,
@@ -550,6 +574,7 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
         backend,
         workers,
         cpus,
+        udp_gso,
     }
 }
 

@@ -41,6 +41,7 @@ mtu = 1420
 backend = "uring"
 workers = 2
 cpus = [0, 1]
+udp_gso = false
 
 [[peer]]
 public_key = "{p1}"
@@ -67,6 +68,7 @@ allowed_ips = ["10.30.1.7/16"]
     assert_eq!(c.dataplane.backend, Backend::Uring);
     assert_eq!(c.dataplane.workers, Workers::Count(2));
     assert_eq!(c.dataplane.cpus, Some(vec![0, 1]));
+    assert!(!c.dataplane.udp_gso);
     assert_eq!(c.peers.len(), 2);
     assert_eq!(c.peers[0].persistent_keepalive, 25);
     assert_eq!(
@@ -96,6 +98,7 @@ fn defaults_apply_when_optional_fields_are_absent() {
     assert_eq!(c.interface.mtu, 1420);
     assert_eq!(c.dataplane.backend, Backend::Auto);
     assert_eq!(c.dataplane.workers, Workers::Auto);
+    assert!(c.dataplane.udp_gso);
     assert!(c.peers.is_empty());
 }
 
@@ -115,6 +118,7 @@ colour = "blue"
 [dataplane]
 backend = "turbo"
 workers = 0
+udp_gso = "yes"
 
 [[peer]]
 public_key = "{p}"
@@ -142,6 +146,7 @@ preshared_key_file = "y"
     assert_has(&e, "interface: unknown field `colour`");
     assert_has(&e, "dataplane.backend: `turbo` is not a backend");
     assert_has(&e, "dataplane.workers: 0 is out of range");
+    assert_has(&e, "dataplane.udp_gso: must be true or false, not \"yes\"");
     assert_has(&e, "peer[0].endpoint: `192.0.2.1` has no port");
     assert_has(
         &e,

@@ -34,11 +34,12 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     // anything else is touched.
     let uapi = UapiServer::bind(&name)?;
     let tun = Tun::open(&name)?;
-    let udp = UdpSocket::bind(loaded.device.listen_port)
+    let mut udp = UdpSocket::bind(loaded.device.listen_port)
         .with_context(|| format!("cannot listen on UDP port {}", loaded.device.listen_port))?;
     if loaded.device.fwmark != 0 {
         udp.set_mark(loaded.device.fwmark)?;
     }
+    udp.set_gso(loaded.config.dataplane.udp_gso);
 
     let mut netlink = Netlink::open().context("cannot open a netlink socket")?;
     let index = netlink.link_index(&name)?;
@@ -58,8 +59,12 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
         public_key = %device.public_key(),
         listen_port = device.listen_port(),
         peers = device.peer_count(),
+        udp_gso = udp.gso(),
         "interface up"
     );
+    if loaded.config.dataplane.udp_gso && !udp.gso() {
+        tracing::info!("UDP GSO is not available on this kernel; sending datagram by datagram");
+    }
 
     let (worker, handle) = Worker::new(device, tun, udp).context("cannot start the worker")?;
     let worker_thread = std::thread::Builder::new()
