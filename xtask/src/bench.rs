@@ -126,6 +126,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     for round in 1..=options.rounds {
         for c in contenders.iter_mut() {
             let Ok(which) = &c.which else { continue };
+            // Ctrl-C: stop here; the testbed of the round under way has been dropped.
+            system::check_interrupted()?;
             done += 1;
             eprintln!("[{done}/{total}] round {round}: {}", c.name);
             match measure(which, &tunneld, &options) {
@@ -164,7 +166,9 @@ fn contender(name: &str, which: Result<Impl, String>) -> Contender {
 fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> {
     let bed = Testbed::new(which, tunneld)?;
     let (bps1, cpu1, machine1) = bed.iperf_tcp(1, o.seconds)?;
+    system::check_interrupted()?;
     let (bps4, _, _) = bed.iperf_tcp(4, o.seconds)?;
+    system::check_interrupted()?;
     let probes = if o.quick { 200 } else { 1000 };
     let (p50, p99) = bed
         .udp_rtt_us(probes)

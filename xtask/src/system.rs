@@ -1,8 +1,10 @@
 //! Running commands and installing the system tools the tests and the demo need.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// (command to look for, Debian package providing it)
 const TOOLS: &[(&str, &str)] = &[
@@ -38,6 +40,15 @@ pub fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
+/// Where cargo puts build output: `CARGO_TARGET_DIR` (relative to the repository root when
+/// relative), else `target/` in the repository.
+pub fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => root.join(dir),
+        _ => root.join("target"),
+    }
+}
+
 /// Builds tunneld in release mode and returns its path.
 pub fn build_tunneld() -> Result<PathBuf, String> {
     let root = repo_root()?;
@@ -45,7 +56,120 @@ pub fn build_tunneld() -> Result<PathBuf, String> {
     run(Command::new(cargo())
         .args(["build", "--release", "-q", "-p", "tunneld"])
         .current_dir(&root))?;
-    Ok(root.join("target/release/tunneld"))
+    let bin = target_dir(&root).join("release/tunneld");
+    bin.is_file()
+        .then_some(bin)
+        .ok_or_else(|| "cargo build succeeded but target/release/tunneld is missing".into())
+}
+
+/// `ip`, `nft` and friends live in sbin directories, which a non-login root shell (or sudo
+/// with a restricted PATH) may leave out; add them so this process and its children find them.
+pub fn ensure_sbin_in_path() {
+    let current = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&current).collect();
+    let mut changed = false;
+    for sbin in ["/usr/local/sbin", "/usr/sbin", "/sbin"] {
+        if !dirs.iter().any(|d| d == Path::new(sbin)) {
+            dirs.push(PathBuf::from(sbin));
+            changed = true;
+        }
+    }
+    if changed {
+        if let Ok(path) = std::env::join_paths(dirs) {
+            // Edition 2021, and called first thing in main, before any thread exists.
+            std::env::set_var("PATH", path);
+        }
+    }
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_signal: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Turns SIGINT/SIGTERM into a flag ([`interrupted`]) so the demo and the benchmark stop at
+/// the next step and their guards remove the namespaces and processes they made. (Ctrl-C also
+/// reaches the children in the terminal's process group, so the step under way ends soon.)
+/// Handlers, unlike ignored signals, are reset in children on exec.
+pub fn catch_interrupts() {
+    let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: installs a handler that only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// An error when the user has interrupted the run (Ctrl-C), so callers can `?` it between steps.
+pub fn check_interrupted() -> Result<(), String> {
+    if interrupted() {
+        Err("interrupted; cleaning up".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// Runs `cmd` to completion, but kills it if it runs longer than `limit`. Returns its output
+/// (stdout and stderr captured) or an error saying it was killed.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    match status {
+        Some(status) => Ok(Output {
+            status,
+            stdout,
+            stderr,
+        }),
+        None => Err(format!(
+            "{cmd:?} did not finish within {} s and was stopped",
+            limit.as_secs()
+        )),
+    }
 }
 
 /// Installs, with apt-get, the packages whose commands are missing. Without root, says what

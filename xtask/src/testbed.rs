@@ -11,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tunneld_testnet::{unique_name, veth, NetNs};
 
+use crate::system;
+
 /// Which tunnel runs between the two sites.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Impl {
@@ -61,6 +63,21 @@ pub struct Testbed {
     interfaces: Vec<String>,
     _dir: TempDir,
 }
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        // The tunnel processes first, with SIGTERM, so they tear down and remove their UAPI
+        // sockets; only then the namespaces (whose drop SIGKILLs whatever is still inside).
+        self.processes.clear();
+        for ifname in &self.interfaces {
+            // Left only by a process that had to be killed; the name is unique to this run.
+            let _ = fs::remove_file(format!("/var/run/wireguard/{ifname}.sock"));
+        }
+    }
+}
+
+/// Longest an iperf3 client may run beyond its `-t` seconds before it is stopped.
+const IPERF_GRACE: Duration = Duration::from_secs(20);
 
 fn write_key(dir: &Path, name: &str, tunneld: &Path) -> Result<(PathBuf, String), String> {
     let out = Command::new(tunneld)
@@ -168,6 +185,8 @@ impl Testbed {
                 ]);
                 ns.run(&["ip", "link", "set", &ifname, "mtu", "1420", "up"]);
             };
+            // Recorded before starting anything, so the drop cleans up after a failed start.
+            bed.interfaces.push(ifname.clone());
             match which {
                 Impl::Direct => unreachable!(),
                 Impl::Tunneld(bin) => {
@@ -182,7 +201,7 @@ impl Testbed {
                     fs::write(&path, config).map_err(|e| e.to_string())?;
                     let mut cmd = ns.command(&bin.to_string_lossy());
                     bed.processes.push(spawn(cmd.arg("up").arg(&path))?);
-                    wait_for_socket(&ifname)?;
+                    wait_for_socket(&ifname).map_err(|e| format!("{e}{}", bed.logs()))?;
                 }
                 Impl::WireguardGo(bin) => {
                     let mut cmd = ns.command(&bin.to_string_lossy());
@@ -190,7 +209,7 @@ impl Testbed {
                         .env("WG_PROCESS_FOREGROUND", "1")
                         .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1");
                     bed.processes.push(spawn(&mut cmd)?);
-                    wait_for_socket(&ifname)?;
+                    wait_for_socket(&ifname).map_err(|e| format!("{e}{}", bed.logs()))?;
                     configure_with_wg(ns);
                 }
                 Impl::Boringtun(bin) => {
@@ -198,7 +217,7 @@ impl Testbed {
                     cmd.args(["-f", "--disable-drop-privileges", &ifname])
                         .env("WG_SUDO", "1");
                     bed.processes.push(spawn(&mut cmd)?);
-                    wait_for_socket(&ifname)?;
+                    wait_for_socket(&ifname).map_err(|e| format!("{e}{}", bed.logs()))?;
                     configure_with_wg(ns);
                 }
                 Impl::Kernel => {
@@ -206,16 +225,58 @@ impl Testbed {
                     configure_with_wg(ns);
                 }
             }
-            bed.interfaces.push(ifname);
         }
         // The first packet waits for the handshake.
         let warm = bed.a.output(&["ping", "-c", "1", "-W", "5", bed.target_v4]);
         if !warm.status.success() {
             return Err(format!(
-                "{which:?}: no traffic across the tunnel within 5 s"
+                "{which:?}: no traffic across the tunnel within 5 s{}",
+                bed.logs()
             ));
         }
         Ok(bed)
+    }
+
+    /// The tail of each tunnel process's log, for error messages.
+    pub fn logs(&self) -> String {
+        let mut text = String::new();
+        for ifname in &self.interfaces {
+            let path = self._dir.0.join(format!("{ifname}.log"));
+            if let Ok(log) = fs::read_to_string(&path) {
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(20)..];
+                text.push_str(&format!("\n--- {ifname} log (last lines) ---\n"));
+                text.push_str(&tail.join("\n"));
+            }
+        }
+        text
+    }
+
+    /// The tunnel interfaces, in site A then site B.
+    pub fn interfaces(&self) -> &[String] {
+        &self.interfaces
+    }
+
+    /// Seconds since the latest handshake with the peer, as each site's `wg` reports it
+    /// (A then B); `None` for a site without one (or without a tunnel).
+    pub fn handshake_ages(&self) -> Vec<Option<u64>> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        [&self.a, &self.b]
+            .iter()
+            .zip(&self.interfaces)
+            .map(|(ns, ifname)| {
+                let out = ns.output(&["wg", "show", ifname, "latest-handshakes"]);
+                String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .filter(|t| *t > 0)
+                    .map(|t| now.saturating_sub(t))
+            })
+            .collect()
     }
 
     pub fn pids(&self) -> Vec<u32> {
@@ -261,16 +322,18 @@ impl Testbed {
         wait_for_tcp_listener(&self.b, 5201);
         let pids = self.pids();
         let (cpu0, machine0) = (cpu_seconds(&pids), machine_busy_seconds());
-        let out = self.a.output(&[
-            "iperf3",
-            "-c",
-            self.target_v4,
-            "-t",
-            &seconds.to_string(),
-            "-P",
-            &streams.to_string(),
-            "-J",
-        ]);
+        let out = system::output_within(
+            self.a.command("iperf3").args([
+                "-c",
+                self.target_v4,
+                "-t",
+                &seconds.to_string(),
+                "-P",
+                &streams.to_string(),
+                "-J",
+            ]),
+            Duration::from_secs(seconds.into()) + IPERF_GRACE,
+        )?;
         let (cpu1, machine1) = (cpu_seconds(&pids), machine_busy_seconds());
         let json = String::from_utf8_lossy(&out.stdout);
         let bps = json_number_after(&json, "\"sum_received\"", "\"bits_per_second\"").ok_or_else(
@@ -297,19 +360,21 @@ impl Testbed {
                 .map_err(|e| format!("cannot start iperf3: {e}"))?,
         );
         wait_for_tcp_listener(&self.b, 5201);
-        let out = self.a.output(&[
-            "iperf3",
-            "-c",
-            self.target_v4,
-            "-u",
-            "-l",
-            "64",
-            "-b",
-            "0",
-            "-t",
-            &seconds.to_string(),
-            "-J",
-        ]);
+        let out = system::output_within(
+            self.a.command("iperf3").args([
+                "-c",
+                self.target_v4,
+                "-u",
+                "-l",
+                "64",
+                "-b",
+                "0",
+                "-t",
+                &seconds.to_string(),
+                "-J",
+            ]),
+            Duration::from_secs(seconds.into()) + IPERF_GRACE,
+        )?;
         let json = String::from_utf8_lossy(&out.stdout);
         let packets = json_number_after(&json, "\"sum\"", "\"packets\"");
         let lost = json_number_after(&json, "\"sum\"", "\"lost_packets\"");

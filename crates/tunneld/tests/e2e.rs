@@ -6,11 +6,12 @@ mod common;
 
 use common::*;
 use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
 use tunneld_testnet::{require_netns, unique_name, NetNs};
 
 #[test]
 fn tunneld_to_tunneld_v4_v6_ping_and_tcp_both_ways() {
-    if !require_netns("tunneld_to_tunneld_v4_v6_ping_and_tcp_both_ways") {
+    if !require_netns_and_wg("tunneld_to_tunneld_v4_v6_ping_and_tcp_both_ways") {
         return;
     }
     let (a, b) = two_sites();
@@ -27,6 +28,7 @@ fn tunneld_to_tunneld_v4_v6_ping_and_tcp_both_ways() {
     tcp_transfer(&b, &a, "[fd77::1]:5002".parse().unwrap(), 4 << 20);
 
     for (ns, gw, peer) in [(&a, &ga, &gb), (&b, &gb, &ga)] {
+        step(&format!("wg show {} and its dump", gw.ifname));
         let show = ns.run(&["wg", "show", &gw.ifname]);
         assert!(
             show.contains(&format!("public key: {}", gw.public_key)),
@@ -51,6 +53,7 @@ fn tunneld_to_tunneld_v4_v6_ping_and_tcp_both_ways() {
         assert!(p[5].parse::<u64>().unwrap() > 4 << 20, "rx: {p:?}");
         assert!(p[6].parse::<u64>().unwrap() > 4 << 20, "tx: {p:?}");
     }
+    step("tunneld show, routes and MTU");
     // tunneld's own view adds per-worker counters.
     let show = a.run(&[TUNNELD, "show", &ga.ifname]);
     assert!(show.contains(&format!("peer: {}", gb.public_key)), "{show}");
@@ -67,7 +70,7 @@ fn tunneld_to_tunneld_v4_v6_ping_and_tcp_both_ways() {
 
 #[test]
 fn ipv6_underlay() {
-    if !require_netns("ipv6_underlay") {
+    if !require_netns_and_wg("ipv6_underlay") {
         return;
     }
     let a = NetNs::new();
@@ -94,7 +97,8 @@ fn ipv6_underlay() {
 
 #[test]
 fn tunneld_to_wireguard_go_both_ways() {
-    if !require_netns("tunneld_to_wireguard_go_both_ways") {
+    let test = "tunneld_to_wireguard_go_both_ways";
+    if !require_netns_and_wg(test) || !require_tool(test, "wireguard-go") {
         return;
     }
     let (a, b) = two_sites();
@@ -132,20 +136,61 @@ fn tunneld_to_wireguard_go_both_ways() {
     tcp_transfer(&a, &b, "10.77.0.2:5004".parse().unwrap(), 4 << 20);
     tcp_transfer(&b, &a, "[fd77::1]:5005".parse().unwrap(), 4 << 20);
 
-    assert!(
-        latest_handshake(&a, &ia, &pubkey(&kb)) > 0,
-        "tunneld saw no handshake"
-    );
-    assert!(
-        latest_handshake(&b, &ib, &ga.public_key) > 0,
-        "wireguard-go saw no handshake"
-    );
+    step("both sides report the handshake and the transfer");
+    for (ns, ifname, peer, who) in [
+        (&a, &ia, pubkey(&kb), "tunneld"),
+        (&b, &ib, ga.public_key.clone(), "wireguard-go"),
+    ] {
+        let dump = wg_dump(ns, ifname);
+        let p = dump
+            .iter()
+            .skip(1)
+            .find(|f| f[0] == peer)
+            .unwrap_or_else(|| panic!("{who}: peer missing from the dump: {dump:?}"));
+        assert_eq!(p.len(), 8, "{who}: peer line: {p:?}");
+        assert!(
+            p[4].parse::<u64>().unwrap() > 0,
+            "{who} saw no handshake: {p:?}"
+        );
+        assert!(p[5].parse::<u64>().unwrap() > 4 << 20, "{who} rx: {p:?}");
+        assert!(p[6].parse::<u64>().unwrap() > 4 << 20, "{who} tx: {p:?}");
+    }
     drop(wg);
+}
+
+/// Sends `request` on the interface's UAPI socket, half-closes, and returns the reply.
+fn uapi_exchange(ifname: &str, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket_path(ifname)).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut reply = String::new();
+    let _ = stream.read_to_string(&mut reply);
+    reply
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn routes(ns: &NetNs, family: &str, ifname: &str) -> String {
+    ns.run(&["ip", family, "route", "show", "dev", ifname])
+}
+
+/// Pings once and says whether a reply came (for checks that traffic does NOT pass).
+fn ping_once(ns: &NetNs, addr: &str) -> bool {
+    ns.output(&["ping", "-c", "1", "-W", "1", addr])
+        .status
+        .success()
 }
 
 #[test]
 fn wg_set_adds_changes_and_removes_peers_live() {
-    if !require_netns("wg_set_adds_changes_and_removes_peers_live") {
+    if !require_netns_and_wg("wg_set_adds_changes_and_removes_peers_live") {
         return;
     }
     let (a, b) = two_sites();
@@ -155,9 +200,13 @@ fn wg_set_adds_changes_and_removes_peers_live() {
     let gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
     ping(&a, "10.77.0.2");
     let handshake = latest_handshake(&a, &ia, &gb.public_key);
-    assert!(handshake > 0);
+    assert!(handshake > 0, "no handshake after the first ping");
+    // From here on, a new handshake would carry a later timestamp than this one.
+    wait_until("the clock to pass the handshake's second", || {
+        unix_now() > handshake
+    });
 
-    // Add a peer: it shows, and its route exists.
+    step("wg set: add a peer");
     let newcomer = pubkey(&genkey());
     a.run(&[
         "wg",
@@ -170,11 +219,21 @@ fn wg_set_adds_changes_and_removes_peers_live() {
     ]);
     let show = a.run(&["wg", "show", &ia]);
     assert!(show.contains(&format!("peer: {newcomer}")), "{show}");
-    let routes = a.run(&["ip", "-4", "route", "show", "dev", &ia]);
-    assert!(routes.contains("10.77.0.3"), "{routes}");
+    let r = routes(&a, "-4", &ia);
+    assert!(r.contains("10.77.0.3"), "no route for the new peer:\n{r}");
 
-    // Change the existing peer's allowed IPs: routes follow, the session stays.
+    step("wg set: widen the live peer's allowed IPs (v4 and v6)");
     b.run(&["ip", "addr", "add", "10.88.0.2/32", "dev", &ib]);
+    b.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd88::2/128",
+        "dev",
+        &ib,
+        "nodad",
+    ]);
     a.run(&[
         "wg",
         "set",
@@ -182,45 +241,104 @@ fn wg_set_adds_changes_and_removes_peers_live() {
         "peer",
         &gb.public_key,
         "allowed-ips",
-        "10.77.0.2/32,fd77::2/128,10.88.0.0/24",
+        "10.77.0.2/32,fd77::2/128,10.88.0.0/24,fd88::/64",
     ]);
-    let routes = a.run(&["ip", "-4", "route", "show", "dev", &ia]);
-    assert!(routes.contains("10.88.0.0/24"), "{routes}");
+    let r = routes(&a, "-4", &ia);
+    assert!(r.contains("10.88.0.0/24"), "{r}");
+    let r = routes(&a, "-6", &ia);
+    assert!(r.contains("fd88::/64"), "{r}");
+    let dump = wg_dump(&a, &ia);
+    let peer = dump.iter().find(|f| f[0] == gb.public_key).unwrap();
+    assert_eq!(peer[3], "10.77.0.2/32,fd77::2/128,10.88.0.0/24,fd88::/64");
+    // Traffic to and from the new prefixes crosses (the reply's source is now allowed).
+    ping(&a, "10.88.0.2");
+    ping(&a, "fd88::2");
     ping(&a, "10.77.0.2");
+    tcp_transfer(&a, &b, "10.88.0.2:5006".parse().unwrap(), 1 << 20);
     assert_eq!(
         latest_handshake(&a, &ia, &gb.public_key),
         handshake,
         "changing allowed IPs started a new session"
     );
-    let dump = wg_dump(&a, &ia);
-    let peer = dump.iter().find(|f| f[0] == gb.public_key).unwrap();
-    assert_eq!(peer[3], "10.77.0.2/32,fd77::2/128,10.88.0.0/24");
 
-    // Remove the newcomer: gone from wg and from the routes.
-    a.run(&["wg", "set", &ia, "peer", &newcomer, "remove"]);
-    let show = a.run(&["wg", "show", &ia]);
-    assert!(!show.contains(&newcomer), "{show}");
-    let routes = a.run(&["ip", "-4", "route", "show", "dev", &ia]);
-    assert!(!routes.contains("10.77.0.3"), "{routes}");
-
-    // A bad request is refused and changes nothing.
-    let bad = a.output(&[
+    step("wg set: narrow the live peer's allowed IPs again");
+    a.run(&[
         "wg",
         "set",
         &ia,
         "peer",
         &gb.public_key,
-        "endpoint",
-        "nowhere",
+        "allowed-ips",
+        "10.77.0.2/32,fd77::2/128",
     ]);
-    assert!(!bad.status.success());
+    let r = routes(&a, "-4", &ia);
+    assert!(!r.contains("10.88.0.0"), "route left after narrowing:\n{r}");
+    let r = routes(&a, "-6", &ia);
+    assert!(!r.contains("fd88::"), "route left after narrowing:\n{r}");
+    assert!(!ping_once(&a, "10.88.0.2"), "10.88.0.2 still reachable");
     ping(&a, "10.77.0.2");
+    ping(&b, "fd77::1");
+    assert_eq!(
+        latest_handshake(&a, &ia, &gb.public_key),
+        handshake,
+        "narrowing allowed IPs started a new session"
+    );
+
+    step("wg set: remove the added peer");
+    a.run(&["wg", "set", &ia, "peer", &newcomer, "remove"]);
+    let show = a.run(&["wg", "show", &ia]);
+    assert!(!show.contains(&newcomer), "{show}");
+    let r = routes(&a, "-4", &ia);
+    assert!(!r.contains("10.77.0.3"), "route left after remove:\n{r}");
+
+    step("UAPI: bad and truncated requests are refused and change nothing");
+    let stranger = "ab".repeat(32);
+    for (request, complete) in [
+        ("set=1\npublic_key=not-hex\n\n".to_string(), true),
+        ("set=1\nlisten_port=99999\n\n".to_string(), true),
+        ("bogus=1\n\n".to_string(), true),
+        // Truncated (no blank line before EOF): nothing of it may be applied.
+        (
+            format!("set=1\npublic_key={stranger}\nallowed_ip=10.77.0.9/32\n"),
+            false,
+        ),
+        ("set=1\npublic_key=".to_string(), false),
+    ] {
+        let reply = uapi_exchange(&ia, &request);
+        assert!(
+            !reply.starts_with("errno=0"),
+            "{request:?} was accepted: {reply:?}"
+        );
+        if complete {
+            assert!(reply.starts_with("errno="), "{request:?}: reply {reply:?}");
+        }
+    }
+    let r = routes(&a, "-4", &ia);
+    assert!(
+        !r.contains("10.77.0.9"),
+        "a truncated request was applied:\n{r}"
+    );
+    let dump = wg_dump(&a, &ia);
+    assert_eq!(dump.len(), 2, "peers changed: {dump:?}");
+    ping(&a, "10.77.0.2");
+
+    step("wg set: remove the live peer");
+    a.run(&["wg", "set", &ia, "peer", &gb.public_key, "remove"]);
+    let show = a.run(&["wg", "show", &ia]);
+    assert!(!show.contains(&gb.public_key), "{show}");
+    let r = routes(&a, "-4", &ia);
+    assert!(!r.contains("10.77.0.2"), "route left after remove:\n{r}");
+    let r = routes(&a, "-6", &ia);
+    assert!(!r.contains("fd77::2"), "route left after remove:\n{r}");
+    assert!(!ping_once(&a, "10.77.0.2"), "a removed peer still answers");
+    // The daemon is still healthy.
+    assert!(a.output(&["wg", "show", &ia]).status.success());
     drop(ga);
 }
 
 #[test]
 fn sigterm_and_sigint_remove_everything() {
-    if !require_netns("sigterm_and_sigint_remove_everything") {
+    if !require_netns_and_wg("sigterm_and_sigint_remove_everything") {
         return;
     }
     for signal in ["TERM", "INT"] {
@@ -252,7 +370,7 @@ fn sigterm_and_sigint_remove_everything() {
 
 #[test]
 fn second_tunneld_for_the_same_interface_is_refused() {
-    if !require_netns("second_tunneld_for_the_same_interface_is_refused") {
+    if !require_netns_and_wg("second_tunneld_for_the_same_interface_is_refused") {
         return;
     }
     let ns = NetNs::new();
@@ -269,7 +387,7 @@ fn second_tunneld_for_the_same_interface_is_refused() {
         ),
     )
     .unwrap();
-    let out = ns.output(&[TUNNELD, "up", &cfg.to_string_lossy()]);
+    let out = output_bounded(ns.command(TUNNELD).arg("up").arg(&cfg));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already served"), "{err}");
@@ -278,87 +396,218 @@ fn second_tunneld_for_the_same_interface_is_refused() {
     drop(gw);
 }
 
-/// (what is wrong, the config's [interface] + [[peer]] text after the name line, the text
-/// the error must contain). `KEY` is replaced by a valid private key, `PUB` by a public key.
-const BROKEN: &[(&str, &str, &str)] = &[
+/// (what is wrong, the config text after the `name` line, what the error line must say:
+/// the field first, then the problem). `KEY` is replaced by a valid private key, `PUB` by a
+/// public key. Files next to the config: `loose.key` (a valid key, mode 0644), `garbage.key`
+/// (not base64, mode 0600), `dir.key` (a directory, mode 0700: cannot be read as a file).
+const BROKEN: &[(&str, &str, &[&str])] = &[
     (
         "bad base64 key",
         "private_key = \"not base64!!\"\n",
-        "interface.private_key",
+        &["interface.private_key:", "base64"],
     ),
     (
-        "short key",
+        "wrong key length",
         "private_key = \"AAAA\"\n",
-        "decodes to 3 bytes",
+        &["interface.private_key:", "decodes to 3 bytes"],
     ),
     (
-        "bad CIDR",
+        "wrong peer key length",
+        "private_key = \"KEY\"\n[[peer]]\npublic_key = \"AAAA\"\n",
+        &["peer[0].public_key:", "decodes to 3 bytes"],
+    ),
+    (
+        "bad CIDR in address",
         "private_key = \"KEY\"\naddress = [\"10.0.0.1/33\"]\n",
-        "interface.address[0]",
+        &["interface.address[0]:", "10.0.0.1/33"],
+    ),
+    (
+        "bad CIDR in allowed_ips",
+        "private_key = \"KEY\"\n[[peer]]\npublic_key = \"PUB\"\n\
+         allowed_ips = [\"10.1.0.0/16\", \"10.2.0.0/40\"]\n",
+        &["peer[0].allowed_ips[1]:", "10.2.0.0/40"],
     ),
     (
         "duplicate peer",
         "private_key = \"KEY\"\n[[peer]]\npublic_key = \"PUB\"\n[[peer]]\npublic_key = \"PUB\"\n",
-        "peer[1].public_key: duplicate of peer[0]",
+        &["peer[1].public_key:", "duplicate of peer[0]"],
     ),
     (
         "unknown field",
         "private_key = \"KEY\"\nlisten_prot = 1\n",
-        "unknown field `listen_prot`",
+        &["interface", "unknown field `listen_prot`"],
     ),
     (
         "port out of range",
         "private_key = \"KEY\"\nlisten_port = 70000\n",
-        "interface.listen_port: 70000 is out of range 0-65535",
+        &["interface.listen_port:", "70000", "out of range"],
     ),
     (
         "missing key file",
         "private_key_file = \"nonexistent.key\"\n",
-        "interface.private_key_file: cannot read",
+        &["interface.private_key_file:", "cannot read"],
+    ),
+    (
+        "unreadable key file",
+        "private_key_file = \"dir.key\"\n",
+        &["interface.private_key_file:", "cannot read"],
     ),
     (
         "world-readable key file",
         "private_key_file = \"loose.key\"\n",
-        "readable by others",
+        &["interface.private_key_file:", "readable by others"],
     ),
     (
-        "bad endpoint",
+        "key file that is not a key",
+        "private_key_file = \"garbage.key\"\n",
+        &["interface.private_key_file:", "base64"],
+    ),
+    (
+        "endpoint without a port",
         "private_key = \"KEY\"\n[[peer]]\npublic_key = \"PUB\"\nendpoint = \"192.0.2.1\"\n",
-        "peer[0].endpoint",
+        &["peer[0].endpoint:"],
     ),
 ];
 
-fn broken_config(dir: &std::path::Path, ifname: &str, body: &str) -> std::path::PathBuf {
+/// Writes `broken.toml` (and the key files it may name) into `dir`; returns its path and the
+/// private keys written in it (which no error message may echo).
+fn broken_config(
+    dir: &std::path::Path,
+    ifname: &str,
+    body: &str,
+) -> (std::path::PathBuf, Vec<String>) {
+    use std::os::unix::fs::PermissionsExt;
+    let set_mode = |path: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let loose_key = genkey();
     let loose = dir.join("loose.key");
-    std::fs::write(&loose, genkey()).unwrap();
-    std::fs::set_permissions(&loose, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-    let body = body
-        .replace("KEY", &genkey())
-        .replace("PUB", &pubkey(&genkey()));
+    std::fs::write(&loose, format!("{loose_key}\n")).unwrap();
+    set_mode(&loose, 0o644);
+    let garbage = dir.join("garbage.key");
+    std::fs::write(&garbage, "this is not a key\n").unwrap();
+    set_mode(&garbage, 0o600);
+    let unreadable = dir.join("dir.key");
+    std::fs::create_dir(&unreadable).unwrap();
+    set_mode(&unreadable, 0o700);
+    let key = genkey();
+    let body = body.replace("KEY", &key).replace("PUB", &pubkey(&genkey()));
     let path = dir.join("broken.toml");
     std::fs::write(&path, format!("[interface]\nname = \"{ifname}\"\n{body}")).unwrap();
-    path
+    (path, vec![key, loose_key])
+}
+
+/// Checks that `stderr` has a line naming the config file and holding every `expected`
+/// piece, in order, and that it echoes no secret.
+fn assert_error_line(
+    what: &str,
+    stderr: &str,
+    config: &str,
+    expected: &[&str],
+    secrets: &[String],
+) {
+    let found = stderr.lines().any(|line| {
+        let mut rest = match line.find(config) {
+            Some(at) => &line[at + config.len()..],
+            None => return false,
+        };
+        expected.iter().all(|piece| match rest.find(piece) {
+            Some(at) => {
+                rest = &rest[at + piece.len()..];
+                true
+            }
+            None => false,
+        })
+    });
+    assert!(
+        found,
+        "{what}: expected a line naming {config} with {expected:?}, got:\n{stderr}"
+    );
+    for secret in secrets {
+        assert!(
+            !stderr.contains(secret.as_str()),
+            "{what}: a private key was echoed:\n{stderr}"
+        );
+    }
 }
 
 #[test]
 fn broken_configs_are_refused_by_check_with_the_field_named() {
     for (what, body, expected) in BROKEN {
+        step(what);
         let dir = tempfile::tempdir().unwrap();
-        let path = broken_config(dir.path(), "wgbroken", body);
-        let out = Command::new(TUNNELD)
-            .arg("check")
-            .arg(&path)
-            .output()
-            .unwrap();
+        let (path, secrets) = broken_config(dir.path(), "wgbroken", body);
+        let out = output_bounded(Command::new(TUNNELD).arg("check").arg(&path));
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{what}: check accepted it");
-        assert!(
-            err.contains(expected),
-            "{what}: expected `{expected}` in:\n{err}"
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{what}: check exit status; stderr:\n{err}"
         );
-        // Never the key itself.
-        assert!(!err.contains("private_key = "), "{what}: {err}");
+        assert_error_line(what, &err, "broken.toml", expected, &secrets);
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("ok"),
+            "{what}: check said ok"
+        );
     }
+}
+
+#[test]
+fn check_reports_every_error_one_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = genkey();
+    let config = dir.path().join("many.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[interface]\nname = \"wgmany\"\nprivate_key = \"{key}\"\nlisten_port = 70000\n\
+             address = [\"10.0.0.1/24\", \"bogus\"]\n\n\
+             [[peer]]\npublic_key = \"AAAA\"\nallowed_ips = [\"10.1.0.0/16\", \"10.2.0.0/99\"]\n"
+        ),
+    )
+    .unwrap();
+    let out = output_bounded(Command::new(TUNNELD).arg("check").arg(&config));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let secrets = [key];
+    for expected in [
+        &["interface.listen_port:", "70000"][..],
+        &["interface.address[1]:", "bogus"],
+        &["peer[0].public_key:", "3 bytes"],
+        &["peer[0].allowed_ips[1]:", "10.2.0.0/99"],
+    ] {
+        assert_error_line("several errors", &err, "many.toml", expected, &secrets);
+    }
+    assert_eq!(
+        err.lines().filter(|l| !l.trim().is_empty()).count(),
+        4,
+        "one line per error:\n{err}"
+    );
+}
+
+#[test]
+fn check_accepts_a_good_config() {
+    let dir = tempfile::tempdir().unwrap();
+    write_private(dir.path(), "site.key", &genkey());
+    let config = dir.path().join("site.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[interface]\nname = \"wggood\"\nprivate_key_file = \"site.key\"\n{}",
+            site_body(1, &pubkey(&genkey()), "192.0.2.2:51820")
+        ),
+    )
+    .unwrap();
+    let out = output_bounded(Command::new(TUNNELD).arg("check").arg(&config));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}: ok\n", config.display())
+    );
 }
 
 #[test]
@@ -368,55 +617,78 @@ fn broken_configs_make_up_fail_and_leave_nothing_behind() {
     }
     let ns = NetNs::new();
     for (what, body, expected) in BROKEN {
+        step(what);
         let ifname = unique_name("wg");
         let dir = tempfile::tempdir().unwrap();
-        let path = broken_config(dir.path(), &ifname, body);
-        let out = ns.output(&[TUNNELD, "up", &path.to_string_lossy()]);
+        let (path, secrets) = broken_config(dir.path(), &ifname, body);
+        let out = output_bounded(ns.command(TUNNELD).arg("up").arg(&path));
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{what}: up accepted it");
-        assert!(
-            err.contains(expected),
-            "{what}: expected `{expected}` in:\n{err}"
-        );
+        assert!(!out.status.success(), "{what}: up accepted it:\n{err}");
+        assert_error_line(what, &err, "broken.toml", expected, &secrets);
         assert!(
             !ns.output(&["ip", "link", "show", &ifname]).status.success(),
             "{what}: interface left behind"
         );
         assert!(!socket_path(&ifname).exists(), "{what}: socket left behind");
+        let links = ns.run(&["ip", "-o", "link"]);
+        assert_eq!(
+            links.lines().count(),
+            1,
+            "{what}: only lo should exist:\n{links}"
+        );
     }
+}
+
+/// Runs `program args` with `input` on stdin; returns its raw stdout (asserting success).
+fn filter(program: &str, args: &[&str], input: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }
 
 #[test]
 fn genkey_and_pubkey_match_wg() {
-    if Command::new("wg").arg("--version").output().is_err() {
-        assert!(
-            std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() != Ok("1"),
-            "wg (wireguard-tools) is not installed"
-        );
-        eprintln!("SKIPPED genkey_and_pubkey_match_wg: wg is not installed");
+    if !require_tool("genkey_and_pubkey_match_wg", "wg") {
         return;
     }
-    let wg = |args: &[&str], input: &str| -> String {
-        let mut child = Command::new("wg")
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
-    };
-    for _ in 0..5 {
-        let ours = genkey();
-        assert_eq!(ours.len(), 44);
-        assert_eq!(pubkey(&ours), wg(&["pubkey"], &format!("{ours}\n")).trim());
-        let theirs = wg(&["genkey"], "");
-        assert_eq!(pubkey(theirs.trim()), wg(&["pubkey"], &theirs).trim());
+    let mut keys: Vec<Vec<u8>> = vec![
+        // Unclamped extremes: all zero bits and all one bits (clamping must match wg's).
+        b"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n".to_vec(),
+        b"//////////////////////////////////////////8=\n".to_vec(),
+    ];
+    for _ in 0..4 {
+        keys.push(filter("wg", &["genkey"], b""));
+        let ours = filter(TUNNELD, &["genkey"], b"");
+        step("tunneld genkey prints a key and a newline, like wg genkey");
+        assert_eq!(ours.len(), 45, "{:?}", String::from_utf8_lossy(&ours));
+        assert_eq!(ours.last(), Some(&b'\n'));
+        keys.push(ours);
+    }
+    for key in &keys {
+        let text = String::from_utf8_lossy(key);
+        step(&format!("pubkey of {}", text.trim()));
+        let theirs = filter("wg", &["pubkey"], key);
+        let ours = filter(TUNNELD, &["pubkey"], key);
+        assert_eq!(
+            String::from_utf8_lossy(&ours),
+            String::from_utf8_lossy(&theirs),
+            "tunneld pubkey and wg pubkey differ"
+        );
+        // Without the trailing newline too.
+        let ours = filter(TUNNELD, &["pubkey"], text.trim().as_bytes());
+        assert_eq!(ours, theirs);
     }
 }

@@ -16,6 +16,12 @@ pub const TUNNELD: &str = env!("CARGO_BIN_EXE_tunneld");
 /// Generous: these are waits for things that normally take milliseconds, not thresholds.
 pub const WAIT: Duration = Duration::from_secs(15);
 
+/// Announces a test step. libtest shows it (with the daemon logs) only when the test fails,
+/// so a failure says which step it was in.
+pub fn step(what: &str) {
+    eprintln!("[step] {what}");
+}
+
 pub fn genkey() -> String {
     let out = Command::new(TUNNELD).arg("genkey").output().unwrap();
     assert!(out.status.success());
@@ -52,6 +58,45 @@ pub fn socket_path(ifname: &str) -> PathBuf {
     PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"))
 }
 
+/// Runs `cmd` (one that is expected to exit by itself, e.g. `tunneld up` on a broken config)
+/// and returns its output; a process still running after [`WAIT`] is killed and the test fails,
+/// instead of hanging.
+pub fn output_bounded(cmd: &mut Command) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let (out_path, err_path) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&out_path).unwrap())
+        .stderr(fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = fs::read(&out_path).unwrap_or_default();
+    let stderr = fs::read(&err_path).unwrap_or_default();
+    let Some(status) = status else {
+        panic!(
+            "{cmd:?} was still running after {WAIT:?} and was killed; stderr:\n{}",
+            String::from_utf8_lossy(&stderr)
+        );
+    };
+    std::process::Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
 pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while Instant::now() < deadline {
@@ -76,6 +121,7 @@ pub struct Gateway {
 impl Gateway {
     /// Writes a config with `private_key_file` and starts `tunneld up` in `ns`.
     pub fn start(ns: &NetNs, ifname: &str, private_key: &str, body: &str) -> Gateway {
+        step(&format!("start tunneld {ifname} in {}", ns.name()));
         let dir = tempfile::tempdir().unwrap();
         write_private(dir.path(), "private.key", private_key);
         let config =
@@ -92,9 +138,10 @@ impl Gateway {
             .stderr(fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
+        let public_key = pubkey(private_key);
         let mut gw = Gateway {
             ifname: ifname.to_string(),
-            public_key: pubkey(private_key),
+            public_key,
             private_key: private_key.to_string(),
             dir,
             log,
@@ -164,9 +211,12 @@ impl Drop for Gateway {
             }
             let _ = child.kill();
             let _ = child.wait();
-            if std::thread::panicking() {
-                eprintln!("--- tunneld log ({}) ---\n{}", self.ifname, self.log_text());
-            }
+        }
+        // Only left behind when tunneld had to be killed (the signal tests check that it
+        // removes it itself); the name is unique to this test, so it is ours to remove.
+        let _ = fs::remove_file(socket_path(&self.ifname));
+        if std::thread::panicking() {
+            eprintln!("--- tunneld log ({}) ---\n{}", self.ifname, self.log_text());
         }
     }
 }
@@ -183,27 +233,58 @@ impl WireguardGo {
     pub fn start(ns: &NetNs, ifname: &str) -> WireguardGo {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("wireguard-go.log");
+        step(&format!("start wireguard-go {ifname} in {}", ns.name()));
+        let file = fs::File::create(&log).unwrap();
         let child = ns
             .command("wireguard-go")
             .args(["-f", ifname])
             .env("WG_PROCESS_FOREGROUND", "1")
             .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1")
             .env("LOG_LEVEL", "debug")
-            .stdout(fs::File::create(&log).unwrap())
-            .stderr(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
             .spawn()
-            .expect("wireguard-go is not installed (cargo xtask deps installs it)");
-        let wg = WireguardGo {
+            .unwrap();
+        let mut wg = WireguardGo {
             ifname: ifname.to_string(),
             child,
             log,
             _dir: dir,
         };
         wait_until("wireguard-go's UAPI socket", || {
+            if let Ok(Some(status)) = wg.child.try_wait() {
+                panic!(
+                    "wireguard-go exited early ({status}):\n{}",
+                    fs::read_to_string(&wg.log).unwrap_or_default()
+                );
+            }
             socket_path(ifname).exists()
         });
         wg
     }
+}
+
+/// Whether the external `tool` is installed (`cargo xtask test` installs it). Like
+/// [`tunneld_testnet::require_netns`]: a missing tool skips the test with a message, or fails
+/// it when `TUNNELD_REQUIRE_NETNS=1`.
+pub fn require_tool(test: &str, tool: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
+        .unwrap_or(false);
+    if found {
+        return true;
+    }
+    assert!(
+        std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() != Ok("1"),
+        "{test}: `{tool}` is not installed (TUNNELD_REQUIRE_NETNS=1; `cargo xtask deps` installs it)"
+    );
+    eprintln!("SKIPPED {test}: `{tool}` is not installed (`cargo xtask deps` installs it)");
+    false
+}
+
+/// Both checks every privileged end-to-end test needs: network namespaces and `wg`.
+pub fn require_netns_and_wg(test: &str) -> bool {
+    tunneld_testnet::require_netns(test) && require_tool(test, "wg")
 }
 
 impl Drop for WireguardGo {
@@ -239,6 +320,7 @@ pub fn site_body(me: u8, peer_public: &str, peer_underlay: &str) -> String {
 }
 
 pub fn ping(ns: &NetNs, addr: &str) {
+    step(&format!("ping {addr} from {}", ns.name()));
     let out = ns.output(&["ping", "-c", "3", "-i", "0.2", "-W", "3", addr]);
     assert!(
         out.status.success(),
@@ -264,11 +346,34 @@ pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
 /// Sends `len` bytes over TCP from `from` to `to_addr` (listening inside `to`) and checks
 /// that exactly those bytes arrive.
 pub fn tcp_transfer(from: &NetNs, to: &NetNs, to_addr: SocketAddr, len: usize) {
+    step(&format!(
+        "TCP: {len} bytes from {} to {to_addr} in {}",
+        from.name(),
+        to.name()
+    ));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let receiver = to.spawn_in_ns(move || {
-        let listener = TcpListener::bind(to_addr);
+        let listener = TcpListener::bind(to_addr).and_then(|l| {
+            l.set_nonblocking(true)?;
+            Ok(l)
+        });
         let _ = ready_tx.send(listener.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-        let (mut stream, _) = listener.ok()?.accept().ok()?;
+        let listener = listener.ok()?;
+        // Bounded: a sender that never connects ends the wait instead of hanging the test.
+        let deadline = Instant::now() + WAIT;
+        let mut stream = loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() > deadline {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(_) => return None,
+            }
+        };
+        stream.set_nonblocking(false).ok()?;
         stream.set_read_timeout(Some(WAIT)).ok()?;
         let mut got = Vec::with_capacity(len);
         stream.read_to_end(&mut got).ok()?;
