@@ -308,9 +308,9 @@ impl Testbed {
             .map(|ms| ms * 1000.0)
     }
 
-    /// Runs iperf3 from A to B; returns (received bit/s, tunnel CPU-s, machine CPU-s).
-    pub fn iperf_tcp(&self, streams: u32, seconds: u32) -> Result<(f64, f64, f64), String> {
-        let _server = Guard(
+    /// A one-shot iperf3 server in B, listening once this returns; stopped when dropped.
+    fn iperf_server(&self) -> Result<Guard, String> {
+        let server = Guard(
             self.b
                 .command("iperf3")
                 .args(["-s", "-1", "-B", self.target_v4])
@@ -320,6 +320,12 @@ impl Testbed {
                 .map_err(|e| format!("cannot start iperf3: {e}"))?,
         );
         wait_for_tcp_listener(&self.b, 5201);
+        Ok(server)
+    }
+
+    /// Runs iperf3 from A to B; returns (received bit/s, tunnel CPU-s, machine CPU-s).
+    pub fn iperf_tcp(&self, streams: u32, seconds: u32) -> Result<(f64, f64, f64), String> {
+        let _server = self.iperf_server()?;
         let pids = self.pids();
         let (cpu0, machine0) = (cpu_seconds(&pids), machine_busy_seconds());
         let out = system::output_within(
@@ -350,16 +356,7 @@ impl Testbed {
     /// Small-packet rate: UDP datagrams of 64 bytes, as fast as iperf3 sends them, for
     /// `seconds`; returns datagrams per second received at B.
     pub fn small_packet_rate(&self, seconds: u32) -> Result<f64, String> {
-        let _server = Guard(
-            self.b
-                .command("iperf3")
-                .args(["-s", "-1", "-B", self.target_v4])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|e| format!("cannot start iperf3: {e}"))?,
-        );
-        wait_for_tcp_listener(&self.b, 5201);
+        let _server = self.iperf_server()?;
         let out = system::output_within(
             self.a.command("iperf3").args([
                 "-c",
