@@ -26,9 +26,14 @@ pub enum Resolve {
 pub fn load(path: &Path, resolve: Resolve) -> Result<Loaded, Vec<String>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| vec![format!("cannot read the config file: {e}")])?;
-    let config = config::parse(&text)
-        .map_err(|errors| errors.0.iter().map(ToString::to_string).collect::<Vec<_>>())?;
     let base = path.parent().unwrap_or(Path::new("."));
+    let config = config::parse(&text).map_err(|errors| {
+        let mut lines: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+        // Key files are read only for a valid config; check them anyway so every problem is
+        // reported in one go.
+        lines.extend(key_file_problems(&text, base));
+        lines
+    })?;
     let mut errors = Vec::new();
 
     let private_key = match &config.interface.private_key {
@@ -127,6 +132,36 @@ fn read_key(
             None
         }
     }
+}
+
+/// Problems with the key files a config names, found from the raw TOML (the config itself
+/// may be invalid): unreadable, or readable by others.
+fn key_file_problems(text: &str, base: &Path) -> Vec<String> {
+    let Ok(root) = text.parse::<toml::Table>() else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    if let Some(file) = root
+        .get("interface")
+        .and_then(|i| i.get("private_key_file"))
+        .and_then(|f| f.as_str())
+    {
+        files.push(("interface.private_key_file".to_string(), file));
+    }
+    if let Some(peers) = root.get("peer").and_then(|p| p.as_array()) {
+        for (i, peer) in peers.iter().enumerate() {
+            if let Some(file) = peer.get("preshared_key_file").and_then(|f| f.as_str()) {
+                files.push((format!("peer[{i}].preshared_key_file"), file));
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for (field, file) in files {
+        if let Err(e) = read_key_file(&base.join(file)) {
+            problems.push(format!("{field}: {e}"));
+        }
+    }
+    problems
 }
 
 fn resolve_host(host: &str, port: u16) -> std::io::Result<SocketAddr> {

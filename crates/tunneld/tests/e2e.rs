@@ -556,13 +556,18 @@ fn broken_configs_are_refused_by_check_with_the_field_named() {
 fn check_reports_every_error_one_per_line() {
     let dir = tempfile::tempdir().unwrap();
     let key = genkey();
+    // A preshared key file readable by others: reported alongside the other errors.
+    let psk = dir.path().join("loose.psk");
+    std::fs::write(&psk, genkey()).unwrap();
+    std::fs::set_permissions(&psk, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     let config = dir.path().join("many.toml");
     std::fs::write(
         &config,
         format!(
             "[interface]\nname = \"wgmany\"\nprivate_key = \"{key}\"\nlisten_port = 70000\n\
              address = [\"10.0.0.1/24\", \"bogus\"]\n\n\
-             [[peer]]\npublic_key = \"AAAA\"\nallowed_ips = [\"10.1.0.0/16\", \"10.2.0.0/99\"]\n"
+             [[peer]]\npublic_key = \"AAAA\"\nallowed_ips = [\"10.1.0.0/16\", \"10.2.0.0/99\"]\n\
+             preshared_key_file = \"loose.psk\"\n"
         ),
     )
     .unwrap();
@@ -575,12 +580,13 @@ fn check_reports_every_error_one_per_line() {
         &["interface.address[1]:", "bogus"],
         &["peer[0].public_key:", "3 bytes"],
         &["peer[0].allowed_ips[1]:", "10.2.0.0/99"],
+        &["peer[0].preshared_key_file:", "readable by others"],
     ] {
         assert_error_line("several errors", &err, "many.toml", expected, &secrets);
     }
     assert_eq!(
         err.lines().filter(|l| !l.trim().is_empty()).count(),
-        4,
+        5,
         "one line per error:\n{err}"
     );
 }
