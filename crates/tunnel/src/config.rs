@@ -1,30 +1,53 @@
-//! The TOML config model and its validation.
+//! The TOML config model and its validation, and the import of wg-quick `.conf` files.
 //!
-//! Parsing walks the TOML tree by hand rather than through serde derive, so that every
-//! problem becomes its own clear line naming the field (`peer[1].allowed_ips[0]: ...`), and all
-//! of them are reported at once. Secret values are never echoed in errors.
+//! The text is first read into a plain TOML tree, then walked by hand rather than through serde
+//! derive: that way a wrong type, a value out of range or a misspelt field each becomes its own
+//! line naming the field (`peer[1].allowed_ips[0]: ...`), and every problem is reported at once.
+//! Secret values (private and preshared keys) are never echoed in errors.
 
 use ipnet::IpNet;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::fmt::{self, Write as _};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use toml::{Table, Value};
-use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
+use tunneld_crypto::{KeyError, PresharedKey, PrivateKey, PublicKey};
 
 pub const DEFAULT_MTU: u16 = 1420;
 const MIN_MTU: i64 = 576;
 const MIN_MTU_IPV6: i64 = 1280;
 const MAX_MTU: i64 = 65535;
+const MAX_WORKERS: i64 = 4096;
+const MAX_CPU: i64 = 65535;
 
-#[derive(Debug, Clone)]
+const INTERFACE_FIELDS: &[&str] = &[
+    "name",
+    "private_key",
+    "private_key_file",
+    "listen_port",
+    "address",
+    "mtu",
+    "fwmark",
+];
+const DATAPLANE_FIELDS: &[&str] = &["backend", "workers", "cpus", "udp_gso"];
+const PEER_FIELDS: &[&str] = &[
+    "public_key",
+    "preshared_key",
+    "preshared_key_file",
+    "endpoint",
+    "allowed_ips",
+    "persistent_keepalive",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     pub interface: InterfaceConfig,
     pub dataplane: DataplaneConfig,
     pub peers: Vec<PeerConfig>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InterfaceConfig {
     pub name: String,
     pub private_key: KeySource<PrivateKey>,
@@ -73,6 +96,26 @@ pub enum Backend {
     Mmsg,
 }
 
+impl Backend {
+    pub const ALL: [Backend; 4] = [Backend::Auto, Backend::Xdp, Backend::Uring, Backend::Mmsg];
+
+    /// The name written in the config file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Xdp => "xdp",
+            Backend::Uring => "uring",
+            Backend::Mmsg => "mmsg",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Workers {
     #[default]
@@ -80,7 +123,7 @@ pub enum Workers {
     Count(usize),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerConfig {
     pub public_key: PublicKey,
     pub preshared_key: Option<KeySource<PresharedKey>>,
@@ -91,6 +134,7 @@ pub struct PeerConfig {
     pub persistent_keepalive: u16,
 }
 
+/// Where to send a peer's first handshake: an address, or a host name the daemon resolves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
     Addr(SocketAddr),
@@ -108,43 +152,108 @@ impl fmt::Display for Endpoint {
 
 impl std::str::FromStr for Endpoint {
     type Err = String;
+
+    /// `a.b.c.d:port`, `[ipv6]:port` (a numeric zone such as `%2` is kept) or `host:port`.
+    /// The error is a one-line reason that quotes the text.
     fn from_str(text: &str) -> Result<Self, String> {
-        if let Ok(addr) = text.parse::<SocketAddr>() {
-            if addr.port() == 0 {
-                return Err(format!("`{text}` has port 0"));
-            }
-            return Ok(Endpoint::Addr(addr));
+        let shown = quote(text);
+        if text.is_empty() {
+            return Err("is empty (write host:port)".into());
         }
-        if text.starts_with('[') {
-            return Err(format!("`{text}` is not [IPv6]:port"));
+        if let Some(rest) = text.strip_prefix('[') {
+            let Some((inside, after)) = rest.split_once(']') else {
+                return Err(format!("{shown} has no `]` after the IPv6 address"));
+            };
+            let Some(port) = after.strip_prefix(':') else {
+                return Err(if after.is_empty() {
+                    format!("{shown} has no port (write [address]:port)")
+                } else {
+                    format!("{shown}: expected `:port` after `]`")
+                });
+            };
+            let port = endpoint_port(&shown, port)?;
+            if let Some((_, zone)) = inside.split_once('%') {
+                if zone.is_empty() || !zone.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(format!(
+                        "{shown}: the zone {} must be an interface index (a number)",
+                        quote(zone)
+                    ));
+                }
+            }
+            // The standard parser takes the numeric zone as the scope id.
+            return match format!("[{inside}]:{port}").parse::<SocketAddr>() {
+                Ok(addr @ SocketAddr::V6(_)) => Ok(Endpoint::Addr(addr)),
+                _ => Err(format!("{shown}: {} is not an IPv6 address", quote(inside))),
+            };
         }
         let Some((host, port)) = text.rsplit_once(':') else {
-            return Err(format!("`{text}` has no port (write host:port)"));
+            return Err(format!("{shown} has no port (write host:port)"));
         };
         if host.contains(':') {
-            return Err(format!("`{text}`: write IPv6 endpoints as [address]:port"));
-        }
-        let port: u16 = port
-            .parse()
-            .map_err(|_| format!("`{text}`: port `{port}` is not 1-65535"))?;
-        if port == 0 {
-            return Err(format!("`{text}` has port 0"));
-        }
-        let valid_host = !host.is_empty()
-            && host.len() <= 253
-            && host
-                .split('.')
-                .all(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
-        if !valid_host {
             return Err(format!(
-                "`{text}`: `{host}` is not an IP address or host name"
+                "{shown}: write IPv6 endpoints in brackets, as [address]:port"
             ));
         }
+        let port = endpoint_port(&shown, port)?;
+        if host.is_empty() {
+            return Err(format!("{shown} has no host before the port"));
+        }
+        if let Ok(ip) = host.parse::<Ipv4Addr>() {
+            return Ok(Endpoint::Addr(SocketAddr::new(IpAddr::V4(ip), port)));
+        }
+        check_host_name(host).map_err(|why| format!("{shown}: {why}"))?;
         Ok(Endpoint::Host {
             host: host.to_string(),
             port,
         })
     }
+}
+
+fn endpoint_port(shown: &str, port: &str) -> Result<u16, String> {
+    if port.is_empty() {
+        return Err(format!("{shown} has no port after `:`"));
+    }
+    if !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{shown}: port {} is not a number", quote(port)));
+    }
+    match port.parse::<u16>() {
+        Ok(0) => Err(format!(
+            "{shown} has port 0; give the port the peer listens on (1-65535)"
+        )),
+        Ok(port) => Ok(port),
+        Err(_) => Err(format!(
+            "{shown}: port {} is out of range 1-65535",
+            quote(port)
+        )),
+    }
+}
+
+/// A DNS name as resolvers take it: dot-separated labels of letters, digits, `-` and `_`.
+fn check_host_name(host: &str) -> Result<(), String> {
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if name.len() > 253 {
+        return Err("the host name is longer than 253 characters".into());
+    }
+    // All-numeric names are mistyped IPv4 addresses, not host names.
+    if name
+        .split('.')
+        .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(format!("{} is not a valid IPv4 address", quote(host)));
+    }
+    for label in name.split('.') {
+        let valid = !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !valid {
+            return Err(format!("{} is not an IP address or host name", quote(host)));
+        }
+    }
+    Ok(())
 }
 
 /// One problem, naming the field it is in.
@@ -164,6 +273,8 @@ impl fmt::Display for ConfigError {
     }
 }
 
+impl std::error::Error for ConfigError {}
+
 /// Every problem found, one per line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigErrors(pub Vec<ConfigError>);
@@ -182,7 +293,101 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+/// A value as an error shows it: in backticks, control characters escaped and long values cut,
+/// so that every error stays one readable line. Never used on secrets.
+fn quote(text: &str) -> String {
+    const MAX_CHARS: usize = 64;
+    let mut out = String::from("`");
+    for (i, ch) in text.chars().enumerate() {
+        if i == MAX_CHARS {
+            out.push('…');
+            break;
+        }
+        if ch.is_control() {
+            out.extend(ch.escape_default());
+        } else {
+            out.push(ch);
+        }
+    }
+    out.push('`');
+    out
+}
+
+/// A non-secret value as an error shows it: short values themselves, others by type.
+fn describe(v: &Value) -> String {
+    match v {
+        Value::String(s) => {
+            let cut: String = s.chars().take(64).collect();
+            format!("{cut:?}")
+        }
+        Value::Integer(n) => n.to_string(),
+        Value::Boolean(b) => b.to_string(),
+        other => other.type_str().to_string(),
+    }
+}
+
+/// The known name closest to a misspelt one, if any is close enough to be the intended one.
+fn closest<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
+    // Far longer than any known name, so not within two edits of one: skip the work.
+    if word.len() > 64 {
+        return None;
+    }
+    let word = word.to_ascii_lowercase();
+    known
+        .iter()
+        .map(|k| (edit_distance(&word, k), *k))
+        .filter(|(d, k)| *d <= 2 && *d < k.len())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = Vec::with_capacity(b.len() + 1);
+        current.push(i + 1);
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = previous[j] + usize::from(ca != *cb);
+            current.push(substitute.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+/// Parses `address/prefix`, or a bare address as a single host (as `wg` accepts it).
+fn parse_cidr(text: &str) -> Result<IpNet, String> {
+    if let Ok(net) = text.parse::<IpNet>() {
+        return Ok(net);
+    }
+    if let Ok(addr) = text.parse::<IpAddr>() {
+        return Ok(IpNet::from(addr));
+    }
+    let shown = quote(text);
+    let Some((addr, len)) = text.split_once('/') else {
+        return Err(format!(
+            "{shown} is not a CIDR (write address/prefix, e.g. 10.0.0.0/24)"
+        ));
+    };
+    let Ok(addr) = addr.parse::<IpAddr>() else {
+        return Err(format!(
+            "{shown} is not a CIDR ({} is not an IP address)",
+            quote(addr)
+        ));
+    };
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    Err(match len.parse::<u32>() {
+        Ok(n) if n > max => format!("{shown} is not a CIDR (prefix length {n} > {max})"),
+        _ => format!(
+            "{shown} is not a CIDR (prefix length {} is not a number 0-{max})",
+            quote(len)
+        ),
+    })
+}
+
 /// Collects errors while walking the tree.
+#[derive(Default)]
 struct Checker {
     errors: Vec<ConfigError>,
 }
@@ -195,18 +400,17 @@ impl Checker {
         });
     }
 
-    /// Reports keys of `table` not in `known`.
-    fn unknown_keys(&mut self, table: &Table, path: &str, known: &[&str]) {
+    /// Reports keys of `table` not in `known`, suggesting the likely intended one.
+    fn unknown_fields(&mut self, table: &Table, path: &str, known: &[&str]) {
         for key in table.keys() {
-            if !known.contains(&key.as_str()) {
-                self.error(
-                    path,
-                    format!(
-                        "unknown field `{key}` (expected one of: {})",
-                        known.join(", ")
-                    ),
-                );
+            if known.contains(&key.as_str()) {
+                continue;
             }
+            let hint = match closest(key, known) {
+                Some(k) => format!("did you mean `{k}`?"),
+                None => format!("expected one of: {}", known.join(", ")),
+            };
+            self.error(path, format!("unknown field {} ({hint})", quote(key)));
         }
     }
 
@@ -236,35 +440,35 @@ impl Checker {
             other => {
                 self.error(
                     format!("{path}.{key}"),
-                    format!("must be an integer, not {}", other.type_str()),
+                    format!("must be an integer, not {}", describe(other)),
                 );
                 None
             }
         }
     }
 
+    /// A list of strings, each with its field path (`peer[0].allowed_ips[2]`) and index.
     fn string_list<'a>(
         &mut self,
         table: &'a Table,
         path: &str,
         key: &str,
-    ) -> Vec<(String, &'a str)> {
+    ) -> Vec<(String, usize, &'a str)> {
         match table.get(key) {
             None => Vec::new(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .filter_map(|(i, v)| match v {
-                    Value::String(s) => Some((format!("{path}.{key}[{i}]"), s.as_str())),
-                    other => {
-                        self.error(
-                            format!("{path}.{key}[{i}]"),
-                            format!("must be a string, not {}", other.type_str()),
-                        );
-                        None
+            Some(Value::Array(items)) => {
+                let mut out = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    let field = format!("{path}.{key}[{i}]");
+                    match item {
+                        Value::String(s) => out.push((field, i, s.as_str())),
+                        other => {
+                            self.error(field, format!("must be a string, not {}", other.type_str()))
+                        }
                     }
-                })
-                .collect(),
+                }
+                out
+            }
             Some(other) => {
                 self.error(
                     format!("{path}.{key}"),
@@ -275,34 +479,15 @@ impl Checker {
         }
     }
 
-    fn cidr(&mut self, field: &str, text: &str) -> Option<IpNet> {
-        if let Ok(net) = text.parse::<IpNet>() {
-            return Some(net);
-        }
-        // A bare address means a single host, as wg accepts.
-        if let Ok(addr) = text.parse::<IpAddr>() {
-            return Some(IpNet::from(addr));
-        }
-        let why = match text.split_once('/') {
-            Some((addr, len)) if addr.parse::<IpAddr>().is_ok() => {
-                let max = if addr.contains(':') { 128 } else { 32 };
-                format!("`{text}` is not a CIDR (prefix length `{len}` is not 0-{max})")
-            }
-            Some((addr, _)) => format!("`{text}` is not a CIDR (`{addr}` is not an IP address)"),
-            None => format!("`{text}` is not a CIDR (write address/prefix, e.g. 10.0.0.0/24)"),
-        };
-        self.error(field, why);
-        None
-    }
-
-    /// `key` or `key_file`: exactly one (or neither, when optional).
+    /// `key` or `key_file`: exactly one, or neither when optional. The inline value is a
+    /// secret, so its errors say what is wrong without showing it.
     fn key_source<K>(
         &mut self,
         table: &Table,
         path: &str,
         key: &str,
         required: bool,
-        parse: impl Fn(&str) -> Result<K, tunneld_crypto::KeyError>,
+        parse: impl Fn(&str) -> Result<K, KeyError>,
     ) -> Option<KeySource<K>> {
         let file_key = format!("{key}_file");
         let inline = self.string(table, path, key);
@@ -313,7 +498,6 @@ impl Checker {
                 None
             }
             (Some(text), None) => match parse(text) {
-                // Never echo the value: it is a secret.
                 Ok(k) => Some(KeySource::Inline(k)),
                 Err(e) => {
                     self.error(format!("{path}.{key}"), format!("the key {e}"));
@@ -321,11 +505,12 @@ impl Checker {
                 }
             },
             (None, Some("")) => {
-                self.error(format!("{path}.{file_key}"), "is empty");
+                self.error(format!("{path}.{file_key}"), "is empty (give a file path)");
                 None
             }
             (None, Some(file)) => Some(KeySource::File(PathBuf::from(file))),
             (None, None) => {
+                // A wrong type was already reported by `string`.
                 if required && !table.contains_key(key) && !table.contains_key(&file_key) {
                     self.error(path, format!("missing `{key}` or `{file_key}`"));
                 }
@@ -337,104 +522,161 @@ impl Checker {
 
 /// Parses and validates a config file's text. On failure, returns every problem found.
 pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
-    let root: Table = toml::from_str(text).map_err(|e| {
-        let message = e.message().trim().to_string();
-        let location = e
-            .span()
-            .map(|span| {
-                let before = &text[..span.start.min(text.len())];
-                let line = before.matches('\n').count() + 1;
-                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-                format!("line {line}, column {column}")
-            })
-            .unwrap_or_else(|| "TOML".into());
-        ConfigErrors(vec![ConfigError {
-            field: location,
-            message,
-        }])
-    })?;
-    let mut c = Checker { errors: Vec::new() };
-    c.unknown_keys(&root, "config", &["interface", "dataplane", "peer"]);
+    let root = parse_toml(text)?;
+    let mut c = Checker::default();
+    check_sections(&mut c, &root);
 
-    let interface = match root.get("interface") {
+    let (interface, own_key) = match root.get("interface") {
         Some(Value::Table(t)) => check_interface(&mut c, t),
-        Some(_) => {
-            c.error("interface", "must be a table ([interface])");
-            None
+        Some(other) => {
+            c.error(
+                "interface",
+                format!("must be a table ([interface]), not {}", other.type_str()),
+            );
+            (None, None)
         }
         None => {
             c.error("interface", "missing [interface] section");
-            None
+            (None, None)
         }
     };
     let dataplane = match root.get("dataplane") {
         Some(Value::Table(t)) => check_dataplane(&mut c, t),
-        Some(_) => {
-            c.error("dataplane", "must be a table ([dataplane])");
+        Some(other) => {
+            c.error(
+                "dataplane",
+                format!("must be a table ([dataplane]), not {}", other.type_str()),
+            );
             DataplaneConfig::default()
         }
         None => DataplaneConfig::default(),
     };
-    let peers = match root.get("peer") {
+    // Indexed like the file, so that cross-peer errors name the right `peer[i]` even when
+    // an earlier peer has errors of its own.
+    let peers: Vec<Option<PeerParts>> = match root.get("peer") {
         None => Vec::new(),
         Some(Value::Array(items)) => items
             .iter()
             .enumerate()
-            .filter_map(|(i, v)| match v {
-                Value::Table(t) => check_peer(&mut c, t, &format!("peer[{i}]")),
-                _ => {
-                    c.error(format!("peer[{i}]"), "must be a table ([[peer]])");
+            .map(|(i, item)| match item {
+                Value::Table(t) => Some(check_peer(&mut c, t, &format!("peer[{i}]"))),
+                other => {
+                    c.error(
+                        format!("peer[{i}]"),
+                        format!("must be a table ([[peer]]), not {}", other.type_str()),
+                    );
                     None
                 }
             })
             .collect(),
-        Some(_) => {
-            c.error("peer", "must be a list of tables ([[peer]] sections)");
+        Some(Value::Table(_)) => {
+            c.error(
+                "peer",
+                "must be a list of tables: write each peer as [[peer]], not [peer]",
+            );
+            Vec::new()
+        }
+        Some(other) => {
+            c.error(
+                "peer",
+                format!(
+                    "must be a list of tables ([[peer]] sections), not {}",
+                    other.type_str()
+                ),
+            );
             Vec::new()
         }
     };
-    check_across_peers(&mut c, root.get("peer"), &peers);
-    if let Some(interface) = &interface {
-        if let KeySource::Inline(key) = &interface.private_key {
-            let own = key.public_key();
-            for (i, p) in peers.iter().enumerate() {
-                if p.public_key == own {
-                    c.error(
-                        format!("peer[{i}].public_key"),
-                        "is the interface's own public key",
-                    );
-                }
-            }
-        }
-    }
+    check_across_peers(&mut c, &peers, own_key);
 
-    match interface {
-        Some(interface) if c.errors.is_empty() => Ok(Config {
+    if !c.errors.is_empty() {
+        return Err(ConfigErrors(c.errors));
+    }
+    // Every `None` above came with an error, so with no errors everything is present.
+    let peers: Option<Vec<PeerConfig>> = peers
+        .into_iter()
+        .map(|p| p.and_then(PeerParts::finish))
+        .collect();
+    match (interface, peers) {
+        (Some(interface), Some(peers)) => Ok(Config {
             interface,
             dataplane,
             peers,
         }),
-        _ => Err(ConfigErrors(c.errors)),
+        _ => Err(ConfigErrors(vec![ConfigError {
+            field: "config".into(),
+            message: "is incomplete".into(),
+        }])),
     }
 }
 
-fn check_interface(c: &mut Checker, t: &Table) -> Option<InterfaceConfig> {
+/// TOML syntax errors are one error with the line and column, as the rest cannot be checked.
+fn parse_toml(text: &str) -> Result<Table, ConfigErrors> {
+    toml::from_str::<Table>(text).map_err(|e| {
+        let field = e
+            .span()
+            .map(|span| line_column(text, span.start))
+            .unwrap_or_else(|| "TOML syntax".into());
+        let message = e
+            .message()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
+        ConfigErrors(vec![ConfigError { field, message }])
+    })
+}
+
+fn line_column(text: &str, offset: usize) -> String {
+    let before = text.as_bytes().get(..offset).unwrap_or(text.as_bytes());
+    let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map_or(0, |i| i + 1);
+    let column = before
+        .get(line_start..)
+        .map_or(0, |s| String::from_utf8_lossy(s).chars().count())
+        + 1;
+    format!("line {line}, column {column}")
+}
+
+fn check_sections(c: &mut Checker, root: &Table) {
+    const SECTIONS: &[&str] = &["interface", "dataplane", "peer"];
+    for (key, value) in root {
+        if SECTIONS.contains(&key.as_str()) {
+            continue;
+        }
+        let hint = closest(key, SECTIONS).map_or_else(
+            || "expected [interface], [dataplane] and [[peer]]".to_string(),
+            |k| match k {
+                "peer" => "did you mean `[[peer]]`?".to_string(),
+                other => format!("did you mean `[{other}]`?"),
+            },
+        );
+        let what = match value {
+            Value::Table(_) => format!("section {}", quote(&format!("[{key}]"))),
+            Value::Array(items) if items.iter().all(Value::is_table) && !items.is_empty() => {
+                format!("section {}", quote(&format!("[[{key}]]")))
+            }
+            _ => format!("field {}", quote(key)),
+        };
+        c.error("config", format!("unknown {what} ({hint})"));
+    }
+}
+
+fn check_interface(c: &mut Checker, t: &Table) -> (Option<InterfaceConfig>, Option<PublicKey>) {
     let path = "interface";
-    c.unknown_keys(
-        t,
-        path,
-        &[
-            "name",
-            "private_key",
-            "private_key_file",
-            "listen_port",
-            "address",
-            "mtu",
-            "fwmark",
-        ],
-    );
+    c.unknown_fields(t, path, INTERFACE_FIELDS);
     let name = match c.string(t, path, "name") {
-        Some(name) => check_interface_name(c, name).then(|| name.to_string()),
+        Some(name) => match interface_name_problem(name) {
+            None => Some(name.to_string()),
+            Some(why) => {
+                c.error("interface.name", why);
+                None
+            }
+        },
         None => {
             if !t.contains_key("name") {
                 c.error(
@@ -446,66 +688,81 @@ fn check_interface(c: &mut Checker, t: &Table) -> Option<InterfaceConfig> {
         }
     };
     let private_key = c.key_source(t, path, "private_key", true, PrivateKey::from_base64);
-    let listen_port = c.integer(t, path, "listen_port", 0, 65535).unwrap_or(0) as u16;
-    let addresses: Vec<IpNet> = c
-        .string_list(t, path, "address")
-        .into_iter()
-        .filter_map(|(field, text)| c.cidr(&field, text))
-        .collect();
-    let mtu = match c.integer(t, path, "mtu", MIN_MTU, MAX_MTU) {
-        Some(mtu) => {
-            if mtu < MIN_MTU_IPV6 && addresses.iter().any(|a| matches!(a, IpNet::V6(_))) {
-                c.error(
-                    "interface.mtu",
-                    format!("{mtu} is below {MIN_MTU_IPV6}, the minimum for IPv6, and an IPv6 address is configured"),
-                );
-            }
-            mtu as u16
+    let own_key = match &private_key {
+        Some(KeySource::Inline(key)) => Some(key.public_key()),
+        _ => None,
+    };
+    let listen_port = c
+        .integer(t, path, "listen_port", 0, 65535)
+        .and_then(|n| u16::try_from(n).ok())
+        .unwrap_or(0);
+    let mut addresses = Vec::new();
+    for (field, _, text) in c.string_list(t, path, "address") {
+        match parse_cidr(text) {
+            Ok(net) if net.addr().is_unspecified() => c.error(
+                field,
+                format!("{} is not a usable interface address", quote(text)),
+            ),
+            Ok(net) => addresses.push(net),
+            Err(why) => c.error(field, why),
         }
-        None => DEFAULT_MTU,
+    }
+    let has_ipv6 = addresses.iter().any(|a| matches!(a, IpNet::V6(_)));
+    let mtu = match c.integer(t, path, "mtu", MIN_MTU, MAX_MTU) {
+        Some(mtu) if mtu < MIN_MTU_IPV6 && has_ipv6 => {
+            c.error(
+                "interface.mtu",
+                format!(
+                    "{mtu} is below {MIN_MTU_IPV6}, the minimum for IPv6, and an IPv6 address is configured"
+                ),
+            );
+            None
+        }
+        Some(mtu) => u16::try_from(mtu).ok(),
+        None => Some(DEFAULT_MTU),
     };
     let fwmark = c
         .integer(t, path, "fwmark", 0, u32::MAX.into())
-        .unwrap_or(0) as u32;
-    Some(InterfaceConfig {
-        name: name?,
-        private_key: private_key?,
-        listen_port,
-        addresses,
-        mtu,
-        fwmark,
-    })
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(0);
+    let interface = match (name, private_key, mtu) {
+        (Some(name), Some(private_key), Some(mtu)) => Some(InterfaceConfig {
+            name,
+            private_key,
+            listen_port,
+            addresses,
+            mtu,
+            fwmark,
+        }),
+        _ => None,
+    };
+    (interface, own_key)
 }
 
-fn check_interface_name(c: &mut Checker, name: &str) -> bool {
-    let why = if name.is_empty() {
-        Some("is empty".to_string())
-    } else if name.len() > 15 {
-        Some(format!("`{name}` is longer than 15 bytes"))
-    } else if name == "." || name == ".." {
-        Some(format!("`{name}` is not a valid interface name"))
-    } else {
-        name.chars()
-            .find(|ch| *ch == '/' || *ch == ':' || ch.is_whitespace() || ch.is_control())
-            .map(|bad| {
-                format!(
-                    "`{}` contains {bad:?}, which interface names cannot",
-                    name.escape_debug()
-                )
-            })
-    };
-    match why {
-        Some(why) => {
-            c.error("interface.name", why);
-            false
-        }
-        None => true,
+/// Why Linux would refuse `name` as an interface name (see `dev_valid_name`), if it would.
+fn interface_name_problem(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("is empty (e.g. \"wg0\")".into());
     }
+    if name.len() > 15 {
+        return Some(format!("{} is longer than 15 bytes", quote(name)));
+    }
+    if name == "." || name == ".." {
+        return Some(format!("{} is not a valid interface name", quote(name)));
+    }
+    name.chars()
+        .find(|ch| *ch == '/' || *ch == ':' || ch.is_whitespace() || ch.is_control())
+        .map(|bad| {
+            format!(
+                "{} contains {bad:?}, which interface names cannot",
+                quote(name)
+            )
+        })
 }
 
 fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
     let path = "dataplane";
-    c.unknown_keys(t, path, &["backend", "workers", "cpus", "udp_gso"]);
+    c.unknown_fields(t, path, DATAPLANE_FIELDS);
     let udp_gso = match t.get("udp_gso") {
         None => true,
         Some(Value::Boolean(b)) => *b,
@@ -519,24 +776,33 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
     };
     let backend = match c.string(t, path, "backend") {
         None => Backend::Auto,
-        Some("auto") => Backend::Auto,
-        Some("xdp") => Backend::Xdp,
-        Some("uring") => Backend::Uring,
-        Some("mmsg") => Backend::Mmsg,
-        Some(other) => {
-            c.error(
-                "dataplane.backend",
-                format!("`{other}` is not a backend (expected one of: auto, xdp, uring, mmsg)"),
-            );
-            Backend::Auto
-        }
+        Some(name) => match Backend::ALL.into_iter().find(|b| b.name() == name) {
+            Some(b) => b,
+            None => {
+                let valid: Vec<&str> = Backend::ALL.iter().map(|b| b.name()).collect();
+                c.error(
+                    "dataplane.backend",
+                    format!(
+                        "{} is not a backend (expected one of: {})",
+                        quote(name),
+                        valid.join(", ")
+                    ),
+                );
+                Backend::Auto
+            }
+        },
     };
     let workers = match t.get("workers") {
         None => Workers::Auto,
         Some(Value::String(s)) if s == "auto" => Workers::Auto,
-        Some(Value::Integer(n)) if *n >= 1 && *n <= 4096 => Workers::Count(*n as usize),
+        Some(Value::Integer(n)) if (1..=MAX_WORKERS).contains(n) => {
+            Workers::Count(usize::try_from(*n).unwrap_or(1))
+        }
         Some(Value::Integer(n)) => {
-            c.error("dataplane.workers", format!("{n} is out of range 1-4096"));
+            c.error(
+                "dataplane.workers",
+                format!("{n} is out of range 1-{MAX_WORKERS} (or write \"auto\")"),
+            );
             Workers::Auto
         }
         Some(other) => {
@@ -549,14 +815,35 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
     };
     let cpus = match t.get("cpus") {
         None => None,
+        Some(Value::Array(items)) if items.is_empty() => {
+            c.error("dataplane.cpus", "is empty (leave it out to use every CPU)");
+            None
+        }
         Some(Value::Array(items)) => {
-            let mut cpus = Vec::new();
-            for (i, v) in items.iter().enumerate() {
-                match v {
-                    Value::Integer(n) if *n >= 0 && *n < 65536 => cpus.push(*n as usize),
+            let mut cpus: Vec<usize> = Vec::new();
+            let mut seen: HashMap<usize, usize> = HashMap::new();
+            for (i, item) in items.iter().enumerate() {
+                let field = format!("dataplane.cpus[{i}]");
+                match item {
+                    Value::Integer(n) if (0..=MAX_CPU).contains(n) => {
+                        let cpu = usize::try_from(*n).unwrap_or(0);
+                        match seen.entry(cpu) {
+                            Entry::Occupied(first) => c.error(
+                                field,
+                                format!("CPU {cpu} is already listed at [{}]", first.get()),
+                            ),
+                            Entry::Vacant(slot) => {
+                                slot.insert(i);
+                                cpus.push(cpu);
+                            }
+                        }
+                    }
                     other => c.error(
-                        format!("dataplane.cpus[{i}]"),
-                        format!("must be a CPU number (0-65535), not {}", describe(other)),
+                        field,
+                        format!(
+                            "must be a CPU number (0-{MAX_CPU}), not {}",
+                            describe(other)
+                        ),
                     ),
                 }
             }
@@ -578,38 +865,46 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
     }
 }
 
-fn describe(v: &Value) -> String {
-    match v {
-        Value::String(s) => format!("\"{s}\""),
-        Value::Integer(n) => n.to_string(),
-        other => other.type_str().to_string(),
+/// A peer as far as it validated, kept even when incomplete so that duplicates can still be
+/// found across peers.
+struct PeerParts {
+    public_key: Option<PublicKey>,
+    preshared_key: Option<KeySource<PresharedKey>>,
+    endpoint: Option<Endpoint>,
+    /// With each prefix's index in the written list.
+    allowed_ips: Vec<(usize, IpNet)>,
+    persistent_keepalive: u16,
+}
+
+impl PeerParts {
+    fn finish(self) -> Option<PeerConfig> {
+        Some(PeerConfig {
+            public_key: self.public_key?,
+            preshared_key: self.preshared_key,
+            endpoint: self.endpoint,
+            allowed_ips: self.allowed_ips.into_iter().map(|(_, n)| n).collect(),
+            persistent_keepalive: self.persistent_keepalive,
+        })
     }
 }
 
-fn check_peer(c: &mut Checker, t: &Table, path: &str) -> Option<PeerConfig> {
-    c.unknown_keys(
-        t,
-        path,
-        &[
-            "public_key",
-            "preshared_key",
-            "preshared_key_file",
-            "endpoint",
-            "allowed_ips",
-            "persistent_keepalive",
-        ],
-    );
+fn check_peer(c: &mut Checker, t: &Table, path: &str) -> PeerParts {
+    c.unknown_fields(t, path, PEER_FIELDS);
     let public_key = match c.string(t, path, "public_key") {
+        // A public key is not secret: showing it helps find the typo.
         Some(text) => match PublicKey::from_base64(text) {
             Ok(k) => Some(k),
             Err(e) => {
-                c.error(format!("{path}.public_key"), format!("`{text}` {e}"));
+                c.error(format!("{path}.public_key"), format!("{} {e}", quote(text)));
                 None
             }
         },
         None => {
             if !t.contains_key("public_key") {
-                c.error(format!("{path}.public_key"), "missing");
+                c.error(
+                    format!("{path}.public_key"),
+                    "missing (the peer's base64 key, as `wg pubkey` prints it)",
+                );
             }
             None
         }
@@ -624,243 +919,418 @@ fn check_peer(c: &mut Checker, t: &Table, path: &str) -> Option<PeerConfig> {
                 None
             }
         });
-    let allowed_ips: Vec<IpNet> = c
-        .string_list(t, path, "allowed_ips")
-        .into_iter()
-        .filter_map(|(field, text)| c.cidr(&field, text).map(|n| n.trunc()))
-        .collect();
+    let mut allowed_ips = Vec::new();
+    for (field, i, text) in c.string_list(t, path, "allowed_ips") {
+        match parse_cidr(text) {
+            Ok(net) => allowed_ips.push((i, net.trunc())),
+            Err(why) => c.error(field, why),
+        }
+    }
     let persistent_keepalive = c
         .integer(t, path, "persistent_keepalive", 0, 65535)
-        .unwrap_or(0) as u16;
-    Some(PeerConfig {
-        public_key: public_key?,
+        .and_then(|n| u16::try_from(n).ok())
+        .unwrap_or(0);
+    PeerParts {
+        public_key,
         preshared_key,
         endpoint,
         allowed_ips,
         persistent_keepalive,
-    })
+    }
 }
 
-/// Duplicate peers and prefixes claimed twice. `peers` holds only the peers that parsed, so
-/// indices come from the raw list to name the right `peer[i]`.
-fn check_across_peers(c: &mut Checker, raw: Option<&Value>, _peers: &[PeerConfig]) {
-    let Some(Value::Array(items)) = raw else {
-        return;
-    };
+/// Duplicate peers, our own key as a peer, and a prefix claimed by two peers (routing by
+/// allowed IPs needs each prefix to have one owner).
+fn check_across_peers(c: &mut Checker, peers: &[Option<PeerParts>], own_key: Option<PublicKey>) {
     let mut keys: HashMap<PublicKey, usize> = HashMap::new();
     let mut prefixes: HashMap<IpNet, usize> = HashMap::new();
-    for (i, item) in items.iter().enumerate() {
-        let Value::Table(t) = item else { continue };
-        if let Some(key) = t
-            .get("public_key")
-            .and_then(Value::as_str)
-            .and_then(|s| PublicKey::from_base64(s).ok())
-        {
-            if let Some(first) = keys.insert(key, i) {
-                keys.insert(key, first);
+    for (i, peer) in peers.iter().enumerate() {
+        let Some(peer) = peer else { continue };
+        if let Some(key) = peer.public_key {
+            if Some(key) == own_key {
                 c.error(
-                    format!("{}.public_key", peer_path(i)),
-                    format!("duplicate of peer[{first}]"),
+                    format!("peer[{i}].public_key"),
+                    "is the interface's own public key (a gateway cannot be its own peer)",
                 );
             }
+            match keys.entry(key) {
+                Entry::Occupied(first) => c.error(
+                    format!("peer[{i}].public_key"),
+                    format!("duplicate of peer[{}]", first.get()),
+                ),
+                Entry::Vacant(slot) => {
+                    slot.insert(i);
+                }
+            }
         }
-        if let Some(Value::Array(nets)) = t.get("allowed_ips") {
-            for (j, v) in nets.iter().enumerate() {
-                let Some(net) = v.as_str().and_then(|s| s.parse::<IpNet>().ok()) else {
-                    continue;
-                };
-                let net = net.trunc();
-                match prefixes.get(&net) {
-                    Some(&other) if other != i => c.error(
-                        format!("{}.allowed_ips[{j}]", peer_path(i)),
-                        format!("{net} is also claimed by peer[{other}]"),
-                    ),
-                    Some(_) => {}
-                    None => {
-                        prefixes.insert(net, i);
-                    }
+        for (j, net) in &peer.allowed_ips {
+            match prefixes.entry(*net) {
+                Entry::Occupied(owner) if *owner.get() != i => c.error(
+                    format!("peer[{i}].allowed_ips[{j}]"),
+                    format!("{net} is also claimed by peer[{}]", owner.get()),
+                ),
+                Entry::Occupied(_) => {}
+                Entry::Vacant(slot) => {
+                    slot.insert(i);
                 }
             }
         }
     }
 }
 
-fn peer_path(i: usize) -> String {
-    format!("peer[{i}]")
-}
+/// wg-quick's own keys, which act on the host (DNS, routing table, hooks) rather than on the
+/// tunnel; see wg-quick(8).
+const WG_QUICK_ONLY_KEYS: &[&str] = &[
+    "dns",
+    "table",
+    "preup",
+    "postup",
+    "predown",
+    "postdown",
+    "saveconfig",
+];
+/// The keys wg(8) knows in each section (lower-case, as it matches them).
+const WG_INTERFACE_KEYS: &[&str] = &["privatekey", "listenport", "fwmark", "address", "mtu"];
+const WG_PEER_KEYS: &[&str] = &[
+    "publickey",
+    "presharedkey",
+    "endpoint",
+    "allowedips",
+    "persistentkeepalive",
+];
 
-/// Turns a wg-quick `.conf` into a tunneld TOML config. Keys the format does not carry
-/// (DNS, Table, PostUp, ...) become comments saying they were not imported.
+/// Turns a wg-quick `.conf` into a tunneld TOML config that [`parse`] accepts. Keys the format
+/// does not carry (DNS, Table, PostUp, ...) become comments saying they were not imported.
+/// Errors name the `.conf` line they come from.
 pub fn import_wg_quick(text: &str, interface_name: &str) -> Result<String, ConfigErrors> {
     let mut errors = Vec::new();
-    let mut interface = Table::new();
-    interface.insert("name".into(), Value::String(interface_name.into()));
-    let mut peers: Vec<Table> = Vec::new();
-    let mut skipped: Vec<String> = Vec::new();
-    #[derive(PartialEq)]
-    enum Section {
-        None,
+    let mut interface = WgSection::default();
+    let mut peers: Vec<WgSection> = Vec::new();
+    #[derive(Clone, Copy, PartialEq)]
+    enum In {
+        Nothing,
         Interface,
         Peer,
     }
-    let mut section = Section::None;
+    let mut section = In::Nothing;
+    let error = |errors: &mut Vec<ConfigError>, line: usize, message: String| {
+        errors.push(ConfigError {
+            field: format!("line {line}"),
+            message,
+        })
+    };
     for (n, raw) in text.lines().enumerate() {
+        let n = n + 1;
+        // As in wg(8): everything from `#` on is a comment (base64 has no `#`).
         let line = raw.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
             continue;
         }
-        let here = format!("line {}", n + 1);
         if line.starts_with('[') {
             match line.to_ascii_lowercase().as_str() {
-                "[interface]" => section = Section::Interface,
-                "[peer]" => {
-                    section = Section::Peer;
-                    peers.push(Table::new());
+                "[interface]" => {
+                    section = In::Interface;
+                    if interface.line == 0 {
+                        interface.line = n;
+                    }
                 }
-                other => errors.push(ConfigError {
-                    field: here,
-                    message: format!("unknown section `{other}`"),
-                }),
+                "[peer]" => {
+                    section = In::Peer;
+                    peers.push(WgSection {
+                        line: n,
+                        ..WgSection::default()
+                    });
+                }
+                _ => error(
+                    &mut errors,
+                    n,
+                    format!(
+                        "unknown section {} (expected [Interface] or [Peer])",
+                        quote(line)
+                    ),
+                ),
             }
             continue;
         }
         let Some((key, value)) = line.split_once('=') else {
-            errors.push(ConfigError {
-                field: here,
-                message: "expected `Key = Value`".into(),
-            });
+            error(&mut errors, n, "expected `Key = Value`".into());
             continue;
         };
-        let (key, value) = (key.trim().to_ascii_lowercase(), value.trim());
-        let list = || {
-            Value::Array(
-                value
-                    .split(',')
-                    .map(|s| s.trim())
-                    .filter(|s| !s.is_empty())
-                    .map(|s| Value::String(s.into()))
-                    .collect(),
-            )
-        };
-        let number = |errors: &mut Vec<ConfigError>| match value.parse::<i64>() {
-            Ok(n) => Some(Value::Integer(n)),
-            Err(_) => {
-                errors.push(ConfigError {
-                    field: here.clone(),
-                    message: format!("`{key}` must be a number"),
-                });
-                None
+        let (key, value) = (key.trim(), value.trim());
+        let target = match section {
+            In::Interface => &mut interface,
+            In::Peer => match peers.last_mut() {
+                Some(peer) => peer,
+                None => continue,
+            },
+            In::Nothing => {
+                error(
+                    &mut errors,
+                    n,
+                    format!("{} is outside an [Interface] or [Peer] section", quote(key)),
+                );
+                continue;
             }
         };
-        match (&section, key.as_str()) {
-            (Section::Interface, "privatekey") => {
-                interface.insert("private_key".into(), Value::String(value.into()));
+        let field = match (section, key.to_ascii_lowercase().as_str()) {
+            (In::Interface, "privatekey") => Some(("private_key", "PrivateKey", Kind::Text)),
+            (In::Interface, "listenport") => Some(("listen_port", "ListenPort", Kind::Number)),
+            (In::Interface, "address") => Some(("address", "Address", Kind::List)),
+            (In::Interface, "mtu") => Some(("mtu", "MTU", Kind::Number)),
+            (In::Interface, "fwmark") => Some(("fwmark", "FwMark", Kind::Mark)),
+            (In::Peer, "publickey") => Some(("public_key", "PublicKey", Kind::Text)),
+            (In::Peer, "presharedkey") => Some(("preshared_key", "PresharedKey", Kind::Text)),
+            (In::Peer, "endpoint") => Some(("endpoint", "Endpoint", Kind::Text)),
+            (In::Peer, "allowedips") => Some(("allowed_ips", "AllowedIPs", Kind::List)),
+            (In::Peer, "persistentkeepalive") => {
+                Some(("persistent_keepalive", "PersistentKeepalive", Kind::Off))
             }
-            (Section::Interface, "listenport") => {
-                if let Some(v) = number(&mut errors) {
-                    interface.insert("listen_port".into(), v);
-                }
+            _ => None,
+        };
+        let Some((toml_key, wg_key, kind)) = field else {
+            let lower = key.to_ascii_lowercase();
+            let (header, other_header, other_keys) = if section == In::Interface {
+                ("[Interface]", "[Peer]", WG_PEER_KEYS)
+            } else {
+                ("[Peer]", "[Interface]", WG_INTERFACE_KEYS)
+            };
+            // wg refuses these too; and a key copied into a comment could be a secret.
+            if other_keys.contains(&lower.as_str()) {
+                let message = format!("{} belongs in {other_header}, not {header}", quote(key));
+                error(&mut errors, n, message);
+                continue;
             }
-            (Section::Interface, "address") => {
-                let mut all = match interface.remove("address") {
-                    Some(Value::Array(a)) => a,
-                    _ => Vec::new(),
-                };
-                if let Value::Array(more) = list() {
-                    all.extend(more);
-                }
-                interface.insert("address".into(), Value::Array(all));
-            }
-            (Section::Interface, "mtu") => {
-                if let Some(v) = number(&mut errors) {
-                    interface.insert("mtu".into(), v);
-                }
-            }
-            (Section::Interface, "fwmark") => {
-                let mark = if let Some(hex) = value.strip_prefix("0x") {
-                    i64::from_str_radix(hex, 16).ok()
-                } else if value == "off" {
-                    Some(0)
-                } else {
-                    value.parse().ok()
-                };
-                match mark {
-                    Some(m) => {
-                        interface.insert("fwmark".into(), Value::Integer(m));
-                    }
-                    None => errors.push(ConfigError {
-                        field: here,
-                        message: "`FwMark` must be a number".into(),
-                    }),
-                }
-            }
-            (Section::Peer, k) => {
-                let Some(peer) = peers.last_mut() else {
-                    continue;
-                };
-                match k {
-                    "publickey" => {
-                        peer.insert("public_key".into(), Value::String(value.into()));
-                    }
-                    "presharedkey" => {
-                        peer.insert("preshared_key".into(), Value::String(value.into()));
-                    }
-                    "endpoint" => {
-                        peer.insert("endpoint".into(), Value::String(value.into()));
-                    }
-                    "allowedips" => {
-                        let mut all = match peer.remove("allowed_ips") {
-                            Some(Value::Array(a)) => a,
-                            _ => Vec::new(),
-                        };
-                        if let Value::Array(more) = list() {
-                            all.extend(more);
-                        }
-                        peer.insert("allowed_ips".into(), Value::Array(all));
-                    }
-                    "persistentkeepalive" => {
-                        let v = if value == "off" {
-                            Some(Value::Integer(0))
-                        } else {
-                            number(&mut errors)
-                        };
-                        if let Some(v) = v {
-                            peer.insert("persistent_keepalive".into(), v);
-                        }
-                    }
-                    _ => skipped.push(format!("[Peer] {}", raw.trim())),
-                }
-            }
-            (Section::Interface, _) => skipped.push(format!("[Interface] {}", raw.trim())),
-            (Section::None, _) => errors.push(ConfigError {
-                field: here,
-                message: "key outside of [Interface] or [Peer]".into(),
-            }),
+            let why = if WG_QUICK_ONLY_KEYS.contains(&lower.as_str()) {
+                "no tunneld equivalent"
+            } else {
+                "unknown key"
+            };
+            target.skipped.push(format!(
+                "# not imported ({why}): {header} {}",
+                comment_safe(raw.trim())
+            ));
+            continue;
+        };
+        match kind.read(value, n) {
+            Ok(value) => target.set(toml_key, wg_key, value, n),
+            Err(why) => error(&mut errors, n, format!("{wg_key}: {why}")),
         }
     }
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
-    let mut root = Table::new();
-    root.insert("interface".into(), Value::Table(interface));
-    if !peers.is_empty() {
-        root.insert(
-            "peer".into(),
-            Value::Array(peers.into_iter().map(Value::Table).collect()),
-        );
-    }
-    let body = toml::to_string(&root).map_err(|e| {
-        ConfigErrors(vec![ConfigError {
-            field: String::new(),
-            message: format!("cannot write TOML: {e}"),
-        }])
-    })?;
-    // The result must be a config tunneld accepts; say so now rather than at `up`.
-    parse(&body)?;
+
+    let mut lines: HashMap<String, (usize, &'static str)> = HashMap::new();
     let mut out = String::from("# Imported from a wg-quick configuration by `tunneld import`.\n");
-    for line in skipped {
-        out.push_str(&format!("# not imported (no tunneld equivalent): {line}\n"));
+    out.push_str("[interface]\n");
+    let _ = writeln!(out, "name = {}", Value::String(interface_name.into()));
+    if interface.line != 0 {
+        lines.insert("interface".into(), (interface.line, "[Interface]"));
     }
-    out.push_str(&body);
-    Ok(out)
+    interface.write(&mut out, "interface", INTERFACE_FIELDS, &mut lines);
+    for (i, peer) in peers.iter().enumerate() {
+        out.push_str("\n[[peer]]\n");
+        let path = format!("peer[{i}]");
+        lines.insert(path.clone(), (peer.line, "[Peer]"));
+        peer.write(&mut out, &path, PEER_FIELDS, &mut lines);
+    }
+    // The result must be a config tunneld accepts: say so now, against the .conf's lines,
+    // rather than at `up`.
+    match parse(&out) {
+        Ok(_) => Ok(out),
+        Err(ConfigErrors(errors)) => Err(ConfigErrors(
+            errors
+                .into_iter()
+                .map(|e| ConfigError {
+                    field: locate(&e.field, &lines),
+                    message: e.message,
+                })
+                .collect(),
+        )),
+    }
+}
+
+/// Names a field of the generated TOML by the `.conf` line it came from.
+fn locate(field: &str, lines: &HashMap<String, (usize, &'static str)>) -> String {
+    if let Some((line, key)) = lines.get(field) {
+        return format!("line {line} ({key})");
+    }
+    let mut prefix = field;
+    while let Some(cut) = prefix.rfind(['.', '[']) {
+        prefix = &prefix[..cut];
+        if let Some((line, key)) = lines.get(prefix) {
+            return format!("{field} ({key} at line {line})");
+        }
+    }
+    field.to_string()
+}
+
+/// A TOML comment may not hold control characters.
+fn comment_safe(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() && c != '\t' { '?' } else { c })
+        .collect()
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Text,
+    List,
+    Number,
+    /// A number, or `off` for 0.
+    Off,
+    /// A number (decimal or 0x hex), or `off` for 0.
+    Mark,
+}
+
+enum WgValue {
+    Text(String),
+    Number(i64),
+    /// Each item with its line.
+    List(Vec<(String, usize)>),
+}
+
+impl Kind {
+    fn read(self, value: &str, line: usize) -> Result<WgValue, String> {
+        let number = |text: &str| {
+            text.parse::<i64>()
+                .map_err(|_| format!("{} is not a number", quote(text)))
+        };
+        match self {
+            Kind::Text => Ok(WgValue::Text(value.to_string())),
+            Kind::List => Ok(WgValue::List(
+                value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| (s.to_string(), line))
+                    .collect(),
+            )),
+            Kind::Number => number(value).map(WgValue::Number),
+            Kind::Off if value.eq_ignore_ascii_case("off") => Ok(WgValue::Number(0)),
+            Kind::Off => number(value).map(WgValue::Number),
+            Kind::Mark if value.eq_ignore_ascii_case("off") => Ok(WgValue::Number(0)),
+            Kind::Mark => match value
+                .strip_prefix("0x")
+                .or_else(|| value.strip_prefix("0X"))
+            {
+                Some(hex) => i64::from_str_radix(hex, 16)
+                    .map(WgValue::Number)
+                    .map_err(|_| format!("{} is not a number", quote(value))),
+                None => number(value).map(WgValue::Number),
+            },
+        }
+    }
+}
+
+/// One `[Interface]` or `[Peer]` as read from a wg-quick file.
+#[derive(Default)]
+struct WgSection {
+    /// The header's line (0: none seen).
+    line: usize,
+    /// (TOML key, wg-quick key, value, line); a repeated key replaces, a repeated list extends.
+    values: Vec<(&'static str, &'static str, WgValue, usize)>,
+    /// Comment lines for the keys not imported, written at the end of the section.
+    skipped: Vec<String>,
+}
+
+impl WgSection {
+    fn set(&mut self, toml_key: &'static str, wg_key: &'static str, value: WgValue, line: usize) {
+        let existing = self.values.iter_mut().find(|(k, ..)| *k == toml_key);
+        match (existing, value) {
+            (Some((_, _, WgValue::List(items), _)), WgValue::List(more)) => items.extend(more),
+            (Some(slot), value) => {
+                slot.2 = value;
+                slot.3 = line;
+            }
+            (None, value) => self.values.push((toml_key, wg_key, value, line)),
+        }
+    }
+
+    fn write(
+        &self,
+        out: &mut String,
+        path: &str,
+        order: &[&str],
+        lines: &mut HashMap<String, (usize, &'static str)>,
+    ) {
+        for key in order {
+            let Some((toml_key, wg_key, value, line)) = self.values.iter().find(|(k, ..)| k == key)
+            else {
+                continue;
+            };
+            let field = format!("{path}.{toml_key}");
+            match value {
+                WgValue::Text(s) => {
+                    let _ = writeln!(out, "{toml_key} = {}", Value::String(s.clone()));
+                }
+                WgValue::Number(n) => {
+                    let _ = writeln!(out, "{toml_key} = {n}");
+                }
+                WgValue::List(items) => {
+                    let list: Vec<Value> = items
+                        .iter()
+                        .map(|(s, _)| Value::String(s.clone()))
+                        .collect();
+                    let _ = writeln!(out, "{toml_key} = {}", Value::Array(list));
+                    for (j, (_, line)) in items.iter().enumerate() {
+                        lines.insert(format!("{field}[{j}]"), (*line, wg_key));
+                    }
+                }
+            }
+            lines.insert(field, (*line, wg_key));
+        }
+        for skipped in &self.skipped {
+            let _ = writeln!(out, "{skipped}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidr_errors_say_what_is_wrong() {
+        assert_eq!(
+            parse_cidr("10.0.0.0/33").unwrap_err(),
+            "`10.0.0.0/33` is not a CIDR (prefix length 33 > 32)"
+        );
+        assert_eq!(
+            parse_cidr("fd00::/129").unwrap_err(),
+            "`fd00::/129` is not a CIDR (prefix length 129 > 128)"
+        );
+        assert!(parse_cidr("10.0.0.0/x")
+            .unwrap_err()
+            .contains("is not a number"));
+        assert!(parse_cidr("10.0.0/8")
+            .unwrap_err()
+            .contains("is not an IP address"));
+        assert_eq!(parse_cidr("10.0.0.1").unwrap().to_string(), "10.0.0.1/32");
+    }
+
+    #[test]
+    fn misspellings_get_a_suggestion() {
+        assert_eq!(closest("alowed_ips", PEER_FIELDS), Some("allowed_ips"));
+        assert_eq!(closest("PublicKey", PEER_FIELDS), Some("public_key"));
+        assert_eq!(closest("colour", INTERFACE_FIELDS), None);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn quoting_keeps_errors_on_one_line() {
+        assert_eq!(quote("a\nb"), "`a\\nb`");
+        let long = quote(&"x".repeat(500));
+        assert!(long.chars().count() < 70, "{long}");
+    }
+
+    #[test]
+    fn line_and_column_never_panic() {
+        assert_eq!(line_column("ab\ncd", 4), "line 2, column 2");
+        assert_eq!(line_column("é\né", 3), "line 2, column 1");
+        assert_eq!(line_column("ab", 99), "line 1, column 3");
+        // Inside a multi-byte character: counted, not sliced.
+        let _ = line_column("é", 1);
+    }
 }

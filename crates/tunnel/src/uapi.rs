@@ -1,16 +1,34 @@
 //! The WireGuard cross-platform userspace API (UAPI): the text protocol `wg` speaks over
-//! `/var/run/wireguard/<name>.sock`. Sans-IO: the daemon reads the bytes, this parses them.
+//! `/var/run/wireguard/<name>.sock`. Sans-IO: the daemon reads the bytes, this parses them and
+//! formats the replies.
+//!
+//! A request is `get=1` or `set=1` followed by `key=value` lines and ends with an empty line.
+//! In a `set`, device keys come first; each `public_key` line starts a peer, and the keys after
+//! it apply to that peer. Errors carry the errno the reply reports, as wireguard-go's do:
+//! EINVAL for a bad value, EPROTO for an unknown key or a malformed request.
 
 use ipnet::IpNet;
 use std::fmt::{self, Write as _};
 use std::net::SocketAddr;
 use std::time::Duration;
-use tunneld_crypto::{hex, parse_hex_key, PresharedKey, PrivateKey, PublicKey};
+use tunneld_crypto::{hex, parse_hex_key, PresharedKey, PrivateKey, PublicKey, KEY_LEN};
 
 const EINVAL: i32 = 22;
 const EPROTO: i32 = 71;
 
-#[derive(Debug)]
+const DEVICE_KEYS: &[&str] = &["private_key", "listen_port", "fwmark", "replace_peers"];
+const PEER_KEYS: &[&str] = &[
+    "remove",
+    "update_only",
+    "preshared_key",
+    "endpoint",
+    "persistent_keepalive_interval",
+    "replace_allowed_ips",
+    "allowed_ip",
+    "protocol_version",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Get,
     Set(SetRequest),
@@ -18,7 +36,7 @@ pub enum Request {
     Stats,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SetRequest {
     /// `Some(None)`: the all-zero key, which removes the private key.
     pub private_key: Option<Option<PrivateKey>>,
@@ -28,7 +46,7 @@ pub struct SetRequest {
     pub peers: Vec<PeerUpdate>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerUpdate {
     pub public_key: PublicKey,
     pub remove: bool,
@@ -86,56 +104,93 @@ fn protocol(why: impl fmt::Display) -> UapiError {
     }
 }
 
-/// Whether `buf` holds a whole request: one that ends with an empty line.
+/// Text from the client as a log line shows it: quoted, escaped, cut short.
+fn shown(text: &str) -> String {
+    const MAX_CHARS: usize = 64;
+    match text.char_indices().nth(MAX_CHARS) {
+        Some((cut, _)) => format!("{:?}…", &text[..cut]),
+        None => format!("{text:?}"),
+    }
+}
+
+/// Whether `buf` (the bytes read so far) holds a whole request: one that ends with an empty
+/// line. A lone empty line counts, so that it is refused at once rather than waited on.
 pub fn is_complete(buf: &[u8]) -> bool {
-    buf.ends_with(b"\n\n")
+    buf == b"\n" || buf.ends_with(b"\n\n")
 }
 
 /// Parses one whole request, up to and including its terminating empty line.
 pub fn parse_request(message: &str) -> Result<Request, UapiError> {
+    if message == "\n" {
+        return Err(protocol("empty request (expected get=1 or set=1)"));
+    }
     let Some(body) = message.strip_suffix("\n\n") else {
-        return Err(protocol("request does not end with an empty line"));
+        return Err(protocol(
+            "request does not end with an empty line (it is incomplete)",
+        ));
     };
     let mut lines = body.split('\n');
-    match lines.next() {
-        Some("get=1") => match lines.next() {
-            None => Ok(Request::Get),
-            Some(line) => Err(protocol(format!("unexpected line after get=1: {line:?}"))),
-        },
-        Some("set=1") => parse_set(lines).map(Request::Set),
-        Some("stats=1") => match lines.next() {
-            None => Ok(Request::Stats),
-            Some(line) => Err(protocol(format!("unexpected line after stats=1: {line:?}"))),
-        },
-        Some(other) => Err(protocol(format!(
-            "unknown operation {:?} (expected get=1 or set=1)",
-            truncate(other)
+    let operation = lines.next().unwrap_or_default();
+    let no_more_lines = |mut lines: std::str::Split<'_, char>, op: &str| match lines.next() {
+        None => Ok(()),
+        Some("") => Err(after_end()),
+        Some(line) => Err(protocol(format!(
+            "{op} takes no keys, got the line {}",
+            shown(line)
         ))),
-        None => Err(protocol("empty request")),
+    };
+    match operation {
+        "get=1" => no_more_lines(lines, "get=1").map(|()| Request::Get),
+        "stats=1" => no_more_lines(lines, "stats=1").map(|()| Request::Stats),
+        "set=1" => parse_set(lines).map(Request::Set),
+        "" => Err(protocol("empty line before the operation")),
+        other => Err(protocol(format!(
+            "unknown operation {} (expected get=1 or set=1)",
+            shown(other)
+        ))),
     }
 }
 
-fn truncate(s: &str) -> &str {
-    match s.char_indices().nth(64) {
-        Some((i, _)) => &s[..i],
-        None => s,
-    }
+/// An empty line ends a request, so lines after one are not part of it.
+fn after_end() -> UapiError {
+    protocol("data after the empty line that ends the request")
 }
 
 fn parse_set<'a>(lines: impl Iterator<Item = &'a str>) -> Result<SetRequest, UapiError> {
     let mut set = SetRequest::default();
     for line in lines {
+        if line.is_empty() {
+            return Err(after_end());
+        }
         let Some((key, value)) = line.split_once('=') else {
-            return Err(protocol(format!("line without '=': {:?}", truncate(line))));
+            return Err(protocol(format!("line without '=': {}", shown(line))));
         };
+        if key == "public_key" {
+            let bytes = hex_key(key, value)?;
+            set.peers
+                .push(PeerUpdate::new(PublicKey::from_bytes(bytes)));
+            continue;
+        }
+        // The key's place is checked before its value, so that a key in the wrong place or
+        // unknown is a protocol error whatever its value.
+        let in_peer = !set.peers.is_empty();
+        let (here, elsewhere) = if in_peer {
+            (PEER_KEYS, DEVICE_KEYS)
+        } else {
+            (DEVICE_KEYS, PEER_KEYS)
+        };
+        if !here.contains(&key) {
+            return Err(protocol(match (elsewhere.contains(&key), in_peer) {
+                (true, true) => {
+                    format!("{key} is a device key: it must come before the first public_key line")
+                }
+                (true, false) => format!("{key} is a peer key: it must follow a public_key line"),
+                (false, true) => format!("unknown peer key {}", shown(key)),
+                (false, false) => format!("unknown device key {}", shown(key)),
+            }));
+        }
         if value.is_empty() {
             return Err(invalid(key, "empty value"));
-        }
-        if key == "public_key" {
-            let key =
-                parse_hex_key(value).ok_or_else(|| invalid("public_key", "not 64 hex digits"))?;
-            set.peers.push(PeerUpdate::new(PublicKey::from_bytes(key)));
-            continue;
         }
         match set.peers.last_mut() {
             None => parse_device_key(&mut set, key, value)?,
@@ -148,24 +203,25 @@ fn parse_set<'a>(lines: impl Iterator<Item = &'a str>) -> Result<SetRequest, Uap
 fn parse_device_key(set: &mut SetRequest, key: &str, value: &str) -> Result<(), UapiError> {
     match key {
         "private_key" => {
-            let bytes = parse_hex_key(value).ok_or_else(|| invalid(key, "not 64 hex digits"))?;
-            set.private_key = Some((bytes != [0u8; 32]).then(|| PrivateKey::from_bytes(bytes)));
+            let bytes = hex_key(key, value)?;
+            set.private_key = Some((bytes != [0; KEY_LEN]).then(|| PrivateKey::from_bytes(bytes)));
         }
         "listen_port" => {
-            set.listen_port = Some(value.parse().map_err(|_| {
-                invalid(
-                    key,
-                    format!("{:?} is not a port (0-65535)", truncate(value)),
-                )
-            })?)
+            set.listen_port =
+                Some(decimal(value).ok_or_else(|| {
+                    invalid(key, format!("{} is not a port 0-65535", shown(value)))
+                })?);
         }
         "fwmark" => {
-            set.fwmark = Some(value.parse().map_err(|_| {
-                invalid(key, format!("{:?} is not a 32-bit number", truncate(value)))
-            })?)
+            set.fwmark = Some(decimal(value).ok_or_else(|| {
+                invalid(
+                    key,
+                    format!("{} is not a number 0-4294967295", shown(value)),
+                )
+            })?);
         }
-        "replace_peers" => set.replace_peers = parse_true(key, value)?,
-        _ => return Err(protocol(format!("unknown device key {:?}", truncate(key)))),
+        // `replace_peers`, the one device key left.
+        _ => set.replace_peers = parse_true(key, value)?,
     }
     Ok(())
 }
@@ -176,43 +232,79 @@ fn parse_peer_key(peer: &mut PeerUpdate, key: &str, value: &str) -> Result<(), U
         "update_only" => peer.update_only = parse_true(key, value)?,
         "replace_allowed_ips" => peer.replace_allowed_ips = parse_true(key, value)?,
         "preshared_key" => {
-            let bytes = parse_hex_key(value).ok_or_else(|| invalid(key, "not 64 hex digits"))?;
+            let bytes = hex_key(key, value)?;
             peer.preshared_key =
-                Some((bytes != [0u8; 32]).then(|| PresharedKey::from_bytes(bytes)));
+                Some((bytes != [0; KEY_LEN]).then(|| PresharedKey::from_bytes(bytes)));
         }
-        "endpoint" => {
-            peer.endpoint = Some(value.parse().map_err(|_| {
-                invalid(
-                    key,
-                    format!(
-                        "{:?} is not ADDRESS:PORT or [ADDRESS]:PORT",
-                        truncate(value)
-                    ),
-                )
-            })?)
-        }
+        "endpoint" => peer.endpoint = Some(parse_endpoint(value)?),
         "persistent_keepalive_interval" => {
-            peer.persistent_keepalive = Some(value.parse().map_err(|_| {
-                invalid(key, format!("{:?} is not 0-65535 seconds", truncate(value)))
-            })?)
+            peer.persistent_keepalive =
+                Some(decimal(value).ok_or_else(|| {
+                    invalid(key, format!("{} is not 0-65535 seconds", shown(value)))
+                })?);
         }
         "allowed_ip" => {
-            let net: IpNet = value
-                .parse()
-                .map_err(|_| invalid(key, format!("{:?} is not a CIDR", truncate(value))))?;
+            let net: IpNet = value.parse().map_err(|_| {
+                invalid(
+                    key,
+                    format!("{} is not a CIDR (address/prefix)", shown(value)),
+                )
+            })?;
             peer.allowed_ips.push(net.trunc());
         }
-        "protocol_version" => {
+        // `protocol_version`, the one peer key left.
+        _ => {
             if value != "1" {
                 return Err(invalid(
                     key,
-                    format!("version {:?} is not supported (only 1)", truncate(value)),
+                    format!("version {} is not supported (only 1)", shown(value)),
                 ));
             }
         }
-        _ => return Err(protocol(format!("unknown peer key {:?}", truncate(key)))),
     }
     Ok(())
+}
+
+/// A 32-byte key in hex. Keys may be secret, so the error says what is wrong without them.
+fn hex_key(key: &str, value: &str) -> Result<[u8; KEY_LEN], UapiError> {
+    if value.is_empty() {
+        return Err(invalid(key, "empty value"));
+    }
+    parse_hex_key(value).ok_or_else(|| {
+        invalid(
+            key,
+            format!(
+                "not a key: expected {} hex digits, got {} characters",
+                KEY_LEN * 2,
+                value.chars().count()
+            ),
+        )
+    })
+}
+
+/// Digits only: no sign, no spaces (Rust's integer parsing would take a leading `+`).
+fn decimal<T: std::str::FromStr>(value: &str) -> Option<T> {
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    value.parse().ok()
+}
+
+/// `a.b.c.d:port` or `[ipv6]:port`; a zone must be numeric (`[fe80::1%2]:51820`) since
+/// naming an interface would need a lookup this sans-IO parser cannot do.
+fn parse_endpoint(value: &str) -> Result<SocketAddr, UapiError> {
+    const KEY: &str = "endpoint";
+    if let Ok(addr) = value.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let why = if value.starts_with('[') && value.contains('%') {
+        "the zone after `%` must be an interface index (a number)"
+    } else if !value.starts_with('[') && value.matches(':').count() > 1 {
+        "IPv6 endpoints are written [address]:port"
+    } else {
+        "expected ADDRESS:PORT or [ADDRESS]:PORT"
+    };
+    Err(invalid(KEY, format!("{}: {why}", shown(value))))
 }
 
 fn parse_true(key: &str, value: &str) -> Result<bool, UapiError> {
@@ -221,13 +313,13 @@ fn parse_true(key: &str, value: &str) -> Result<bool, UapiError> {
     } else {
         Err(invalid(
             key,
-            format!("{:?} is not \"true\"", truncate(value)),
+            format!("{} is not \"true\" (the only value it takes)", shown(value)),
         ))
     }
 }
 
 /// What a `get` reports.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceSnapshot {
     pub private_key: Option<PrivateKey>,
     pub listen_port: u16,
@@ -235,7 +327,7 @@ pub struct DeviceSnapshot {
     pub peers: Vec<PeerSnapshot>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerSnapshot {
     pub public_key: PublicKey,
     pub preshared_key: Option<PresharedKey>,
@@ -248,14 +340,17 @@ pub struct PeerSnapshot {
     pub allowed_ips: Vec<IpNet>,
 }
 
-/// The reply to `get`, ending in `errno=0` and an empty line.
+/// The reply to `get`, ending in `errno=0` and an empty line. Device values that are unset
+/// (no private key, port 0, fwmark 0) are left out, as wireguard-go leaves them out.
 pub fn format_get(snapshot: &DeviceSnapshot) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
     if let Some(key) = &snapshot.private_key {
         let _ = writeln!(out, "private_key={}", hex(key.as_bytes()));
     }
-    let _ = writeln!(out, "listen_port={}", snapshot.listen_port);
+    if snapshot.listen_port != 0 {
+        let _ = writeln!(out, "listen_port={}", snapshot.listen_port);
+    }
     if snapshot.fwmark != 0 {
         let _ = writeln!(out, "fwmark={}", snapshot.fwmark);
     }
@@ -264,10 +359,9 @@ pub fn format_get(snapshot: &DeviceSnapshot) -> String {
         let psk = peer
             .preshared_key
             .as_ref()
-            .map(|k| hex(k.as_bytes()))
-            .unwrap_or_else(|| "0".repeat(64));
+            .map_or_else(|| hex(&[0; KEY_LEN]), |k| hex(k.as_bytes()));
         let _ = writeln!(out, "preshared_key={psk}");
-        let _ = writeln!(out, "protocol_version=1");
+        out.push_str("protocol_version=1\n");
         if let Some(endpoint) = peer.endpoint {
             let _ = writeln!(out, "endpoint={endpoint}");
         }
@@ -290,7 +384,7 @@ pub fn format_get(snapshot: &DeviceSnapshot) -> String {
 }
 
 /// The reply to `stats=1`: one `key=value` line per counter, per worker, then `errno=0`.
-/// Workers are numbered from 0; today there is one.
+/// Workers are numbered from 0.
 pub fn format_stats(workers: &[crate::Stats]) -> String {
     let mut out = String::new();
     for (i, s) in workers.iter().enumerate() {
@@ -312,4 +406,117 @@ pub fn format_stats(workers: &[crate::Stats]) -> String {
 /// The reply to `set` (0 = success) or to a refused request.
 pub fn format_errno(errno: i32) -> String {
     format!("errno={errno}\n\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(byte: u8) -> [u8; KEY_LEN] {
+        [byte; KEY_LEN]
+    }
+
+    #[test]
+    fn get_reply_has_the_lines_wg_show_reads() {
+        let snapshot = DeviceSnapshot {
+            private_key: Some(PrivateKey::from_bytes(key(0x11))),
+            listen_port: 51820,
+            fwmark: 0x42,
+            peers: vec![
+                PeerSnapshot {
+                    public_key: PublicKey::from_bytes(key(0xab)),
+                    preshared_key: Some(PresharedKey::from_bytes(key(0x01))),
+                    endpoint: Some("[2001:db8::1]:51820".parse().unwrap()),
+                    last_handshake: Some(Duration::new(1_700_000_000, 123_456_789)),
+                    tx_bytes: 1000,
+                    rx_bytes: 2000,
+                    persistent_keepalive: 25,
+                    allowed_ips: vec![
+                        "10.77.0.2/32".parse().unwrap(),
+                        "fd77::/64".parse().unwrap(),
+                    ],
+                },
+                PeerSnapshot {
+                    public_key: PublicKey::from_bytes(key(0xcd)),
+                    preshared_key: None,
+                    endpoint: None,
+                    last_handshake: None,
+                    tx_bytes: 0,
+                    rx_bytes: 0,
+                    persistent_keepalive: 0,
+                    allowed_ips: Vec::new(),
+                },
+            ],
+        };
+        let text = format_get(&snapshot);
+        let lines: Vec<&str> = text.split('\n').collect();
+        let expected = [
+            format!("private_key={}", "11".repeat(32)),
+            "listen_port=51820".into(),
+            "fwmark=66".into(),
+            format!("public_key={}", "ab".repeat(32)),
+            format!("preshared_key={}", "01".repeat(32)),
+            "protocol_version=1".into(),
+            "endpoint=[2001:db8::1]:51820".into(),
+            "last_handshake_time_sec=1700000000".into(),
+            "last_handshake_time_nsec=123456789".into(),
+            "tx_bytes=1000".into(),
+            "rx_bytes=2000".into(),
+            "persistent_keepalive_interval=25".into(),
+            "allowed_ip=10.77.0.2/32".into(),
+            "allowed_ip=fd77::/64".into(),
+            format!("public_key={}", "cd".repeat(32)),
+            format!("preshared_key={}", "0".repeat(64)),
+            "protocol_version=1".into(),
+            "last_handshake_time_sec=0".into(),
+            "last_handshake_time_nsec=0".into(),
+            "tx_bytes=0".into(),
+            "rx_bytes=0".into(),
+            "persistent_keepalive_interval=0".into(),
+            "errno=0".into(),
+            String::new(),
+            String::new(),
+        ];
+        assert_eq!(lines, expected);
+    }
+
+    #[test]
+    fn unset_device_values_are_left_out() {
+        assert_eq!(format_get(&DeviceSnapshot::default()), "errno=0\n\n");
+    }
+
+    #[test]
+    fn completeness_is_an_empty_line() {
+        assert!(is_complete(b"get=1\n\n"));
+        assert!(is_complete(b"\n"));
+        assert!(!is_complete(b"get=1\n"));
+        assert!(!is_complete(b""));
+        assert!(!is_complete(b"set=1\nlisten_port=1\n"));
+    }
+
+    #[test]
+    fn numbers_are_digits_only() {
+        assert_eq!(decimal::<u16>("51820"), Some(51820));
+        assert_eq!(decimal::<u16>("+1"), None);
+        assert_eq!(decimal::<u16>(" 1"), None);
+        assert_eq!(decimal::<u16>("65536"), None);
+        assert_eq!(decimal::<u32>(""), None);
+    }
+
+    #[test]
+    fn secrets_are_not_echoed() {
+        let secret = format!("{}zz", "ab".repeat(31));
+        for msg in [
+            format!("set=1\nprivate_key={secret}\n\n"),
+            format!(
+                "set=1\npublic_key={}\npreshared_key={secret}\n\n",
+                "cd".repeat(32)
+            ),
+        ] {
+            let err = parse_request(&msg).unwrap_err();
+            assert_eq!(err.errno, EINVAL);
+            assert!(!err.message.contains(&secret), "{err}");
+            assert!(err.message.contains("got 64 characters"), "{err}");
+        }
+    }
 }

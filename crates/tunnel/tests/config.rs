@@ -1,0 +1,666 @@
+//! Config validation, error by error: each bad value gives one line naming its field, all of
+//! them at once, never echoing a secret; wg-quick files import to configs that parse.
+
+use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
+use tunneld_tunnel::config::{self, Backend, Config, Endpoint, KeySource, Workers};
+
+/// Fixed keys, so that failures are reproducible.
+fn private(byte: u8) -> PrivateKey {
+    PrivateKey::from_bytes([byte; 32])
+}
+fn public(byte: u8) -> PublicKey {
+    private(byte).public_key()
+}
+
+/// A valid `[interface]` with an inline key, followed by `rest`.
+fn with_interface(rest: &str) -> String {
+    format!(
+        "[interface]\nname = \"wg0\"\nprivate_key = \"{}\"\n{rest}",
+        private(1).to_base64().as_str()
+    )
+}
+
+fn errors(text: &str) -> Vec<String> {
+    match config::parse(text) {
+        Ok(c) => panic!("accepted: {c:?}\n{text}"),
+        Err(e) => {
+            assert!(!e.0.is_empty(), "an error without a line");
+            e.0.iter().map(ToString::to_string).collect()
+        }
+    }
+}
+
+/// The one error `text` gives.
+fn error(text: &str) -> String {
+    let e = errors(text);
+    assert_eq!(e.len(), 1, "{e:#?}");
+    e.into_iter().next().unwrap_or_default()
+}
+
+fn ok(text: &str) -> Config {
+    config::parse(text).unwrap_or_else(|e| panic!("refused:\n{e}\n---\n{text}"))
+}
+
+#[test]
+fn the_brief_example_parses_to_the_model() {
+    let text = format!(
+        r#"
+[interface]
+name = "wg0"
+private_key_file = "site-a.key"      # or private_key
+listen_port = 51820
+address = ["10.77.0.1/24", "fd77::1/64"]
+mtu = 1420
+fwmark = 0x20
+
+[dataplane]
+backend = "xdp"
+workers = "auto"
+cpus = [0, 1]
+
+[[peer]]
+public_key = "{}"
+preshared_key = "{}"
+endpoint = "[2001:db8::2]:51820"
+allowed_ips = ["10.77.0.2/32", "10.20.0.9/16", "fd20::1/48"]
+persistent_keepalive = 25
+"#,
+        public(2),
+        PresharedKey::from_bytes([9; 32]).to_base64().as_str()
+    );
+    let c = ok(&text);
+    assert_eq!(
+        c.interface.private_key,
+        KeySource::File("site-a.key".into())
+    );
+    // Interface addresses keep their host bits; allowed IPs are truncated to the network.
+    assert_eq!(c.interface.addresses[1].to_string(), "fd77::1/64");
+    assert_eq!(c.interface.fwmark, 0x20);
+    assert_eq!(c.dataplane.backend, Backend::Xdp);
+    assert_eq!(c.dataplane.workers, Workers::Auto);
+    let peer = &c.peers[0];
+    assert_eq!(peer.public_key, public(2));
+    assert_eq!(
+        peer.preshared_key,
+        Some(KeySource::Inline(PresharedKey::from_bytes([9; 32])))
+    );
+    assert_eq!(
+        peer.endpoint.as_ref().map(ToString::to_string).as_deref(),
+        Some("[2001:db8::2]:51820")
+    );
+    let nets: Vec<String> = peer.allowed_ips.iter().map(ToString::to_string).collect();
+    assert_eq!(nets, ["10.77.0.2/32", "10.20.0.0/16", "fd20::/48"]);
+    // The model compares whole: parsing twice gives the same config.
+    assert_eq!(ok(&text), c);
+}
+
+#[test]
+fn each_bad_field_gives_one_line_naming_it() {
+    let key = public(2);
+    for (rest, expected) in [
+        (
+            "listen_port = 65536\n",
+            "interface.listen_port: 65536 is out of range 0-65535",
+        ),
+        (
+            "listen_port = \"51820\"\n",
+            "interface.listen_port: must be an integer, not \"51820\"",
+        ),
+        (
+            "mtu = 575\n",
+            "interface.mtu: 575 is out of range 576-65535",
+        ),
+        (
+            "mtu = 1279\naddress = [\"fd00::1/64\"]\n",
+            "interface.mtu: 1279 is below 1280, the minimum for IPv6, and an IPv6 address is configured",
+        ),
+        (
+            "fwmark = -1\n",
+            "interface.fwmark: -1 is out of range 0-4294967295",
+        ),
+        (
+            "address = [\"10.0.0.1/33\"]\n",
+            "interface.address[0]: `10.0.0.1/33` is not a CIDR (prefix length 33 > 32)",
+        ),
+        (
+            "address = [\"10.0.0.1\", 7]\n",
+            "interface.address[1]: must be a string, not integer",
+        ),
+        (
+            "address = [\"0.0.0.0/8\"]\n",
+            "interface.address[0]: `0.0.0.0/8` is not a usable interface address",
+        ),
+        (
+            "adress = []\n",
+            "interface: unknown field `adress` (did you mean `address`?)",
+        ),
+        (
+            "[dataplane]\nbackend = \"dpdk\"\n",
+            "dataplane.backend: `dpdk` is not a backend (expected one of: auto, xdp, uring, mmsg)",
+        ),
+        (
+            "[dataplane]\nworkers = 0\n",
+            "dataplane.workers: 0 is out of range 1-4096 (or write \"auto\")",
+        ),
+        (
+            "[dataplane]\nworkers = \"all\"\n",
+            "dataplane.workers: must be \"auto\" or a number, not \"all\"",
+        ),
+        (
+            "[dataplane]\ncpus = [1, 1]\n",
+            "dataplane.cpus[1]: CPU 1 is already listed at [0]",
+        ),
+        (
+            "[dataplane]\ncpus = []\n",
+            "dataplane.cpus: is empty (leave it out to use every CPU)",
+        ),
+        (
+            "[dataplane]\ncpu = [0]\n",
+            "dataplane: unknown field `cpu` (did you mean `cpus`?)",
+        ),
+        (
+            &format!("[[peer]]\npublic_key = \"{key}\"\nalowed_ips = []\n"),
+            "peer[0]: unknown field `alowed_ips` (did you mean `allowed_ips`?)",
+        ),
+        (
+            &format!("[[peer]]\npublic_key = \"{key}\"\nallowed_ips = [\"10.0.0.0/33\"]\n"),
+            "peer[0].allowed_ips[0]: `10.0.0.0/33` is not a CIDR (prefix length 33 > 32)",
+        ),
+        (
+            &format!("[[peer]]\npublic_key = \"{key}\"\nallowed_ips = [\"10.0.0.0/8x\"]\n"),
+            "peer[0].allowed_ips[0]: `10.0.0.0/8x` is not a CIDR (prefix length `8x` is not a number 0-32)",
+        ),
+        (
+            &format!("[[peer]]\npublic_key = \"{key}\"\npersistent_keepalive = 65536\n"),
+            "peer[0].persistent_keepalive: 65536 is out of range 0-65535",
+        ),
+        (
+            "[[peer]]\nendpoint = \"192.0.2.1:1\"\n",
+            "peer[0].public_key: missing (the peer's base64 key, as `wg pubkey` prints it)",
+        ),
+        (
+            "[[peer]]\npublic_key = \"AAAA\"\n",
+            "peer[0].public_key: `AAAA` decodes to 3 bytes, a key is 32 bytes (44 base64 characters)",
+        ),
+        (
+            "[[peers]]\nx = 1\n",
+            "config: unknown section `[[peers]]` (did you mean `[[peer]]`?)",
+        ),
+        (
+            "[dataplan]\n",
+            "config: unknown section `[dataplan]` (did you mean `[dataplane]`?)",
+        ),
+    ] {
+        assert_eq!(error(&with_interface(rest)), expected, "{rest}");
+    }
+}
+
+#[test]
+fn endpoints_are_checked_and_shown_as_written() {
+    for (text, shown) in [
+        ("192.0.2.2:51820", "192.0.2.2:51820"),
+        ("[2001:db8::2]:51820", "[2001:db8::2]:51820"),
+        ("[fe80::1%3]:51820", "[fe80::1%3]:51820"),
+        ("gw.example.net:51820", "gw.example.net:51820"),
+        ("gw.example.net.:443", "gw.example.net.:443"),
+        ("_srv-name.example:1", "_srv-name.example:1"),
+    ] {
+        match text.parse::<Endpoint>() {
+            Ok(e) => assert_eq!(e.to_string(), shown),
+            Err(why) => panic!("{text}: {why}"),
+        }
+    }
+    for (text, why) in [
+        ("192.0.2.2", "`192.0.2.2` has no port (write host:port)"),
+        ("192.0.2.2:", "`192.0.2.2:` has no port after `:`"),
+        (
+            "192.0.2.2:0",
+            "`192.0.2.2:0` has port 0; give the port the peer listens on (1-65535)",
+        ),
+        (
+            "192.0.2.2:65536",
+            "`192.0.2.2:65536`: port `65536` is out of range 1-65535",
+        ),
+        (
+            "192.0.2.2:http",
+            "`192.0.2.2:http`: port `http` is not a number",
+        ),
+        (
+            "192.0.2.300:1",
+            "`192.0.2.300:1`: `192.0.2.300` is not a valid IPv4 address",
+        ),
+        (
+            "2001:db8::2:51820",
+            "`2001:db8::2:51820`: write IPv6 endpoints in brackets, as [address]:port",
+        ),
+        (
+            "[2001:db8::2]",
+            "`[2001:db8::2]` has no port (write [address]:port)",
+        ),
+        (
+            "[2001:db8::2:51820",
+            "`[2001:db8::2:51820` has no `]` after the IPv6 address",
+        ),
+        (
+            "[2001:db8::2]51820",
+            "`[2001:db8::2]51820`: expected `:port` after `]`",
+        ),
+        (
+            "[192.0.2.2]:1",
+            "`[192.0.2.2]:1`: `192.0.2.2` is not an IPv6 address",
+        ),
+        (
+            "[fe80::1%eth0]:1",
+            "`[fe80::1%eth0]:1`: the zone `eth0` must be an interface index (a number)",
+        ),
+        (":51820", "`:51820` has no host before the port"),
+        (
+            "bad host:1",
+            "`bad host:1`: `bad host` is not an IP address or host name",
+        ),
+        (
+            "-x.example:1",
+            "`-x.example:1`: `-x.example` is not an IP address or host name",
+        ),
+        ("", "is empty (write host:port)"),
+    ] {
+        assert_eq!(text.parse::<Endpoint>().unwrap_err(), why, "{text}");
+    }
+    // And in a file, under the peer's field.
+    let e = error(&with_interface(&format!(
+        "[[peer]]\npublic_key = \"{}\"\nendpoint = \"[::1]\"\n",
+        public(2)
+    )));
+    assert_eq!(
+        e,
+        "peer[0].endpoint: `[::1]` has no port (write [address]:port)"
+    );
+}
+
+#[test]
+fn interface_names_follow_the_kernel_rules() {
+    for name in ["wg0", "a", "fifteen-chars-x", "wg.site-a", "wg_0"] {
+        let c = ok(&format!(
+            "[interface]\nname = \"{name}\"\nprivate_key_file = \"k\"\n"
+        ));
+        assert_eq!(c.interface.name, name);
+    }
+    for (name, why) in [
+        ("", "is empty (e.g. \"wg0\")"),
+        (
+            "sixteen-chars-xx",
+            "`sixteen-chars-xx` is longer than 15 bytes",
+        ),
+        ("ééééééééé", "`ééééééééé` is longer than 15 bytes"),
+        (".", "`.` is not a valid interface name"),
+        ("..", "`..` is not a valid interface name"),
+        ("a/b", "`a/b` contains '/', which interface names cannot"),
+        ("a:b", "`a:b` contains ':', which interface names cannot"),
+        ("a b", "`a b` contains ' ', which interface names cannot"),
+        (
+            "a\\tb",
+            "`a\\tb` contains '\\t', which interface names cannot",
+        ),
+        (
+            "a\\u0000b",
+            "`a\\u{0}b` contains '\\0', which interface names cannot",
+        ),
+    ] {
+        let e = error(&format!(
+            "[interface]\nname = \"{name}\"\nprivate_key_file = \"k\"\n"
+        ));
+        assert_eq!(e, format!("interface.name: {why}"), "{name}");
+    }
+}
+
+#[test]
+fn every_problem_is_reported_in_one_pass() {
+    let e = errors(&format!(
+        r#"
+[interface]
+name = "wg0/1"
+private_key = "{own}"
+listen_port = -5
+address = ["fd00::1/64", "10.0.0.1/40"]
+mtu = 1000
+
+[dataplane]
+backend = "fast"
+workers = 0
+
+[[peer]]
+public_key = "{own_public}"
+endpoint = "example.org"
+allowed_ips = ["10.1.0.0/16"]
+
+[[peer]]
+public_key = "AAAA"
+allowed_ips = ["10.2.0.0/16"]
+
+[[peer]]
+public_key = "{p}"
+allowed_ips = ["10.1.0.7/16", "10.2.0.0/16", "bogus"]
+persistent_keepalive = 1.5
+
+[[peer]]
+public_key = "{p}"
+"#,
+        own = private(1).to_base64().as_str(),
+        own_public = public(1),
+        p = public(3),
+    ));
+    let expected = [
+        "interface.name: `wg0/1` contains '/', which interface names cannot",
+        "interface.listen_port: -5 is out of range 0-65535",
+        "interface.address[1]: `10.0.0.1/40` is not a CIDR (prefix length 40 > 32)",
+        "interface.mtu: 1000 is below 1280, the minimum for IPv6, and an IPv6 address is configured",
+        "dataplane.backend: `fast` is not a backend (expected one of: auto, xdp, uring, mmsg)",
+        "dataplane.workers: 0 is out of range 1-4096 (or write \"auto\")",
+        "peer[0].endpoint: `example.org` has no port (write host:port)",
+        "peer[1].public_key: `AAAA` decodes to 3 bytes, a key is 32 bytes (44 base64 characters)",
+        "peer[2].allowed_ips[2]: `bogus` is not a CIDR (write address/prefix, e.g. 10.0.0.0/24)",
+        "peer[2].persistent_keepalive: must be an integer, not float",
+        "peer[0].public_key: is the interface's own public key (a gateway cannot be its own peer)",
+        "peer[2].allowed_ips[0]: 10.1.0.0/16 is also claimed by peer[0]",
+        "peer[2].allowed_ips[1]: 10.2.0.0/16 is also claimed by peer[1]",
+        "peer[3].public_key: duplicate of peer[2]",
+    ];
+    assert_eq!(e, expected);
+}
+
+#[test]
+fn key_sources_are_one_of_two() {
+    let k = private(1).to_base64().to_string();
+    let c = ok(&format!(
+        "[interface]\nname = \"wg0\"\nprivate_key = \"{k}\"\n"
+    ));
+    assert_eq!(c.interface.private_key, KeySource::Inline(private(1)));
+    for (body, expected) in [
+        (
+            String::new(),
+            "interface: missing `private_key` or `private_key_file`".to_string(),
+        ),
+        (
+            format!("private_key = \"{k}\"\nprivate_key_file = \"k\"\n"),
+            "interface: give `private_key` or `private_key_file`, not both".into(),
+        ),
+        (
+            "private_key_file = \"\"\n".into(),
+            "interface.private_key_file: is empty (give a file path)".into(),
+        ),
+        (
+            "private_key = 5\n".into(),
+            "interface.private_key: must be a string, not integer".into(),
+        ),
+        (
+            "private_key_file = \"k\"\n[[peer]]\npublic_key = \"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\"\npreshared_key = \"x\"\npreshared_key_file = \"y\"\n".into(),
+            "peer[0]: give `preshared_key` or `preshared_key_file`, not both".into(),
+        ),
+    ] {
+        assert_eq!(
+            error(&format!("[interface]\nname = \"wg0\"\n{body}")),
+            expected
+        );
+    }
+}
+
+#[test]
+fn secrets_are_never_echoed() {
+    // Wrong length, bad base64, and a key in the wrong place: none of them may print it.
+    let secret_long = "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LXNlY3JldA==";
+    let secret_bad = "c2VjcmV0!!!c2VjcmV0";
+    for (text, needle) in [
+        (
+            format!("[interface]\nname = \"wg0\"\nprivate_key = \"{secret_long}\"\n"),
+            "interface.private_key: the key decodes to 34 bytes, a key is 32 bytes (44 base64 characters)",
+        ),
+        (
+            format!("[interface]\nname = \"wg0\"\nprivate_key = \"{secret_bad}\"\n"),
+            "interface.private_key: the key is not valid base64",
+        ),
+        (
+            format!(
+                "[interface]\nname = \"wg0\"\nprivate_key_file = \"k\"\n[[peer]]\npublic_key = \"{}\"\npreshared_key = \"{secret_long}\"\n",
+                public(2)
+            ),
+            "peer[0].preshared_key: the key decodes to 34 bytes",
+        ),
+    ] {
+        let e = errors(&text).join("\n");
+        assert!(e.contains(needle), "{e}");
+        assert!(!e.contains(secret_long) && !e.contains(secret_bad), "{e}");
+    }
+}
+
+#[test]
+fn toml_syntax_errors_are_one_line_with_position() {
+    for (text, position) in [
+        ("[interface]\nname = \"wg0\nmtu = 1\n", "line 2, column"),
+        ("[interface]\nname = \"é\" x\n", "line 2, column 12"),
+        ("[interface]\nname = 1\nname = 2\n", "line 3, column 1"),
+    ] {
+        let e = error(text);
+        assert!(e.starts_with(position), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
+
+#[test]
+fn long_and_multiline_values_stay_on_one_line() {
+    let e = error(&with_interface(
+        "[dataplane]\nbackend = \"\"\"\nturbo\nboost\"\"\"\n",
+    ));
+    assert_eq!(
+        e,
+        "dataplane.backend: `turbo\\nboost` is not a backend (expected one of: auto, xdp, uring, mmsg)"
+    );
+    let e = error(&with_interface(&format!(
+        "address = [\"{}\"]\n",
+        "9".repeat(10_000)
+    )));
+    assert!(e.len() < 200, "{e}");
+}
+
+#[test]
+fn mangled_configs_never_panic_and_always_explain() {
+    let valid = format!(
+        "[interface]\nname = \"wg0\"\nprivate_key = \"{}\"\nlisten_port = 51820\naddress = [\"10.77.0.1/24\", \"fd77::1/64\"]\n\
+         [dataplane]\nbackend = \"auto\"\nworkers = 2\ncpus = [0]\n\
+         [[peer]]\npublic_key = \"{}\"\nendpoint = \"[2001:db8::1]:51820\"\nallowed_ips = [\"10.77.0.2/32\"]\npersistent_keepalive = 25\n",
+        private(1).to_base64().as_str(),
+        public(2)
+    );
+    ok(&valid);
+    let replacements = [
+        "", "\"", "[", "]", "=", "\n", "0", "-", ":", "/", "é", "\u{0}",
+    ];
+    for cut in (0..=valid.len()).filter(|i| valid.is_char_boundary(*i)) {
+        if let Err(e) = config::parse(&valid[..cut]) {
+            assert!(!e.0.is_empty());
+        }
+        let next = valid[cut..]
+            .chars()
+            .next()
+            .map_or(cut, |c| cut + c.len_utf8());
+        for r in replacements {
+            let text = format!("{}{r}{}", &valid[..cut], &valid[next..]);
+            if let Err(e) = config::parse(&text) {
+                assert!(!e.0.is_empty(), "{text}");
+                assert!(e.0.iter().all(|e| !e.to_string().contains('\n')), "{e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn errors_display_one_per_line() {
+    let e = config::parse("[interface]\n").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "interface.name: missing (the interface to create, e.g. \"wg0\")\n\
+         interface: missing `private_key` or `private_key_file`"
+    );
+    let _: &dyn std::error::Error = &e;
+}
+
+fn sample_conf() -> String {
+    format!(
+        "# Site A\n\
+         [Interface]\n\
+         PrivateKey = {}   # ours\n\
+         Address = 10.77.0.1/24,fd77::1/64\n\
+         address = 10.78.0.1/24\n\
+         ListenPort = 51820\n\
+         MTU = 1400\n\
+         FwMark = 0x1f\n\
+         DNS = 10.77.0.53\n\
+         Table = off\n\
+         PostUp = iptables -A FORWARD -i %i -j ACCEPT\n\
+         SaveConfig = true\n\
+         \n\
+         [Peer]\n\
+         PublicKey = {}\n\
+         PresharedKey = {}\n\
+         Endpoint = vpn.example.org:51820\n\
+         AllowedIPs = 10.77.0.2/32, 10.20.0.0/16\n\
+         AllowedIPs = fd77::2/128\n\
+         PersistentKeepalive = off\n\
+         \n\
+         [peer]\n\
+         publickey = {}\n\
+         allowedips = 10.30.0.0/16\n",
+        private(1).to_base64().as_str(),
+        public(2),
+        PresharedKey::from_bytes([7; 32]).to_base64().as_str(),
+        public(3),
+    )
+}
+
+#[test]
+fn wg_quick_import_keeps_everything_it_can_and_says_what_it_cannot() {
+    let toml = config::import_wg_quick(&sample_conf(), "site-a").unwrap();
+    for skipped in [
+        "# not imported (no tunneld equivalent): [Interface] DNS = 10.77.0.53\n",
+        "# not imported (no tunneld equivalent): [Interface] Table = off\n",
+        "# not imported (no tunneld equivalent): [Interface] PostUp = iptables -A FORWARD -i %i -j ACCEPT\n",
+        "# not imported (no tunneld equivalent): [Interface] SaveConfig = true\n",
+    ] {
+        assert!(toml.contains(skipped), "{skipped}\n---\n{toml}");
+    }
+    // Written in the documented order, name first.
+    assert!(
+        toml.contains("[interface]\nname = \"site-a\"\nprivate_key = "),
+        "{toml}"
+    );
+    let c = ok(&toml);
+    assert_eq!(c.interface.private_key, KeySource::Inline(private(1)));
+    assert_eq!(c.interface.listen_port, 51820);
+    assert_eq!(c.interface.mtu, 1400);
+    assert_eq!(c.interface.fwmark, 0x1f);
+    let addresses: Vec<String> = c
+        .interface
+        .addresses
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(addresses, ["10.77.0.1/24", "fd77::1/64", "10.78.0.1/24"]);
+    assert_eq!(c.peers.len(), 2);
+    assert_eq!(c.peers[0].public_key, public(2));
+    assert_eq!(
+        c.peers[0].preshared_key,
+        Some(KeySource::Inline(PresharedKey::from_bytes([7; 32])))
+    );
+    assert_eq!(
+        c.peers[0].endpoint,
+        Some(Endpoint::Host {
+            host: "vpn.example.org".into(),
+            port: 51820
+        })
+    );
+    assert_eq!(c.peers[0].allowed_ips.len(), 3);
+    assert_eq!(c.peers[0].persistent_keepalive, 0);
+    assert_eq!(c.peers[1].public_key, public(3));
+}
+
+#[test]
+fn wg_quick_import_errors_name_the_conf_line() {
+    let e = config::import_wg_quick(
+        "Address = 10.0.0.1/24\n[Interface]\nListenPort = many\nPrivateKey\n[Wat]\n",
+        "wg0",
+    )
+    .unwrap_err();
+    let lines: Vec<String> = e.0.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "line 1: `Address` is outside an [Interface] or [Peer] section",
+            "line 3: ListenPort: `many` is not a number",
+            "line 4: expected `Key = Value`",
+            "line 5: unknown section `[Wat]` (expected [Interface] or [Peer])",
+        ]
+    );
+
+    // Problems found by validating the result point back at the .conf too; keys stay hidden.
+    let secret = "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LXNlY3JldA==";
+    let conf = format!(
+        "[Interface]\nPrivateKey = {secret}\nListenPort = 70000\n\n[Peer]\nAllowedIPs = 10.0.0.0/8,\n  \nAllowedIPs = 10.0.0.1/33\n"
+    );
+    let e = config::import_wg_quick(&conf, "wg0").unwrap_err();
+    let lines: Vec<String> = e.0.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "line 2 (PrivateKey): the key decodes to 34 bytes, a key is 32 bytes (44 base64 characters)",
+            "line 3 (ListenPort): 70000 is out of range 0-65535",
+            "peer[0].public_key ([Peer] at line 5): missing (the peer's base64 key, as `wg pubkey` prints it)",
+            "line 8 (AllowedIPs): `10.0.0.1/33` is not a CIDR (prefix length 33 > 32)",
+        ]
+    );
+    assert!(!e.to_string().contains(secret));
+}
+
+#[test]
+fn wg_quick_import_never_panics() {
+    let conf = sample_conf();
+    for cut in (0..=conf.len()).filter(|i| conf.is_char_boundary(*i)) {
+        for name in ["wg0", "", "a/b"] {
+            if let Err(e) = config::import_wg_quick(&conf[..cut], name) {
+                assert!(!e.0.is_empty());
+            }
+        }
+    }
+    // A key in the wrong section is refused (it may be a secret that a comment would copy);
+    // an unknown key is kept as a comment that says so.
+    let e = config::import_wg_quick(
+        "[Peer]\nPrivateKey = c2VjcmV0\n[Interface]\nEndpoint = 192.0.2.1:1\n",
+        "wg0",
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "line 2: `PrivateKey` belongs in [Interface], not [Peer]\n\
+         line 4: `Endpoint` belongs in [Peer], not [Interface]"
+    );
+    let toml = config::import_wg_quick(
+        &format!(
+            "[Interface]\nPrivateKey = {}\nListenPrt = 1\n",
+            private(1).to_base64().as_str()
+        ),
+        "wg0",
+    )
+    .unwrap();
+    assert!(
+        toml.contains("\n# not imported (unknown key): [Interface] ListenPrt = 1\n"),
+        "{toml}"
+    );
+    // Control characters in a skipped line cannot break the TOML comment it becomes.
+    let toml = config::import_wg_quick(
+        &format!(
+            "[Interface]\nPrivateKey = {}\nPostUp = echo \u{7f}\u{1}x\n",
+            private(1).to_base64().as_str()
+        ),
+        "wg0",
+    )
+    .unwrap();
+    assert!(toml.contains("PostUp = echo ??x"), "{toml}");
+}
