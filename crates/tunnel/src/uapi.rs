@@ -61,7 +61,8 @@ pub struct PeerUpdate {
 }
 
 impl PeerUpdate {
-    fn new(public_key: PublicKey) -> Self {
+    /// An update that names the peer and changes nothing yet.
+    pub fn new(public_key: PublicKey) -> Self {
         Self {
             public_key,
             remove: false,

@@ -21,16 +21,7 @@ fn set(message: &str) -> SetRequest {
 }
 
 fn update(public_key: PublicKey) -> PeerUpdate {
-    PeerUpdate {
-        public_key,
-        remove: false,
-        update_only: false,
-        preshared_key: None,
-        endpoint: None,
-        persistent_keepalive: None,
-        replace_allowed_ips: false,
-        allowed_ips: Vec::new(),
-    }
+    PeerUpdate::new(public_key)
 }
 
 #[test]
