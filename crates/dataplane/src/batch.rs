@@ -4,6 +4,7 @@
 //! a virtio_net_hdr or encapsulate in place) followed by `FRAME_PAYLOAD` bytes for the payload.
 //! The batch is the unit of I/O: backends fill or drain whole batches per call.
 
+use crate::offload::VnetHdr;
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use tunneld_tunnel::{DatagramSink, PacketSink};
 
@@ -22,6 +23,11 @@ pub struct Batch {
     buf: Box<[u8]>,
     lens: [usize; BATCH_SIZE],
     addrs: [SocketAddr; BATCH_SIZE],
+    /// TUN frames: the offload header the packet came with (all zero: a plain packet).
+    offloads: [VnetHdr; BATCH_SIZE],
+    /// UDP frames: the size of each datagram in a frame that holds several (UDP GRO), or 0
+    /// for a frame holding one.
+    segment_sizes: [u16; BATCH_SIZE],
     count: usize,
 }
 
@@ -43,6 +49,8 @@ impl Batch {
             buf: vec![0u8; FRAME * BATCH_SIZE].into_boxed_slice(),
             lens: [0; BATCH_SIZE],
             addrs: [UNSPECIFIED; BATCH_SIZE],
+            offloads: [VnetHdr::default(); BATCH_SIZE],
+            segment_sizes: [0; BATCH_SIZE],
             count: 0,
         }
     }
@@ -66,6 +74,11 @@ impl Batch {
         &self.buf[start..start + self.lens[i]]
     }
 
+    /// The length of frame `i`'s payload.
+    pub fn payload_len(&self, i: usize) -> usize {
+        self.lens[i]
+    }
+
     /// The whole payload area of frame `i` (all `FRAME_PAYLOAD` bytes) and its length.
     pub fn frame_mut(&mut self, i: usize) -> (&mut [u8], usize) {
         let start = i * FRAME + HEADROOM;
@@ -79,6 +92,28 @@ impl Batch {
 
     pub fn addr(&self, i: usize) -> SocketAddr {
         self.addrs[i]
+    }
+
+    /// The offload header of TUN frame `i` (see [`crate::offload`]).
+    pub fn offload(&self, i: usize) -> VnetHdr {
+        self.offloads[i]
+    }
+
+    pub fn set_offload(&mut self, i: usize, hdr: VnetHdr) {
+        self.offloads[i] = hdr;
+    }
+
+    /// The datagrams in UDP frame `i`: the whole payload, or consecutive pieces of
+    /// `segment_size` bytes (the last may be shorter) when the kernel merged them (UDP GRO).
+    pub fn datagrams(&self, i: usize) -> Datagrams<'_> {
+        Datagrams {
+            rest: Some(self.payload(i)),
+            size: usize::from(self.segment_sizes[i]),
+        }
+    }
+
+    pub fn set_segment_size(&mut self, i: usize, size: u16) {
+        self.segment_sizes[i] = size;
     }
 
     /// The payload area of the next unused frame, for a backend or the core to fill.
@@ -95,13 +130,18 @@ impl Batch {
         debug_assert!(self.count < BATCH_SIZE && len <= FRAME_PAYLOAD);
         self.lens[self.count] = len;
         self.addrs[self.count] = addr;
+        self.offloads[self.count] = VnetHdr::default();
+        self.segment_sizes[self.count] = 0;
         self.count += 1;
     }
 
     /// Sets the length and address of frame `i` directly (backends filling many frames at once).
+    /// Offload header and segment size are reset; set them after.
     pub fn set(&mut self, i: usize, len: usize, addr: SocketAddr) {
         self.lens[i] = len;
         self.addrs[i] = addr;
+        self.offloads[i] = VnetHdr::default();
+        self.segment_sizes[i] = 0;
     }
 
     /// Declares the first `count` frames filled (after `set` on each).
@@ -115,6 +155,28 @@ impl Batch {
     pub(crate) fn payload_ptrs(&mut self) -> [*mut u8; BATCH_SIZE] {
         let base = self.buf.as_mut_ptr();
         std::array::from_fn(|i| base.wrapping_add(i * FRAME + HEADROOM))
+    }
+}
+
+/// The datagrams of one UDP frame; see [`Batch::datagrams`]. An empty frame is one empty
+/// datagram (the peer sent it, and it is counted as malformed like any other).
+#[derive(Debug)]
+pub struct Datagrams<'a> {
+    rest: Option<&'a [u8]>,
+    size: usize,
+}
+
+impl<'a> Iterator for Datagrams<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = self.rest?;
+        if self.size == 0 || rest.len() <= self.size {
+            self.rest = None;
+            return Some(rest);
+        }
+        let (first, tail) = rest.split_at(self.size);
+        self.rest = Some(tail);
+        Some(first)
     }
 }
 
@@ -156,5 +218,30 @@ mod tests {
         }
         batch.clear();
         assert!(batch.is_empty());
+    }
+
+    #[test]
+    fn merged_datagrams_split_by_segment_size() {
+        let mut batch = Batch::new();
+        let slot = batch.next_free().unwrap();
+        for (i, b) in slot[..10].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        batch.commit(10, UNSPECIFIED);
+        assert_eq!(
+            batch.datagrams(0).collect::<Vec<_>>(),
+            [&[0u8, 1, 2, 3, 4, 5, 6, 7, 8, 9][..]]
+        );
+        batch.set_segment_size(0, 4);
+        let parts: Vec<&[u8]> = batch.datagrams(0).collect();
+        assert_eq!(parts, [&[0u8, 1, 2, 3][..], &[4, 5, 6, 7], &[8, 9]]);
+        batch.set_segment_size(0, 5);
+        assert_eq!(batch.datagrams(0).count(), 2);
+        batch.commit(0, UNSPECIFIED);
+        assert_eq!(
+            batch.datagrams(1).collect::<Vec<_>>(),
+            [&[][..]],
+            "empty is one datagram"
+        );
     }
 }

@@ -13,8 +13,9 @@ pub trait PacketIo {
     /// Returns how many were appended.
     fn recv_batch(&mut self, batch: &mut Batch) -> io::Result<usize>;
     /// Writes every packet in `batch`; packets the device refuses are dropped and counted by
-    /// the caller from the return value (packets written).
-    fn send_batch(&mut self, batch: &Batch) -> io::Result<usize>;
+    /// the caller from the return value (packets written). The batch is `mut` because a
+    /// backend may rewrite headers in place (coalescing packets into a super-packet).
+    fn send_batch(&mut self, batch: &mut Batch) -> io::Result<usize>;
     /// A descriptor that polls readable when packets are ready, if the backend has one.
     fn fd(&self) -> Option<RawFd>;
 }

@@ -2,6 +2,7 @@
 
 pub mod batch;
 pub mod io;
+pub mod offload;
 pub mod sim;
 pub mod tun;
 pub mod udp;

@@ -268,7 +268,7 @@ impl PacketIo for SimTun {
 
     /// Returns the packets queued; those refused because the queue is full count in
     /// [`SimTun::dropped`].
-    fn send_batch(&mut self, batch: &Batch) -> io::Result<usize> {
+    fn send_batch(&mut self, batch: &mut Batch) -> io::Result<usize> {
         let mut q = lock(&self.queues);
         let mut written = 0;
         for i in 0..batch.len() {
@@ -412,7 +412,7 @@ mod tests {
         batch.clear();
         fill(&mut batch, 5, NO_ADDR, 9);
         assert_eq!(
-            tun.send_batch(&batch).unwrap(),
+            tun.send_batch(&mut batch).unwrap(),
             3,
             "two refused: queue full"
         );

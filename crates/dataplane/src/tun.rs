@@ -1,11 +1,14 @@
 //! The TUN device: IP packets to and from the kernel through `/dev/net/tun`.
 //!
-//! One read or write per packet for now. Offloads (`IFF_VNET_HDR`, a `virtio_net_hdr` in front
-//! of every packet) and `IFF_MULTI_QUEUE` come later; the header will then live in the frame's
-//! headroom, right in front of the payload, so reads and writes stay in place (see
-//! `Tun::vnet_hdr_len`).
+//! One read or write per packet, or, with offloads ([`Tun::open_with_offloads`]), per
+//! super-packet: the kernel hands over TCP/UDP packets of up to 64 KiB (TSO/USO) which the worker
+//! cuts into segments ([`crate::offload::segment`]), and `send_batch` writes the packets of a
+//! batch that continue one flow as one super-packet ([`crate::offload::Coalescer`]). The
+//! `virtio_net_hdr` in front of every packet lives in the frame's headroom, right in front of
+//! the payload, so reads and writes stay in place.
 
-use crate::{Batch, PacketIo, HEADROOM};
+use crate::offload::{Coalescer, VnetHdr, VNET_HDR_LEN};
+use crate::{Batch, PacketIo, BATCH_SIZE, HEADROOM};
 use std::ffi::CStr;
 use std::io;
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
@@ -16,17 +19,45 @@ const CLONE_DEVICE: &CStr = c"/dev/net/tun";
 /// Packets from the TUN side carry no peer address.
 const NO_ADDR: SocketAddr = SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0));
 
+/// Which offloads the kernel accepted on a TUN device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Offloads {
+    /// TCP segmentation (TSO4/6) with checksum offload: reads may be TCP super-packets, and
+    /// writes may coalesce TCP segments.
+    pub tcp: bool,
+    /// UDP segmentation (USO4/6, Linux 6.2 and later): the same for UDP.
+    pub udp: bool,
+}
+
 /// A TUN interface (layer 3, no packet information header), non-blocking. The interface exists
 /// while this value does: it is not persistent and disappears when dropped.
-#[derive(Debug)]
 pub struct Tun {
     fd: OwnedFd,
     name: String,
-    /// Bytes of `virtio_net_hdr` in front of every packet on the descriptor: 0 until
-    /// `IFF_VNET_HDR` is enabled, and never more than `HEADROOM`. Reads land this many bytes
-    /// before the payload, in the headroom, so the payload starts where the batch expects it.
+    /// Bytes of `virtio_net_hdr` in front of every packet on the descriptor: 0 without
+    /// `IFF_VNET_HDR`, and never more than `HEADROOM`. Reads land this many bytes before the
+    /// payload, in the headroom, so the payload starts where the batch expects it.
     vnet_hdr_len: usize,
+    offloads: Offloads,
+    /// Plans super-packets for writes (with offloads only).
+    coalescer: Box<Coalescer>,
+    /// The iovecs of one super-packet write: the head, then each member's payload.
+    iovs: Box<[libc::iovec; BATCH_SIZE]>,
 }
+
+impl std::fmt::Debug for Tun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tun")
+            .field("fd", &self.fd.as_raw_fd())
+            .field("name", &self.name)
+            .field("offloads", &self.offloads)
+            .finish()
+    }
+}
+
+// SAFETY: the raw pointers in `iovs` are rewritten before every write and point only into the
+// batch borrowed for that call; nothing is shared between threads through them.
+unsafe impl Send for Tun {}
 
 impl Tun {
     /// Creates (or attaches to a free, existing) TUN interface `name`. An empty name, or one with
@@ -34,6 +65,50 @@ impl Tun {
     ///
     /// The interface is created down and without addresses; configure it with netlink.
     pub fn open(name: &str) -> io::Result<Tun> {
+        Tun::create(name, false)
+    }
+
+    /// Like [`Tun::open`], with a `virtio_net_hdr` on every packet and as many offloads as the
+    /// kernel accepts (checksum and TSO4/6, then USO4/6 on Linux 6.2 and later).
+    /// [`Tun::offloads`] says which it got; with none, packets still carry the header.
+    pub fn open_with_offloads(name: &str) -> io::Result<Tun> {
+        let mut tun = Tun::create(name, true)?;
+        let tcp = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
+        let udp = libc::TUN_F_USO4 | libc::TUN_F_USO6;
+        if tun.set_offload(tcp | udp).is_ok() {
+            tun.offloads = Offloads {
+                tcp: true,
+                udp: true,
+            };
+        } else if tun.set_offload(tcp).is_ok() {
+            tun.offloads.tcp = true;
+        }
+        tun.coalescer = Box::new(Coalescer::new(tun.offloads.udp));
+        Ok(tun)
+    }
+
+    fn set_offload(&self, flags: libc::c_uint) -> io::Result<()> {
+        // SAFETY: TUNSETOFFLOAD takes its argument by value; no memory is passed.
+        let rc = unsafe {
+            libc::ioctl(
+                self.fd.as_raw_fd(),
+                libc::TUNSETOFFLOAD,
+                libc::c_ulong::from(flags),
+            )
+        };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The offloads in use (none for [`Tun::open`]).
+    pub fn offloads(&self) -> Offloads {
+        self.offloads
+    }
+
+    fn create(name: &str, vnet_hdr: bool) -> io::Result<Tun> {
         validate_name(name)?;
         let fail = |e: io::Error| {
             io::Error::new(e.kind(), format!("cannot create TUN device {name}: {e}"))
@@ -58,8 +133,12 @@ impl Tun {
         for (dst, src) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
             *dst = src as libc::c_char;
         }
-        // IFF_TUN | IFF_NO_PI is 0x1001: fits a c_short.
-        ifr.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+        let mut flags = libc::IFF_TUN | libc::IFF_NO_PI;
+        if vnet_hdr {
+            flags |= libc::IFF_VNET_HDR;
+        }
+        // IFF_TUN | IFF_NO_PI | IFF_VNET_HDR is 0x5001: fits a c_short.
+        ifr.ifr_ifru.ifru_flags = flags as libc::c_short;
         // SAFETY: TUNSETIFF reads and writes one `struct ifreq`, which `ifr` is and outlives the
         // call; the name is NUL-terminated because validate_name keeps it under IFNAMSIZ bytes.
         let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &mut ifr) };
@@ -75,10 +154,17 @@ impl Tun {
             .unwrap_or(ifr.ifr_name.len());
         let bytes: Vec<u8> = ifr.ifr_name[..len].iter().map(|&c| c as u8).collect();
         let name = String::from_utf8_lossy(&bytes).into_owned();
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
         Ok(Tun {
             fd,
             name,
-            vnet_hdr_len: 0,
+            vnet_hdr_len: if vnet_hdr { VNET_HDR_LEN } else { 0 },
+            offloads: Offloads::default(),
+            coalescer: Box::new(Coalescer::new(false)),
+            iovs: Box::new([empty; BATCH_SIZE]),
         })
     }
 
@@ -151,35 +237,57 @@ impl PacketIo for Tun {
                 // A header without a packet: nothing to deliver.
                 continue;
             }
+            let offload = (hdr == VNET_HDR_LEN).then(|| {
+                let raw = &batch.raw_frame_mut(i)[HEADROOM - VNET_HDR_LEN..HEADROOM];
+                VnetHdr::decode(raw.try_into().unwrap_or(&[0; VNET_HDR_LEN]))
+            });
             batch.commit(n - hdr, NO_ADDR);
+            if let Some(offload) = offload {
+                batch.set_offload(i, offload);
+            }
             got += 1;
         }
         Ok(got)
     }
 
-    fn send_batch(&mut self, batch: &Batch) -> io::Result<usize> {
+    fn send_batch(&mut self, batch: &mut Batch) -> io::Result<usize> {
+        if self.vnet_hdr_len == 0 {
+            return self.send_plain(batch);
+        }
+        let groups = self.coalescer.plan(batch);
+        for g in 0..groups {
+            let planned = self.coalescer.planned(g);
+            let raw = batch.raw_frame_mut(planned.head);
+            raw[HEADROOM - VNET_HDR_LEN..HEADROOM].copy_from_slice(&planned.hdr.encode());
+        }
+        // From here on the frames are only read, through pointers from one borrow.
+        let frames = batch.payload_ptrs();
         let mut sent = 0;
-        for i in 0..batch.len() {
-            // With IFF_VNET_HDR this becomes a writev of [header, payload].
-            let packet = batch.payload(i);
-            loop {
-                // SAFETY: `packet` is a valid, readable buffer of `packet.len()` bytes.
-                let n = unsafe {
-                    libc::write(self.fd.as_raw_fd(), packet.as_ptr().cast(), packet.len())
+        for g in 0..groups {
+            let planned = self.coalescer.planned(g);
+            let head = planned.head;
+            self.iovs[0] = libc::iovec {
+                // The header sits in the headroom right in front of the payload.
+                iov_base: frames[head].wrapping_sub(VNET_HDR_LEN).cast(),
+                iov_len: VNET_HDR_LEN + batch.payload_len(head),
+            };
+            let mut count = 1;
+            for m in self.coalescer.members(g) {
+                self.iovs[count] = libc::iovec {
+                    iov_base: frames[m].wrapping_add(planned.member_hl).cast(),
+                    iov_len: batch.payload_len(m).saturating_sub(planned.member_hl),
                 };
-                if n >= 0 {
-                    sent += 1;
-                    break;
-                }
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::Interrupted => continue,
-                    // The device queue is full: the rest of the batch is dropped.
-                    io::ErrorKind::WouldBlock => return Ok(sent),
-                    _ if is_fatal(&e) => return if sent == 0 { Err(e) } else { Ok(sent) },
-                    // Refused (EINVAL for a packet that is not IPv4/IPv6, EIO, ...): skip it.
-                    _ => break,
-                }
+                count += 1;
+            }
+            // SAFETY: the first `count` iovecs point at frames of `batch`, which is borrowed
+            // for the whole call and not touched while the kernel reads them.
+            match self.write_retrying(|fd, iovs| unsafe {
+                libc::writev(fd, iovs.as_ptr(), count as libc::c_int)
+            }) {
+                Ok(true) => sent += planned.count,
+                Ok(false) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(sent),
+                Err(e) => return if sent == 0 { Err(e) } else { Ok(sent) },
             }
         }
         Ok(sent)
@@ -187,6 +295,47 @@ impl PacketIo for Tun {
 
     fn fd(&self) -> Option<RawFd> {
         Some(self.fd.as_raw_fd())
+    }
+}
+
+impl Tun {
+    /// One write per packet (no `virtio_net_hdr` on this descriptor).
+    fn send_plain(&mut self, batch: &Batch) -> io::Result<usize> {
+        let mut sent = 0;
+        for i in 0..batch.len() {
+            let packet = batch.payload(i);
+            // SAFETY: `packet` is a valid, readable buffer of `packet.len()` bytes.
+            match self.write_retrying(|fd, _| unsafe {
+                libc::write(fd, packet.as_ptr().cast(), packet.len())
+            }) {
+                Ok(true) => sent += 1,
+                Ok(false) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(sent),
+                Err(e) => return if sent == 0 { Err(e) } else { Ok(sent) },
+            }
+        }
+        Ok(sent)
+    }
+
+    /// Runs one write, retrying on EINTR. `Ok(false)`: the kernel refused this packet (EINVAL
+    /// for a packet that is not IPv4/IPv6, EIO, ...), skip it. `Err` with `WouldBlock`: the
+    /// device queue is full and the rest of the batch is dropped; other errors are fatal.
+    fn write_retrying(
+        &self,
+        mut write: impl FnMut(RawFd, &[libc::iovec]) -> isize,
+    ) -> io::Result<bool> {
+        loop {
+            if write(self.fd.as_raw_fd(), &self.iovs[..]) >= 0 {
+                return Ok(true);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return Err(e),
+                _ if is_fatal(&e) => return Err(e),
+                _ => return Ok(false),
+            }
+        }
     }
 }
 

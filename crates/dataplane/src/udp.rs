@@ -1,8 +1,10 @@
 //! The UDP underlay: one dual-stack socket, a batch per `recvmmsg`/`sendmmsg` call.
 //!
-//! The message headers, iovecs and address buffers are allocated once, with the socket; a call
-//! only fills them in. GSO (`UDP_SEGMENT`) and GRO (`UDP_GRO`) come later: they add a control
-//! buffer per message next to the address buffers in `Scratch`, and a segment size per frame.
+//! The message headers, iovecs, address and control buffers are allocated once, with the
+//! socket; a call only fills them in. Sends put runs of equal-size datagrams to one address
+//! into one message with `UDP_SEGMENT` (GSO). Receives take `UDP_GRO`: the kernel may hand over
+//! several datagrams of one sender as one buffer with their size in a control message; the
+//! frame then records that size and the worker walks the datagrams in place (no copy).
 
 use crate::{Batch, DatagramIo, BATCH_SIZE, FRAME_PAYLOAD};
 use std::io;
@@ -21,7 +23,8 @@ const GSO_MAX_SEGMENTS: usize = 64;
 /// Most payload bytes one GSO send may carry: the whole run must fit one IP packet.
 const GSO_MAX_BYTES: usize = 65_000;
 
-/// Room for one control message carrying a u16 (UDP_SEGMENT), aligned for `cmsghdr`.
+/// Room for one control message carrying a u16 (UDP_SEGMENT) or an int (UDP_GRO), aligned for
+/// `cmsghdr`.
 #[repr(C, align(8))]
 #[derive(Clone, Copy)]
 struct SegmentCmsg([u8; 32]);
@@ -34,6 +37,8 @@ pub struct UdpSocket {
     scratch: Box<Scratch>,
     /// Whether runs of equal-size datagrams to one address go out as one UDP_SEGMENT send.
     gso: bool,
+    /// Whether the kernel may merge received datagrams (UDP_GRO).
+    gro: bool,
 }
 
 impl std::fmt::Debug for UdpSocket {
@@ -69,8 +74,16 @@ impl Scratch {
         Box::new(unsafe { zeroed() })
     }
 
-    /// Points message `j` at its address buffer and at `len` bytes at `buf`.
-    fn prepare(&mut self, j: usize, buf: *mut u8, len: usize, namelen: libc::socklen_t) {
+    /// Points message `j` at its address buffer, its control buffer (if `control`) and at `len`
+    /// bytes at `buf`.
+    fn prepare(
+        &mut self,
+        j: usize,
+        buf: *mut u8,
+        len: usize,
+        namelen: libc::socklen_t,
+        control: bool,
+    ) {
         self.iovs[j] = libc::iovec {
             iov_base: buf.cast(),
             iov_len: len,
@@ -80,10 +93,37 @@ impl Scratch {
         hdr.msg_namelen = namelen;
         hdr.msg_iov = ptr::addr_of_mut!(self.iovs[j]);
         hdr.msg_iovlen = 1;
-        hdr.msg_control = ptr::null_mut();
-        hdr.msg_controllen = 0;
+        if control {
+            hdr.msg_control = self.cmsgs[j].0.as_mut_ptr().cast();
+            hdr.msg_controllen = size_of::<SegmentCmsg>() as _;
+        } else {
+            hdr.msg_control = ptr::null_mut();
+            hdr.msg_controllen = 0;
+        }
         hdr.msg_flags = 0;
         self.hdrs[j].msg_len = 0;
+    }
+
+    /// The datagram size of message `j` if the kernel merged several (a UDP_GRO control
+    /// message), else 0.
+    fn gro_size(&self, j: usize) -> u16 {
+        let hdr = &self.hdrs[j].msg_hdr;
+        if hdr.msg_control.is_null() || hdr.msg_controllen < size_of::<libc::cmsghdr>() as _ {
+            return 0;
+        }
+        // SAFETY: msg_control points at this message's control buffer and msg_controllen is
+        // what the kernel wrote into it, so the CMSG_* walk stays inside it.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(hdr);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                    let size: libc::c_int = ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                    return u16::try_from(size).unwrap_or(0);
+                }
+                c = libc::CMSG_NXTHDR(hdr, c);
+            }
+        }
+        0
     }
 }
 
@@ -158,11 +198,13 @@ impl UdpSocket {
         let local = read_sockaddr(&storage, len)
             .ok_or_else(|| fail("inspect", io::Error::from(io::ErrorKind::InvalidData)))?;
         let gso = gso_supported(&fd);
+        let gro = setsockopt(&fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         Ok(UdpSocket {
             fd,
             local,
             scratch: Scratch::new(),
             gso,
+            gro,
         })
     }
 
@@ -179,6 +221,23 @@ impl UdpSocket {
     /// Turns UDP GSO off (or back on, where the kernel has it), e.g. to measure its gain.
     pub fn set_gso(&mut self, on: bool) {
         self.gso = on && gso_supported(&self.fd);
+    }
+
+    /// Whether receives take merged datagrams (UDP GRO, on by default where the kernel has it).
+    pub fn gro(&self) -> bool {
+        self.gro
+    }
+
+    /// Turns UDP GRO off (or back on, where the kernel has it).
+    pub fn set_gro(&mut self, on: bool) {
+        let ok = setsockopt(
+            &self.fd,
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            libc::c_int::from(on),
+        )
+        .is_ok();
+        self.gro = on && ok;
     }
 
     /// Builds the send messages for datagrams `from..` of `batch`: one message per datagram,
@@ -412,7 +471,7 @@ impl DatagramIo for UdpSocket {
         let scratch = &mut *self.scratch;
         let namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         for j in 0..free {
-            scratch.prepare(j, frames[start + j], FRAME_PAYLOAD, namelen);
+            scratch.prepare(j, frames[start + j], FRAME_PAYLOAD, namelen, self.gro);
         }
 
         let mut retries = 0;
@@ -461,6 +520,7 @@ impl DatagramIo for UdpSocket {
                 unsafe { ptr::copy_nonoverlapping(frames[start + j], frames[start + kept], len) };
             }
             batch.set(start + kept, len, from);
+            batch.set_segment_size(start + kept, scratch.gro_size(j));
             kept += 1;
         }
         batch.set_len(start + kept);

@@ -5,7 +5,8 @@
 //! The control plane reaches the worker only through [`WorkerHandle::run`], which sends a
 //! closure to run between batches on the worker's own thread: the device is never shared.
 
-use crate::{Batch, DatagramIo, PacketIo};
+use crate::offload::{self, OffloadError};
+use crate::{Batch, DatagramIo, PacketIo, FRAME_PAYLOAD};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc;
@@ -99,8 +100,12 @@ pub struct Worker<P, D> {
     tun_tx: Batch,
     net_rx: Batch,
     net_tx: Batch,
+    /// Where a TUN super-packet is cut into segments, one at a time, before encryption.
+    segment_buf: Box<[u8]>,
     /// Datagrams or packets the kernel refused to take (full buffers); counted, not retried.
     send_shortfall: u64,
+    /// Super-packets from the TUN that could not be segmented (see `offload::segment`).
+    offload_errors: u64,
 }
 
 impl<P, D> std::fmt::Debug for Worker<P, D> {
@@ -129,7 +134,9 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             tun_tx: Batch::new(),
             net_rx: Batch::new(),
             net_tx: Batch::new(),
+            segment_buf: vec![0; FRAME_PAYLOAD].into_boxed_slice(),
             send_shortfall: 0,
+            offload_errors: 0,
         };
         Ok((worker, handle))
     }
@@ -188,14 +195,36 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             }
         }
         for i in 0..self.tun_rx.len() {
-            if self.net_tx.is_full() {
-                self.flush_network();
-            }
+            let hdr = self.tun_rx.offload(i);
             let (frame, len) = self.tun_rx.frame_mut(i);
-            self.device.encapsulate(frame, len, now, &mut self.net_tx);
+            let (device, net_tx, udp) = (&mut self.device, &mut self.net_tx, &mut self.udp);
+            let shortfall = &mut self.send_shortfall;
+            let mut encapsulate = |packet: &mut [u8], len: usize| {
+                if net_tx.is_full() {
+                    *shortfall += flush(udp, net_tx);
+                }
+                device.encapsulate(packet, len, now, net_tx);
+            };
+            if hdr.is_plain() {
+                encapsulate(frame, len);
+            } else if let Err(e) =
+                offload::segment(frame, len, &hdr, &mut self.segment_buf, encapsulate)
+            {
+                self.offload_error(e);
+            }
         }
         self.flush_network();
         true
+    }
+
+    fn offload_error(&mut self, e: OffloadError) {
+        self.offload_errors += 1;
+        if self.offload_errors.is_power_of_two() {
+            tracing::warn!(
+                "dropped a packet from the TUN device: {e} ({} so far)",
+                self.offload_errors
+            );
+        }
     }
 
     /// Datagrams from UDP, decrypted, out to the TUN (replies back out to UDP).
@@ -210,17 +239,18 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             }
         }
         for i in 0..self.net_rx.len() {
-            if self.tun_tx.is_full() {
-                self.flush_tunnel();
-            }
-            // A handshake can produce a reply plus every packet queued while it ran.
-            if self.net_tx.len() + 8 > crate::BATCH_SIZE {
-                self.flush_network();
-            }
             let from = self.net_rx.addr(i);
-            let datagram = self.net_rx.payload(i);
-            self.device
-                .decapsulate(from, datagram, now, &mut self.tun_tx, &mut self.net_tx);
+            for datagram in self.net_rx.datagrams(i) {
+                if self.tun_tx.is_full() {
+                    self.send_shortfall += write(&mut self.tun, &mut self.tun_tx);
+                }
+                // A handshake can produce a reply plus every packet queued while it ran.
+                if self.net_tx.len() + 8 > crate::BATCH_SIZE {
+                    self.send_shortfall += flush(&mut self.udp, &mut self.net_tx);
+                }
+                self.device
+                    .decapsulate(from, datagram, now, &mut self.tun_tx, &mut self.net_tx);
+            }
         }
         self.flush_tunnel();
         self.flush_network();
@@ -228,31 +258,11 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     }
 
     fn flush_network(&mut self) {
-        if self.net_tx.is_empty() {
-            return;
-        }
-        match self.udp.send_batch(&self.net_tx) {
-            Ok(sent) => self.send_shortfall += (self.net_tx.len() - sent) as u64,
-            Err(e) => {
-                self.send_shortfall += self.net_tx.len() as u64;
-                tracing::debug!("sending on the UDP socket: {e}");
-            }
-        }
-        self.net_tx.clear();
+        self.send_shortfall += flush(&mut self.udp, &mut self.net_tx);
     }
 
     fn flush_tunnel(&mut self) {
-        if self.tun_tx.is_empty() {
-            return;
-        }
-        match self.tun.send_batch(&self.tun_tx) {
-            Ok(sent) => self.send_shortfall += (self.tun_tx.len() - sent) as u64,
-            Err(e) => {
-                self.send_shortfall += self.tun_tx.len() as u64;
-                tracing::debug!("writing the TUN device: {e}");
-            }
-        }
-        self.tun_tx.clear();
+        self.send_shortfall += write(&mut self.tun, &mut self.tun_tx);
     }
 
     /// Runs queued control jobs. Returns `false` when the worker must stop.
@@ -299,9 +309,46 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         self.send_shortfall
     }
 
+    /// Super-packets from the TUN dropped because they could not be segmented.
+    pub fn offload_errors(&self) -> u64 {
+        self.offload_errors
+    }
+
     pub fn device(&self) -> &Device {
         &self.device
     }
+}
+
+/// Sends and empties `batch`; returns how many datagrams the kernel did not take.
+fn flush(udp: &mut impl DatagramIo, batch: &mut Batch) -> u64 {
+    if batch.is_empty() {
+        return 0;
+    }
+    let lost = match udp.send_batch(batch) {
+        Ok(sent) => batch.len() - sent.min(batch.len()),
+        Err(e) => {
+            tracing::debug!("sending on the UDP socket: {e}");
+            batch.len()
+        }
+    };
+    batch.clear();
+    lost as u64
+}
+
+/// Writes and empties `batch`; returns how many packets the kernel did not take.
+fn write(tun: &mut impl PacketIo, batch: &mut Batch) -> u64 {
+    if batch.is_empty() {
+        return 0;
+    }
+    let lost = match tun.send_batch(batch) {
+        Ok(sent) => batch.len() - sent.min(batch.len()),
+        Err(e) => {
+            tracing::debug!("writing the TUN device: {e}");
+            batch.len()
+        }
+    };
+    batch.clear();
+    lost as u64
 }
 
 fn pollfd(fd: Option<RawFd>) -> libc::pollfd {

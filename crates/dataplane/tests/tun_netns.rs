@@ -154,7 +154,7 @@ fn tun_delivers_written_packets_and_skips_refused_ones() {
         batch.commit(p.len(), from);
     }
     assert_eq!(
-        tun.send_batch(&batch).unwrap(),
+        tun.send_batch(&mut batch).unwrap(),
         1,
         "garbage and empty are refused"
     );

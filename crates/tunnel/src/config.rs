@@ -30,7 +30,14 @@ const INTERFACE_FIELDS: &[&str] = &[
     "mtu",
     "fwmark",
 ];
-const DATAPLANE_FIELDS: &[&str] = &["backend", "workers", "cpus", "udp_gso"];
+const DATAPLANE_FIELDS: &[&str] = &[
+    "backend",
+    "workers",
+    "cpus",
+    "udp_gso",
+    "udp_gro",
+    "tun_offload",
+];
 const PEER_FIELDS: &[&str] = &[
     "public_key",
     "preshared_key",
@@ -74,6 +81,11 @@ pub struct DataplaneConfig {
     pub cpus: Option<Vec<usize>>,
     /// UDP generic segmentation offload on sends (default on where the kernel has it).
     pub udp_gso: bool,
+    /// UDP generic receive offload: the kernel may merge received datagrams (default on).
+    pub udp_gro: bool,
+    /// TUN offloads: TCP/UDP super-packets from and to the kernel, segmented and coalesced
+    /// in user space (default on where the kernel has them).
+    pub tun_offload: bool,
 }
 
 impl Default for DataplaneConfig {
@@ -83,6 +95,8 @@ impl Default for DataplaneConfig {
             workers: Workers::Auto,
             cpus: None,
             udp_gso: true,
+            udp_gro: true,
+            tun_offload: true,
         }
     }
 }
@@ -763,17 +777,20 @@ fn interface_name_problem(name: &str) -> Option<String> {
 fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
     let path = "dataplane";
     c.unknown_fields(t, path, DATAPLANE_FIELDS);
-    let udp_gso = match t.get("udp_gso") {
+    let mut switch = |key: &str| match t.get(key) {
         None => true,
         Some(Value::Boolean(b)) => *b,
         Some(other) => {
             c.error(
-                "dataplane.udp_gso",
+                format!("dataplane.{key}"),
                 format!("must be true or false, not {}", describe(other)),
             );
             true
         }
     };
+    let udp_gso = switch("udp_gso");
+    let udp_gro = switch("udp_gro");
+    let tun_offload = switch("tun_offload");
     let backend = match c.string(t, path, "backend") {
         None => Backend::Auto,
         Some(name) => match Backend::ALL.into_iter().find(|b| b.name() == name) {
@@ -862,6 +879,8 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
         workers,
         cpus,
         udp_gso,
+        udp_gro,
+        tun_offload,
     }
 }
 

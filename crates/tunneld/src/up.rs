@@ -33,13 +33,19 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     // The socket first: it refuses to start a second tunneld for the same interface before
     // anything else is touched.
     let uapi = UapiServer::bind(&name)?;
-    let tun = Tun::open(&name)?;
+    let dataplane = &loaded.config.dataplane;
+    let tun = if dataplane.tun_offload {
+        Tun::open_with_offloads(&name)?
+    } else {
+        Tun::open(&name)?
+    };
     let mut udp = UdpSocket::bind(loaded.device.listen_port)
         .with_context(|| format!("cannot listen on UDP port {}", loaded.device.listen_port))?;
     if loaded.device.fwmark != 0 {
         udp.set_mark(loaded.device.fwmark)?;
     }
-    udp.set_gso(loaded.config.dataplane.udp_gso);
+    udp.set_gso(dataplane.udp_gso);
+    udp.set_gro(dataplane.udp_gro);
 
     let mut netlink = Netlink::open().context("cannot open a netlink socket")?;
     let index = netlink.link_index(&name)?;
@@ -60,10 +66,20 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
         listen_port = device.listen_port(),
         peers = device.peer_count(),
         udp_gso = udp.gso(),
+        udp_gro = udp.gro(),
+        tun_tso = tun.offloads().tcp,
+        tun_uso = tun.offloads().udp,
         "interface up"
     );
-    if loaded.config.dataplane.udp_gso && !udp.gso() {
+    let dataplane = &loaded.config.dataplane;
+    if dataplane.udp_gso && !udp.gso() {
         tracing::info!("UDP GSO is not available on this kernel; sending datagram by datagram");
+    }
+    if dataplane.udp_gro && !udp.gro() {
+        tracing::info!("UDP GRO is not available on this kernel; receiving datagram by datagram");
+    }
+    if dataplane.tun_offload && !tun.offloads().tcp {
+        tracing::info!("TUN offloads are not available on this kernel; packet by packet");
     }
 
     let (worker, handle) = Worker::new(device, tun, udp).context("cannot start the worker")?;
