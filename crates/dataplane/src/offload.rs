@@ -566,7 +566,7 @@ fn classify(packet: &[u8], udp: bool) -> Flow {
                 tcp_flags: flags,
             }
         }
-        PROTO_UDP if udp => {
+        PROTO_UDP => {
             let hl = l4 + 8;
             if hl > packet.len()
                 || usize::from(u16::from_be_bytes([packet[l4 + 4], packet[l4 + 5]]))
@@ -576,7 +576,8 @@ fn classify(packet: &[u8], udp: bool) -> Flow {
             }
             Flow {
                 gso_type: GSO_UDP_L4,
-                mergeable: true,
+                // Without USO the kernel could not take a UDP super-packet.
+                mergeable: udp,
                 v6: ip.v6,
                 l4,
                 hl,

@@ -43,6 +43,8 @@ pub struct Tun {
     coalescer: Box<Coalescer>,
     /// The iovecs of one super-packet write: the head, then each member's payload.
     iovs: Box<[libc::iovec; BATCH_SIZE]>,
+    /// Packets written as part of a super-packet (of two or more).
+    coalesced: u64,
 }
 
 impl std::fmt::Debug for Tun {
@@ -108,6 +110,11 @@ impl Tun {
         self.offloads
     }
 
+    /// How many packets so far were written as part of a super-packet.
+    pub fn coalesced(&self) -> u64 {
+        self.coalesced
+    }
+
     fn create(name: &str, vnet_hdr: bool) -> io::Result<Tun> {
         validate_name(name)?;
         let fail = |e: io::Error| {
@@ -165,6 +172,7 @@ impl Tun {
             offloads: Offloads::default(),
             coalescer: Box::new(Coalescer::new(false)),
             iovs: Box::new([empty; BATCH_SIZE]),
+            coalesced: 0,
         })
     }
 
@@ -284,7 +292,12 @@ impl PacketIo for Tun {
             match self.write_retrying(|fd, iovs| unsafe {
                 libc::writev(fd, iovs.as_ptr(), count as libc::c_int)
             }) {
-                Ok(true) => sent += planned.count,
+                Ok(true) => {
+                    sent += planned.count;
+                    if planned.count > 1 {
+                        self.coalesced += planned.count as u64;
+                    }
+                }
                 Ok(false) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(sent),
                 Err(e) => return if sent == 0 { Err(e) } else { Ok(sent) },

@@ -1,5 +1,6 @@
-//! The UDP backend on loopback: full batches v4, v6 and across a dual-stack socket, and
-//! datagrams the kernel refuses.
+//! The UDP backend on loopback: full batches v4, v6 and across a dual-stack socket, datagrams
+//! the kernel refuses, GSO sends and GRO receives. Most tests turn GRO off on the receiver, as
+//! they check frame by frame; `gro_merges_runs_and_datagrams_splits_them_back` turns it on.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
@@ -72,9 +73,13 @@ fn check(batch: &Batch, n: usize, from: SocketAddr, tag: u8, max: usize) {
     }
 }
 
+/// A socket on `ip` with GRO off (one datagram per frame).
 fn bind(ip: IpAddr) -> Option<UdpSocket> {
     match UdpSocket::bind_addr(SocketAddr::new(ip, 0)) {
-        Ok(s) => Some(s),
+        Ok(mut s) => {
+            s.set_gro(false);
+            Some(s)
+        }
         Err(e) if ip.is_ipv6() && e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
             eprintln!("SKIPPED: no {ip} on this machine: {e}");
             None
@@ -128,6 +133,7 @@ fn full_batch_v6_to_v6() {
 #[test]
 fn v4_and_v6_peers_share_a_dual_stack_socket() {
     let mut ds = UdpSocket::bind(0).unwrap();
+    ds.set_gro(false);
     assert_ne!(ds.local_port(), 0);
     assert!(ds.local_addr().is_ipv6(), "{}", ds.local_addr());
 
@@ -191,6 +197,7 @@ fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
 
     // The same through a dual-stack socket, to IPv4 destinations.
     let mut ds = UdpSocket::bind(0).unwrap();
+    ds.set_gro(false);
     let mut out = Batch::new();
     let mut push = |to: SocketAddr, data: &[u8]| {
         out.next_free().unwrap()[..data.len()].copy_from_slice(data);
@@ -324,4 +331,48 @@ fn equal_size_runs_arrive_whole_with_and_without_gso() {
             assert_eq!(got.addr(i), a_addr);
         }
     }
+}
+
+/// With GRO on, runs sent with GSO may arrive merged in one frame with their size recorded;
+/// `Batch::datagrams` gives back every datagram, in order, byte for byte.
+#[test]
+fn gro_merges_runs_and_datagrams_splits_them_back() {
+    let mut a = bind(LOCAL4).unwrap();
+    let mut b = bind(LOCAL4).unwrap();
+    b.set_gro(true);
+    assert!(b.gro(), "UDP GRO on this kernel");
+    let b_addr = addr_of(&b, LOCAL4);
+    let lens: Vec<usize> = (0..53).map(|i| if i == 50 { 100 } else { 1452 }).collect();
+    let mut out = Batch::new();
+    for (i, len) in lens.iter().enumerate() {
+        out.next_free().unwrap()[..*len].copy_from_slice(&content(i, *len, 3));
+        out.commit(*len, b_addr);
+    }
+    assert_eq!(a.send_batch(&out).unwrap(), lens.len());
+
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut got = Batch::new();
+    let mut datagrams: Vec<Vec<u8>> = Vec::new();
+    let mut merged_frames = 0;
+    while datagrams.len() < lens.len() && Instant::now() < until {
+        got.clear();
+        b.recv_batch(&mut got).expect("recv_batch");
+        for i in 0..got.len() {
+            assert_eq!(got.addr(i), addr_of(&a, LOCAL4));
+            let parts: Vec<&[u8]> = got.datagrams(i).collect();
+            merged_frames += usize::from(parts.len() > 1);
+            datagrams.extend(parts.into_iter().map(<[u8]>::to_vec));
+        }
+        if datagrams.len() < lens.len() {
+            wait_readable(b.fd().unwrap(), until);
+        }
+    }
+    assert_eq!(datagrams.len(), lens.len(), "datagrams received");
+    for (i, d) in datagrams.iter().enumerate() {
+        assert!(d[..] == content(i, lens[i], 3)[..], "datagram {i}");
+    }
+    assert!(
+        merged_frames > 0,
+        "the kernel merged nothing: GRO did not take effect"
+    );
 }
