@@ -85,7 +85,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let mut contenders = vec![
         contender("direct (veth, no tunnel)", Ok(Impl::Direct)),
-        contender("tunneld (mmsg)", Ok(Impl::Tunneld(tunneld.clone()))),
+        contender(
+            "tunneld (mmsg, all offloads)",
+            Ok(Impl::Tunneld(tunneld.clone(), "backend = \"mmsg\"")),
+        ),
         contender(
             "wireguard-go (Debian package)",
             system::which("wireguard-go")
@@ -94,8 +97,29 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ),
     ];
     if options.quick {
-        eprintln!("--quick: one short round; the Go-module wireguard-go, boringtun-cli and kernel rows are left out");
+        eprintln!("--quick: one short round; the offload steps, Go-module wireguard-go, boringtun-cli and kernel rows are left out");
     } else {
+        // Each offload step on its own row, so the gain of each shows.
+        contenders.insert(
+            1,
+            contender(
+                "tunneld (mmsg, no offloads)",
+                Ok(Impl::Tunneld(
+                    tunneld.clone(),
+                    "backend = \"mmsg\"\nudp_gso = false\nudp_gro = false\ntun_offload = false",
+                )),
+            ),
+        );
+        contenders.insert(
+            2,
+            contender(
+                "tunneld (mmsg, UDP GSO/GRO only)",
+                Ok(Impl::Tunneld(
+                    tunneld.clone(),
+                    "backend = \"mmsg\"\ntun_offload = false",
+                )),
+            ),
+        );
         contenders.push(contender(
             "wireguard-go v0.0.20250522 (Go module build, offloads)",
             build_wireguard_go(&tools).map(Impl::WireguardGo),

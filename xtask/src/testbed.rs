@@ -18,8 +18,9 @@ use crate::system;
 pub enum Impl {
     /// No tunnel: traffic goes over the veth underlay directly.
     Direct,
-    /// tunneld, from this repository's release build.
-    Tunneld(PathBuf),
+    /// tunneld, from this repository's release build, with these lines in its `[dataplane]`
+    /// section (empty: the defaults).
+    Tunneld(PathBuf, &'static str),
     /// A wireguard-go binary (the Debian package, or a module build), configured with `wg`.
     WireguardGo(PathBuf),
     /// boringtun-cli, configured with `wg`.
@@ -189,10 +190,11 @@ impl Testbed {
             bed.interfaces.push(ifname.clone());
             match which {
                 Impl::Direct => unreachable!(),
-                Impl::Tunneld(bin) => {
+                Impl::Tunneld(bin, dataplane) => {
                     let config = format!(
                         "[interface]\nname = \"{ifname}\"\nprivate_key_file = \"{}\"\nlisten_port = 51820\n\
                          address = [\"10.77.0.{me}/24\", \"fd77::{me}/64\"]\nmtu = 1420\n\n\
+                         [dataplane]\n{dataplane}\n\n\
                          [[peer]]\npublic_key = \"{peer_pub}\"\nendpoint = \"{peer_ip}:51820\"\n\
                          allowed_ips = [\"10.77.0.{other}/32\", \"fd77::{other}/128\"]\n",
                         key.display()

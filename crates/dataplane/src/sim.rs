@@ -237,6 +237,19 @@ impl SimTun {
         lock(&self.queues).outbound.items.pop_front()
     }
 
+    /// Moves the oldest packet the tunnel wrote into `out` (replacing its contents) and
+    /// recycles its buffer, so a steady stream allocates nothing. `false` if there is none.
+    pub fn take_into(&self, out: &mut Vec<u8>) -> bool {
+        let mut q = lock(&self.queues);
+        let Some(buf) = q.outbound.items.pop_front() else {
+            return false;
+        };
+        out.clear();
+        out.extend_from_slice(&buf);
+        q.outbound.recycle(buf);
+        true
+    }
+
     /// Packets the tunnel wrote that have not been taken.
     pub fn written(&self) -> usize {
         lock(&self.queues).outbound.items.len()

@@ -1,0 +1,132 @@
+//! No allocation on the data path after start-up: two workers joined by the in-memory
+//! backends carry traffic both ways, and a counting global allocator must see no allocation
+//! on this thread while the workers turn (the sim's own queues recycle their buffers).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::Instant;
+use tunneld_benches::{ipv4_packet, SimPair, A_IP, B_IP};
+
+/// Counts allocations made by a thread while its `COUNTING` flag is set.
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: defers every call to the system allocator; the bookkeeping touches only
+// const-initialised thread locals, which never allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        }
+        // SAFETY: the caller's contract for `alloc` is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        }
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Runs `f` and returns how many allocations it made on this thread.
+fn allocations_in(f: impl FnOnce()) -> u64 {
+    let before = ALLOCATIONS.with(Cell::get);
+    COUNTING.with(|c| c.set(true));
+    f();
+    COUNTING.with(|c| c.set(false));
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+/// A packet from B to A: the test packet with its addresses swapped.
+fn reply_packet(len: usize) -> Vec<u8> {
+    let mut p = ipv4_packet(len);
+    p[12..16].copy_from_slice(&B_IP.octets());
+    p[16..20].copy_from_slice(&A_IP.octets());
+    p
+}
+
+#[test]
+fn workers_carry_traffic_without_allocating() {
+    // The counter must see allocations, or a zero below would prove nothing.
+    assert!(allocations_in(|| drop(std::hint::black_box(vec![1u8; 64]))) >= 1);
+
+    let mut pair = SimPair::handshaken();
+    let mut traffic = Traffic {
+        to_b: ipv4_packet(1400),
+        to_a: reply_packet(600),
+        got: Vec::with_capacity(2048),
+        delivered: [0; 2],
+    };
+    // Warm-up: the sim queues grow their buffer pools to the traffic's size.
+    for _ in 0..20 {
+        traffic.round(&mut pair, false);
+    }
+    let before = traffic.delivered;
+    let mut allocations = 0;
+    for _ in 0..200 {
+        allocations += traffic.round(&mut pair, true);
+    }
+    let carried = [
+        traffic.delivered[0] - before[0],
+        traffic.delivered[1] - before[1],
+    ];
+    assert_eq!(carried, [20_000, 20_000], "every packet crossed both ways");
+    assert_eq!(
+        allocations, 0,
+        "allocations on the data path in steady state"
+    );
+}
+
+struct Traffic {
+    to_b: Vec<u8>,
+    to_a: Vec<u8>,
+    got: Vec<u8>,
+    /// Packets delivered to B, and to A.
+    delivered: [u64; 2],
+}
+
+impl Traffic {
+    /// 100 packets each way through both workers; returns the allocations the workers made
+    /// (counted only if `count`).
+    fn round(&mut self, pair: &mut SimPair, count: bool) -> u64 {
+        for _ in 0..100 {
+            assert!(pair.a.tun.inject(&self.to_b));
+            assert!(pair.b.tun.inject(&self.to_a));
+        }
+        let run = |pair: &mut SimPair| {
+            let now = Instant::now();
+            for _ in 0..3 {
+                pair.a.worker.turn(now);
+                pair.b.worker.turn(now);
+            }
+        };
+        let allocations = if count {
+            allocations_in(|| run(pair))
+        } else {
+            run(pair);
+            0
+        };
+        while pair.b.tun.take_into(&mut self.got) {
+            assert_eq!(self.got, self.to_b);
+            self.delivered[0] += 1;
+        }
+        while pair.a.tun.take_into(&mut self.got) {
+            assert_eq!(self.got, self.to_a);
+            self.delivered[1] += 1;
+        }
+        allocations
+    }
+}
