@@ -12,6 +12,11 @@ use std::net::IpAddr;
 /// A longest-prefix-match table from prefixes to values (peer slots in the core).
 pub struct AllowedIps<T> {
     table: IpNetworkTable<T>,
+    /// The last address looked up by [`AllowedIps::lookup_cached`] and its answer. A site-to-
+    /// site tunnel asks about the same address again and again (the destination of what it
+    /// sends is the source of what it receives), and the tree walk costs more than the
+    /// comparison. Every change to the table clears it.
+    last: Option<(IpAddr, Option<T>)>,
 }
 
 impl<T> fmt::Debug for AllowedIps<T> {
@@ -25,6 +30,7 @@ impl<T> Default for AllowedIps<T> {
     fn default() -> Self {
         Self {
             table: IpNetworkTable::new(),
+            last: None,
         }
     }
 }
@@ -59,10 +65,12 @@ impl<T> AllowedIps<T> {
 
     /// Maps `net` (host bits ignored) to `value`, returning the value it replaces.
     pub fn insert(&mut self, net: IpNet, value: T) -> Option<T> {
+        self.last = None;
         self.table.insert(to_network(net), value)
     }
 
     pub fn remove(&mut self, net: IpNet) -> Option<T> {
+        self.last = None;
         self.table.remove(to_network(net))
     }
 
@@ -71,12 +79,28 @@ impl<T> AllowedIps<T> {
         self.table.longest_match(addr).map(|(_, v)| v)
     }
 
+    /// Like [`AllowedIps::lookup`], answering a repeated address from a one-entry cache.
+    pub fn lookup_cached(&mut self, addr: IpAddr) -> Option<T>
+    where
+        T: Copy,
+    {
+        match self.last {
+            Some((last, answer)) if last == addr => answer,
+            _ => {
+                let answer = self.lookup(addr).copied();
+                self.last = Some((addr, answer));
+                answer
+            }
+        }
+    }
+
     /// The value stored for exactly `net`.
     pub fn get(&self, net: IpNet) -> Option<&T> {
         self.table.exact_match(to_network(net))
     }
 
     pub fn retain(&mut self, mut keep: impl FnMut(IpNet, &mut T) -> bool) {
+        self.last = None;
         self.table.retain(|net, v| keep(from_network(net), v));
     }
 
@@ -103,6 +127,25 @@ mod tests {
     }
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_cached_answer_follows_every_change() {
+        let mut t = AllowedIps::new();
+        let a = ip("10.1.2.3");
+        assert_eq!(t.lookup_cached(a), None);
+        t.insert(net("10.0.0.0/8"), 1);
+        assert_eq!(t.lookup_cached(a), Some(1), "after insert");
+        assert_eq!(t.lookup_cached(a), Some(1), "cached");
+        t.insert(net("10.1.0.0/16"), 2);
+        assert_eq!(t.lookup_cached(a), Some(2), "a longer prefix inserted");
+        t.retain(|_, v| *v != 2);
+        assert_eq!(t.lookup_cached(a), Some(1), "after retain");
+        t.remove(net("10.0.0.0/8"));
+        assert_eq!(t.lookup_cached(a), None, "after remove");
+        t.insert(net("fd00::/8"), 3);
+        assert_eq!(t.lookup_cached(ip("fd00::1")), Some(3));
+        assert_eq!(t.lookup_cached(a), None, "another address");
     }
 
     #[test]

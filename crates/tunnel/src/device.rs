@@ -163,7 +163,7 @@ impl Device {
             self.stats.drop(DropReason::NotIp);
             return;
         };
-        let Some(&slot) = self.routes.lookup(dst) else {
+        let Some(slot) = self.routes.lookup_cached(dst) else {
             self.stats.drop(DropReason::NoRoute);
             return;
         };
@@ -247,7 +247,7 @@ impl Device {
             match peer.tunn.decapsulate(Some(from.ip()), datagram, buf) {
                 TunnResult::WriteToTunnelV4(p, src) => {
                     let n = p.len();
-                    if self.routes.lookup(IpAddr::V4(src)) == Some(&slot) {
+                    if self.routes.lookup_cached(IpAddr::V4(src)) == Some(slot) {
                         tunnel.push(n);
                         self.stats.rx_packets += 1;
                     } else {
@@ -256,7 +256,7 @@ impl Device {
                 }
                 TunnResult::WriteToTunnelV6(p, src) => {
                     let n = p.len();
-                    if self.routes.lookup(IpAddr::V6(src)) == Some(&slot) {
+                    if self.routes.lookup_cached(IpAddr::V6(src)) == Some(slot) {
                         tunnel.push(n);
                         self.stats.rx_packets += 1;
                     } else {
