@@ -14,6 +14,7 @@ use tunneld_dataplane::tun::Tun;
 use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::worker::Worker;
 use tunneld_dataplane::DatagramIo;
+use tunneld_tunnel::config::{Backend, DataplaneConfig, Workers};
 use tunneld_tunnel::Device;
 
 pub fn run(config_path: &Path) -> anyhow::Result<()> {
@@ -29,6 +30,8 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     })?;
     let name = loaded.config.interface.name.clone();
     let mtu = loaded.config.interface.mtu;
+    check_dataplane(&loaded.config.dataplane)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
 
     // The socket first: it refuses to start a second tunneld for the same interface before
     // anything else is touched.
@@ -83,9 +86,20 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     }
 
     let (worker, handle) = Worker::new(device, tun, udp).context("cannot start the worker")?;
+    let cpu = loaded
+        .config
+        .dataplane
+        .cpus
+        .as_ref()
+        .and_then(|c| c.first().copied());
     let worker_thread = std::thread::Builder::new()
         .name(format!("worker-{name}"))
-        .spawn(move || drop(worker.run()))
+        .spawn(move || {
+            if let Some(cpu) = cpu {
+                pin_to_cpu(cpu);
+            }
+            drop(worker.run())
+        })
         .context("cannot start the worker thread")?;
     let uapi_thread = uapi.serve(handle.clone(), netlink, index)?;
 
@@ -124,5 +138,47 @@ fn wait_for_signal(worker: &std::thread::JoinHandle<()>) -> Option<&'static str>
             return None;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Refuses, before anything is created, the dataplane settings this build cannot honour, so
+/// that a config never silently runs differently from what it says.
+fn check_dataplane(dataplane: &DataplaneConfig) -> Result<(), String> {
+    match dataplane.backend {
+        Backend::Auto | Backend::Mmsg => {}
+        other => {
+            return Err(format!(
+                "dataplane.backend: \"{}\" is not available in this build yet; use \"auto\" or \"mmsg\"",
+                other.name()
+            ))
+        }
+    }
+    match dataplane.workers {
+        Workers::Count(n) if n > 1 => Err(format!(
+            "dataplane.workers: {n} workers are not supported yet; use 1 or \"auto\" (one worker)"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Pins the calling thread to `cpu`; a CPU that does not exist or is not allowed is logged
+/// and the thread runs unpinned.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only write inside it (CPU_SET ignores
+    // numbers beyond its size), and sched_setaffinity reads it for the calling thread (pid 0).
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc == 0 {
+        tracing::info!(cpu, "worker pinned");
+    } else {
+        tracing::warn!(
+            cpu,
+            "cannot pin the worker to CPU {cpu}: {}; it runs unpinned",
+            std::io::Error::last_os_error()
+        );
     }
 }

@@ -400,6 +400,21 @@ fn second_tunneld_for_the_same_interface_is_refused() {
 /// the field first, then the problem). `KEY` is replaced by a valid private key, `PUB` by a
 /// public key. Files next to the config: `loose.key` (a valid key, mode 0644), `garbage.key`
 /// (not base64, mode 0600), `dir.key` (a directory, mode 0700: cannot be read as a file).
+/// Valid configs (`check` accepts them) asking for what this build cannot do yet: `up` must
+/// refuse them, never run differently from what they say.
+const UNSUPPORTED: &[(&str, &str, &[&str])] = &[
+    (
+        "backend not in this build",
+        "private_key = \"KEY\"\n[dataplane]\nbackend = \"xdp\"\n",
+        &["dataplane.backend:", "xdp", "not available"],
+    ),
+    (
+        "more workers than supported",
+        "private_key = \"KEY\"\n[dataplane]\nworkers = 2\n",
+        &["dataplane.workers:", "2 workers"],
+    ),
+];
+
 const BROKEN: &[(&str, &str, &[&str])] = &[
     (
         "bad base64 key",
@@ -622,7 +637,7 @@ fn broken_configs_make_up_fail_and_leave_nothing_behind() {
         return;
     }
     let ns = NetNs::new();
-    for (what, body, expected) in BROKEN {
+    for (what, body, expected) in BROKEN.iter().chain(UNSUPPORTED) {
         step(what);
         let ifname = unique_name("wg");
         let dir = tempfile::tempdir().unwrap();
