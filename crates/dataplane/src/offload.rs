@@ -356,6 +356,8 @@ pub struct Coalescer {
     next: [u8; BATCH_SIZE],
     groups: [Group; BATCH_SIZE],
     group_count: usize,
+    /// Whether TCP segments may be coalesced (until the kernel refuses a TCP super-packet).
+    tcp: bool,
     /// Whether UDP datagrams may be coalesced (the kernel accepted USO on the TUN).
     udp: bool,
 }
@@ -378,8 +380,20 @@ impl Coalescer {
             next: [BATCH_SIZE as u8; BATCH_SIZE],
             groups: [Group::default(); BATCH_SIZE],
             group_count: 0,
+            tcp: true,
             udp,
         }
+    }
+
+    /// Stops coalescing packets of this GSO type (the kernel refused such a super-packet).
+    /// Returns whether it was still on.
+    pub fn disable(&mut self, gso_type: u8) -> bool {
+        let on = match gso_type & !GSO_ECN {
+            GSO_TCPV4 | GSO_TCPV6 => &mut self.tcp,
+            GSO_UDP_L4 => &mut self.udp,
+            _ => return false,
+        };
+        std::mem::replace(on, false)
     }
 
     /// Groups the packets of `batch` and rewrites the head of each group of two or more into a
@@ -389,7 +403,7 @@ impl Coalescer {
         self.group_count = 0;
         for i in 0..batch.len() {
             self.next[i] = BATCH_SIZE as u8;
-            let flow = classify(batch.payload(i), self.udp);
+            let flow = classify(batch.payload(i), self.tcp, self.udp);
             self.flows[i] = flow;
             if flow.gso_type == 0 {
                 self.start_group(i, true);
@@ -536,7 +550,7 @@ impl Coalescer {
 }
 
 /// Whether and how `packet` could be part of a super-packet.
-fn classify(packet: &[u8], udp: bool) -> Flow {
+fn classify(packet: &[u8], tcp: bool, udp: bool) -> Flow {
     let none = Flow::default();
     let Some(ip) = parse_ip(packet) else {
         return none;
@@ -569,7 +583,7 @@ fn classify(packet: &[u8], udp: bool) -> Flow {
                 gso_type: if ip.v6 { GSO_TCPV6 } else { GSO_TCPV4 },
                 // Only plain data segments: ACK, optionally PSH (which ends a group). SYN,
                 // FIN, RST, URG, ECE and CWR packets go alone.
-                mergeable: flags & !TCP_PSH == TCP_ACK,
+                mergeable: tcp && flags & !TCP_PSH == TCP_ACK,
                 v6: ip.v6,
                 l4,
                 hl,

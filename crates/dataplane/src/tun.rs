@@ -298,6 +298,14 @@ impl PacketIo for Tun {
                         self.coalesced += planned.count as u64;
                     }
                 }
+                // Degrade, never fail: a kernel that refuses one kind of super-packet gets
+                // that kind packet by packet from now on (this group is lost, and counted).
+                Ok(false) if planned.count > 1 && self.coalescer.disable(planned.hdr.gso_type) => {
+                    tracing::warn!(
+                        "the kernel refused a coalesced packet (GSO type {}); writing that kind packet by packet",
+                        planned.hdr.gso_type
+                    );
+                }
                 Ok(false) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(sent),
                 Err(e) => return if sent == 0 { Err(e) } else { Ok(sent) },

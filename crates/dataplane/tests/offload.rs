@@ -588,3 +588,24 @@ fn interleaved_flows_coalesce_separately_and_keep_their_order() {
         assert_eq!(segments_of(bytes, hdr).unwrap(), originals);
     }
 }
+
+#[test]
+fn a_disabled_kind_is_no_longer_coalesced() {
+    let packets: Vec<Vec<u8>> = tcp_stream(V4_SRC, V4_DST, 1000, 4, 0)
+        .iter()
+        .map(|s| s.build(false))
+        .collect();
+    let mut coalescer = Coalescer::new(true);
+    assert!(coalescer.disable(GSO_TCPV6), "TCP was on");
+    assert!(!coalescer.disable(GSO_TCPV4), "TCP (v4 and v6 together) already off");
+    let mut batch = Batch::new();
+    for p in &packets {
+        batch.next_free().unwrap()[..p.len()].copy_from_slice(p);
+        batch.commit(p.len(), ANY);
+    }
+    assert_eq!(coalescer.plan(&mut batch), packets.len(), "each packet alone");
+    for (i, p) in packets.iter().enumerate() {
+        assert_eq!(batch.payload(i), &p[..], "headers untouched");
+        assert_eq!(coalescer.planned(i).hdr.flags, F_DATA_VALID);
+    }
+}
