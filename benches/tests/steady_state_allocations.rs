@@ -1,11 +1,18 @@
 //! No allocation on the data path after start-up: two workers joined by the in-memory
-//! backends carry traffic both ways, and a counting global allocator must see no allocation
-//! on this thread while the workers turn (the sim's own queues recycle their buffers).
+//! backends carry traffic both ways (plain packets, and TCP super-packets as a TUN with
+//! offloads hands them over, which the worker segments), and a counting global allocator must
+//! see no allocation on this thread while the workers turn (the sim's own queues recycle their
+//! buffers).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::Instant;
 use tunneld_benches::{ipv4_packet, SimPair, A_IP, B_IP};
+use tunneld_dataplane::offload::{VnetHdr, F_NEEDS_CSUM, GSO_TCPV4};
+
+/// Segment size of the super-packets: a 1420-byte IPv4/TCP packet per segment.
+const MSS: usize = 1380;
+const SEGMENTS: usize = 20;
 
 /// Counts allocations made by a thread while its `COUNTING` flag is set.
 struct Counting;
@@ -50,6 +57,24 @@ fn allocations_in(f: impl FnOnce()) -> u64 {
     ALLOCATIONS.with(Cell::get) - before
 }
 
+/// A TCP/IPv4 super-packet from A to B of `SEGMENTS` segments, as a TUN with TSO reads it.
+fn super_packet() -> (VnetHdr, Vec<u8>) {
+    let mut p = ipv4_packet(40 + MSS * SEGMENTS);
+    p[2..4].fill(0); // a super-packet's IP length is rebuilt per segment
+    p[9] = 6; // TCP
+    p[32] = 5 << 4; // data offset: 20 bytes
+    p[33] = 0x10; // ACK
+    let hdr = VnetHdr {
+        flags: F_NEEDS_CSUM,
+        gso_type: GSO_TCPV4,
+        hdr_len: 40,
+        gso_size: MSS as u16,
+        csum_start: 20,
+        csum_offset: 16,
+    };
+    (hdr, p)
+}
+
 /// A packet from B to A: the test packet with its addresses swapped.
 fn reply_packet(len: usize) -> Vec<u8> {
     let mut p = ipv4_packet(len);
@@ -65,6 +90,8 @@ fn workers_carry_traffic_without_allocating() {
 
     let mut pair = SimPair::handshaken();
     let mut traffic = Traffic {
+        super_to_b: super_packet(),
+        segments: 0,
         to_b: ipv4_packet(1400),
         to_a: reply_packet(600),
         got: Vec::with_capacity(2048),
@@ -85,12 +112,20 @@ fn workers_carry_traffic_without_allocating() {
     ];
     assert_eq!(carried, [20_000, 20_000], "every packet crossed both ways");
     assert_eq!(
+        traffic.segments,
+        220 * 2 * SEGMENTS as u64,
+        "every segment crossed"
+    );
+    assert_eq!(
         allocations, 0,
         "allocations on the data path in steady state"
     );
 }
 
 struct Traffic {
+    super_to_b: (VnetHdr, Vec<u8>),
+    /// Segments of super-packets delivered to B.
+    segments: u64,
     to_b: Vec<u8>,
     to_a: Vec<u8>,
     got: Vec<u8>,
@@ -99,12 +134,16 @@ struct Traffic {
 }
 
 impl Traffic {
-    /// 100 packets each way through both workers; returns the allocations the workers made
-    /// (counted only if `count`).
+    /// 100 packets each way and two super-packets from A through both workers; returns the
+    /// allocations the workers made (counted only if `count`).
     fn round(&mut self, pair: &mut SimPair, count: bool) -> u64 {
         for _ in 0..100 {
             assert!(pair.a.tun.inject(&self.to_b));
             assert!(pair.b.tun.inject(&self.to_a));
+        }
+        for _ in 0..2 {
+            let (hdr, packet) = &self.super_to_b;
+            assert!(pair.a.tun.inject_offload(*hdr, packet));
         }
         let run = |pair: &mut SimPair| {
             let now = Instant::now();
@@ -120,8 +159,13 @@ impl Traffic {
             0
         };
         while pair.b.tun.take_into(&mut self.got) {
-            assert_eq!(self.got, self.to_b);
-            self.delivered[0] += 1;
+            if self.got.len() == 40 + MSS {
+                assert_eq!(self.got[9], 6, "a TCP segment");
+                self.segments += 1;
+            } else {
+                assert_eq!(self.got, self.to_b);
+                self.delivered[0] += 1;
+            }
         }
         while pair.a.tun.take_into(&mut self.got) {
             assert_eq!(self.got, self.to_a);

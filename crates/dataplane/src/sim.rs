@@ -6,6 +6,7 @@
 //! unsuitable for the data path itself: they exist to drive the real code deterministically.
 //! Buffers are recycled, so a steady stream allocates nothing after warm-up.
 
+use crate::offload::VnetHdr;
 use crate::{Batch, DatagramIo, PacketIo, FRAME_PAYLOAD};
 use std::collections::VecDeque;
 use std::io;
@@ -184,6 +185,8 @@ impl DatagramIo for SimSocket {
 struct TunQueues {
     /// Packets the "kernel" handed over, for the tunnel to receive.
     inbound: Queue,
+    /// The offload header of each inbound packet, in the same order.
+    inbound_offloads: VecDeque<VnetHdr>,
     /// Packets the tunnel wrote, for the test to take.
     outbound: Queue,
     dropped: u64,
@@ -214,6 +217,7 @@ impl SimTun {
         SimTun {
             queues: Arc::new(Mutex::new(TunQueues {
                 inbound: Queue::new(capacity),
+                inbound_offloads: VecDeque::new(),
                 outbound: Queue::new(capacity),
                 dropped: 0,
             })),
@@ -224,9 +228,17 @@ impl SimTun {
     /// Returns `false` (and counts a drop) when the queue is full or the packet is larger
     /// than a frame.
     pub fn inject(&self, packet: &[u8]) -> bool {
+        self.inject_offload(VnetHdr::default(), packet)
+    }
+
+    /// Like [`SimTun::inject`], with the offload header a TUN with offloads would give it
+    /// (a TSO/USO super-packet, or a packet whose checksum is left to finish).
+    pub fn inject_offload(&self, hdr: VnetHdr, packet: &[u8]) -> bool {
         let mut q = lock(&self.queues);
         let queued = packet.len() <= FRAME_PAYLOAD && q.inbound.push(packet);
-        if !queued {
+        if queued {
+            q.inbound_offloads.push_back(hdr);
+        } else {
             q.dropped += 1;
         }
         queued
@@ -276,7 +288,13 @@ const NO_ADDR: SocketAddr = SocketAddr::V6(std::net::SocketAddrV6::new(
 impl PacketIo for SimTun {
     fn recv_batch(&mut self, batch: &mut Batch) -> io::Result<usize> {
         let mut q = lock(&self.queues);
-        Ok(q.inbound.drain_into(batch, NO_ADDR))
+        let start = batch.len();
+        let moved = q.inbound.drain_into(batch, NO_ADDR);
+        for i in start..start + moved {
+            let hdr = q.inbound_offloads.pop_front().unwrap_or_default();
+            batch.set_offload(i, hdr);
+        }
+        Ok(moved)
     }
 
     /// Returns the packets queued; those refused because the queue is full count in

@@ -597,13 +597,20 @@ fn a_disabled_kind_is_no_longer_coalesced() {
         .collect();
     let mut coalescer = Coalescer::new(true);
     assert!(coalescer.disable(GSO_TCPV6), "TCP was on");
-    assert!(!coalescer.disable(GSO_TCPV4), "TCP (v4 and v6 together) already off");
+    assert!(
+        !coalescer.disable(GSO_TCPV4),
+        "TCP (v4 and v6 together) already off"
+    );
     let mut batch = Batch::new();
     for p in &packets {
         batch.next_free().unwrap()[..p.len()].copy_from_slice(p);
         batch.commit(p.len(), ANY);
     }
-    assert_eq!(coalescer.plan(&mut batch), packets.len(), "each packet alone");
+    assert_eq!(
+        coalescer.plan(&mut batch),
+        packets.len(),
+        "each packet alone"
+    );
     for (i, p) in packets.iter().enumerate() {
         assert_eq!(batch.payload(i), &p[..], "headers untouched");
         assert_eq!(coalescer.planned(i).hdr.flags, F_DATA_VALID);
