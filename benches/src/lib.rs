@@ -6,6 +6,7 @@ use ipnet::IpNet;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Instant;
 use tunneld_crypto::{PrivateKey, PublicKey};
+use tunneld_dataplane::offload::{VnetHdr, F_NEEDS_CSUM, GSO_TCPV4};
 use tunneld_dataplane::sim::{self, SimSocket, SimTun};
 use tunneld_dataplane::worker::{Worker, WorkerHandle};
 use tunneld_dataplane::Batch;
@@ -68,6 +69,26 @@ pub fn ipv4_packet(len: usize) -> Vec<u8> {
     p[12..16].copy_from_slice(&A_IP.octets());
     p[16..20].copy_from_slice(&B_IP.octets());
     p
+}
+
+/// A TCP/IPv4 super-packet from A's overlay address to B's of `segments` segments of `mss`
+/// payload bytes (zeros), with the `virtio_net_hdr` a TUN with TSO gives it. Each segment the
+/// worker cuts from it is a `40 + mss`-byte packet.
+pub fn tcp_super_packet(segments: usize, mss: usize) -> (VnetHdr, Vec<u8>) {
+    let mut p = ipv4_packet(40 + mss * segments);
+    p[2..4].fill(0); // a super-packet's IP length is rebuilt per segment
+    p[9] = 6; // TCP
+    p[32] = 5 << 4; // data offset: 20 bytes
+    p[33] = 0x10; // ACK
+    let hdr = VnetHdr {
+        flags: F_NEEDS_CSUM,
+        gso_type: GSO_TCPV4,
+        hdr_len: 40,
+        gso_size: u16::try_from(mss).expect("a segment size fits 16 bits"),
+        csum_start: 20,
+        csum_offset: 16,
+    };
+    (hdr, p)
 }
 
 /// Batches reused across a handshake exchange: allocating them (4 MiB each) per exchange

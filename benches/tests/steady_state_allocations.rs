@@ -7,8 +7,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::Instant;
-use tunneld_benches::{ipv4_packet, SimPair, A_IP, B_IP};
-use tunneld_dataplane::offload::{VnetHdr, F_NEEDS_CSUM, GSO_TCPV4};
+use tunneld_benches::{ipv4_packet, tcp_super_packet, SimPair, A_IP, B_IP};
+use tunneld_dataplane::offload::VnetHdr;
 
 /// Segment size of the super-packets: a 1420-byte IPv4/TCP packet per segment.
 const MSS: usize = 1380;
@@ -57,24 +57,6 @@ fn allocations_in(f: impl FnOnce()) -> u64 {
     ALLOCATIONS.with(Cell::get) - before
 }
 
-/// A TCP/IPv4 super-packet from A to B of `SEGMENTS` segments, as a TUN with TSO reads it.
-fn super_packet() -> (VnetHdr, Vec<u8>) {
-    let mut p = ipv4_packet(40 + MSS * SEGMENTS);
-    p[2..4].fill(0); // a super-packet's IP length is rebuilt per segment
-    p[9] = 6; // TCP
-    p[32] = 5 << 4; // data offset: 20 bytes
-    p[33] = 0x10; // ACK
-    let hdr = VnetHdr {
-        flags: F_NEEDS_CSUM,
-        gso_type: GSO_TCPV4,
-        hdr_len: 40,
-        gso_size: MSS as u16,
-        csum_start: 20,
-        csum_offset: 16,
-    };
-    (hdr, p)
-}
-
 /// A packet from B to A: the test packet with its addresses swapped.
 fn reply_packet(len: usize) -> Vec<u8> {
     let mut p = ipv4_packet(len);
@@ -90,7 +72,7 @@ fn workers_carry_traffic_without_allocating() {
 
     let mut pair = SimPair::handshaken();
     let mut traffic = Traffic {
-        super_to_b: super_packet(),
+        super_to_b: tcp_super_packet(SEGMENTS, MSS),
         segments: 0,
         to_b: ipv4_packet(1400),
         to_a: reply_packet(600),
