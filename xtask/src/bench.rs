@@ -20,6 +20,8 @@ struct Options {
     quick: bool,
     rounds: usize,
     seconds: u32,
+    /// Only the rows whose name contains one of these (case-insensitive); empty: all.
+    only: Vec<String>,
 }
 
 fn parse_options(args: &[String]) -> Result<Options, String> {
@@ -27,6 +29,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         quick: false,
         rounds: 5,
         seconds: 5,
+        only: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -40,9 +43,15 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             "--quick" => o.quick = true,
             "--rounds" => o.rounds = value("--rounds")?,
             "--seconds" => o.seconds = value("--seconds")? as u32,
+            "--only" => {
+                let list = it
+                    .next()
+                    .ok_or("--only takes a comma-separated list of row names (parts of them)")?;
+                o.only = list.split(',').map(|s| s.trim().to_lowercase()).collect();
+            }
             other => {
                 return Err(format!(
-                    "unknown bench option {other} (--quick, --rounds N, --seconds S)"
+                    "unknown bench option {other} (--quick, --rounds N, --seconds S, --only A,B)"
                 ))
             }
         }
@@ -136,6 +145,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 Err("not available on this kernel".into())
             },
         ));
+    }
+    if !options.only.is_empty() {
+        let wanted = |name: &str| {
+            let name = name.to_lowercase();
+            options.only.iter().any(|o| name.contains(o.as_str()))
+        };
+        contenders.retain(|c| wanted(&c.name));
+        if contenders.is_empty() {
+            return Err("--only matched no row".into());
+        }
     }
     for c in contenders.iter().filter(|c| c.which.is_err()) {
         eprintln!(

@@ -14,10 +14,11 @@ commands:
   test             install missing tools, then fmt, clippy, all tests (incl. netns end to end)
   demo [--compare] two sites joined by tunneld in namespaces: ping, TCP transfer, speed;
                    --compare adds wireguard-go in the same testbed
-  bench [--quick] [--rounds N] [--seconds S]
+  bench [--quick] [--rounds N] [--seconds S] [--only NAME,NAME]
                    end-to-end comparison in namespaces: direct, tunneld, wireguard-go
                    (Debian; Go-module build), boringtun-cli, kernel WireGuard where present;
-                   interleaved rounds, medians; report in target/bench-report/
+                   interleaved rounds, medians; report in target/bench-report/;
+                   --only keeps the rows whose name contains one of the NAMEs
   deps             only install the system tools the tests and demo need";
 
 fn main() -> ExitCode {
