@@ -129,6 +129,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 )),
             ),
         );
+        contenders.insert(
+            4,
+            contender(
+                "tunneld (mmsg, all offloads, busy_poll_us = 0)",
+                Ok(Impl::Tunneld(
+                    tunneld.clone(),
+                    "backend = \"mmsg\"\nbusy_poll_us = 0",
+                )),
+            ),
+        );
         contenders.push(contender(
             "wireguard-go v0.0.20250522 (Go module build, offloads)",
             build_wireguard_go(&tools).map(Impl::WireguardGo),

@@ -18,6 +18,9 @@ use tunneld_tunnel::Device;
 const TICK: Duration = Duration::from_millis(250);
 /// Batches taken from one side before looking at the other, so neither starves.
 const BATCHES_PER_TURN: usize = 8;
+/// A turn that moved at most this many packets is "sparse" traffic, where a reply or the
+/// next packet is likely to follow within the busy-poll window (see `Worker::set_busy_poll`).
+const SPARSE_TURN: usize = 8;
 
 type Job = Box<dyn FnOnce(&mut Device, Instant) + Send>;
 
@@ -106,6 +109,8 @@ pub struct Worker<P, D> {
     send_shortfall: u64,
     /// Super-packets from the TUN that could not be segmented (see `offload::segment`).
     offload_errors: u64,
+    /// How long to keep polling without sleeping after a sparse turn (0: never).
+    busy_poll: Duration,
 }
 
 impl<P, D> std::fmt::Debug for Worker<P, D> {
@@ -137,8 +142,18 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             segment_buf: vec![0; FRAME_PAYLOAD].into_boxed_slice(),
             send_shortfall: 0,
             offload_errors: 0,
+            busy_poll: Duration::ZERO,
         };
         Ok((worker, handle))
+    }
+
+    /// After a turn that moved only a few packets, keep polling (without sleeping) for up to
+    /// `window` before blocking again. A sleeping thread takes several microseconds to wake,
+    /// once per hop; request/response traffic pays that on every packet, and the reply usually
+    /// comes within tens of microseconds. Bulk traffic keeps the worker busy anyway, and an
+    /// idle tunnel never spins. Costs CPU only while traffic is sparse; zero turns it off.
+    pub fn set_busy_poll(&mut self, window: Duration) {
+        self.busy_poll = window;
     }
 
     /// Runs until [`WorkerHandle::shutdown`] (or every handle is dropped). Returns the device
@@ -146,15 +161,22 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     pub fn run(mut self) -> Device {
         let mut next_tick = Instant::now() + TICK;
         let mut logged_drops = 0;
+        let mut spin_until: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            let timeout = next_tick.saturating_duration_since(now);
-            self.wait(timeout);
+            let timeout = match spin_until {
+                Some(until) if now < until => Duration::ZERO,
+                _ => next_tick.saturating_duration_since(now),
+            };
+            let ready = self.wait(timeout);
             if !self.serve_control() {
                 return self.device;
             }
-            self.turn(Instant::now());
             let now = Instant::now();
+            let moved = self.turn_ready(now, ready);
+            if (1..=SPARSE_TURN).contains(&moved) && !self.busy_poll.is_zero() {
+                spin_until = Some(now + self.busy_poll);
+            }
             if now >= next_tick {
                 self.device.tick(now, &mut self.net_tx);
                 self.flush_network();
@@ -167,33 +189,51 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     /// One turn of the data path without waiting: what the kernel has ready, processed inline.
     /// Returns whether anything was received.
     pub fn turn(&mut self, now: Instant) -> bool {
-        let mut busy = false;
-        for _ in 0..BATCHES_PER_TURN {
-            if !self.overlay_to_underlay(now) {
-                break;
-            }
-            busy = true;
-        }
-        for _ in 0..BATCHES_PER_TURN {
-            if !self.underlay_to_overlay(now) {
-                break;
-            }
-            busy = true;
-        }
-        busy
+        self.turn_ready(
+            now,
+            Ready {
+                tun: true,
+                udp: true,
+            },
+        ) > 0
     }
 
-    /// Packets from the TUN, encrypted, out to UDP.
-    fn overlay_to_underlay(&mut self, now: Instant) -> bool {
+    /// A turn over the sides `ready` names (a side whose backend has no descriptor is always
+    /// tried). Returns how many packets and datagrams were received.
+    fn turn_ready(&mut self, now: Instant, ready: Ready) -> usize {
+        let mut moved = 0;
+        if ready.tun || self.tun.fd().is_none() {
+            for _ in 0..BATCHES_PER_TURN {
+                match self.overlay_to_underlay(now) {
+                    0 => break,
+                    n => moved += n,
+                }
+            }
+        }
+        if ready.udp || self.udp.fd().is_none() {
+            for _ in 0..BATCHES_PER_TURN {
+                match self.underlay_to_overlay(now) {
+                    0 => break,
+                    n => moved += n,
+                }
+            }
+        }
+        moved
+    }
+
+    /// Packets from the TUN, encrypted, out to UDP. Returns how many packets were read (each
+    /// segment of a super-packet counted).
+    fn overlay_to_underlay(&mut self, now: Instant) -> usize {
         self.tun_rx.clear();
         match self.tun.recv_batch(&mut self.tun_rx) {
-            Ok(0) => return false,
+            Ok(0) => return 0,
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!("reading the TUN device: {e}");
-                return false;
+                return 0;
             }
         }
+        let mut packets = 0;
         for i in 0..self.tun_rx.len() {
             let hdr = self.tun_rx.offload(i);
             let (frame, len) = self.tun_rx.frame_mut(i);
@@ -207,14 +247,16 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             };
             if hdr.is_plain() {
                 encapsulate(frame, len);
-            } else if let Err(e) =
-                offload::segment(frame, len, &hdr, &mut self.segment_buf, encapsulate)
-            {
-                self.offload_error(e);
+                packets += 1;
+            } else {
+                match offload::segment(frame, len, &hdr, &mut self.segment_buf, encapsulate) {
+                    Ok(n) => packets += n,
+                    Err(e) => self.offload_error(e),
+                }
             }
         }
         self.flush_network();
-        true
+        packets
     }
 
     fn offload_error(&mut self, e: OffloadError) {
@@ -227,20 +269,23 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         }
     }
 
-    /// Datagrams from UDP, decrypted, out to the TUN (replies back out to UDP).
-    fn underlay_to_overlay(&mut self, now: Instant) -> bool {
+    /// Datagrams from UDP, decrypted, out to the TUN (replies back out to UDP). Returns how
+    /// many datagrams were read.
+    fn underlay_to_overlay(&mut self, now: Instant) -> usize {
         self.net_rx.clear();
         match self.udp.recv_batch(&mut self.net_rx) {
-            Ok(0) => return false,
+            Ok(0) => return 0,
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!("reading the UDP socket: {e}");
-                return false;
+                return 0;
             }
         }
+        let mut datagrams = 0;
         for i in 0..self.net_rx.len() {
             let from = self.net_rx.addr(i);
             for datagram in self.net_rx.datagrams(i) {
+                datagrams += 1;
                 if self.tun_tx.is_full() {
                     self.send_shortfall += write(&mut self.tun, &mut self.tun_tx);
                 }
@@ -254,7 +299,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         }
         self.flush_tunnel();
         self.flush_network();
-        true
+        datagrams
     }
 
     fn flush_network(&mut self) {
@@ -277,17 +322,30 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         }
     }
 
-    /// Blocks until the TUN, the socket or the control channel has something, or `timeout`.
-    fn wait(&self, timeout: Duration) {
+    /// Blocks until the TUN, the socket or the control channel has something, or `timeout`
+    /// (rounded up to whole milliseconds; zero polls without blocking). Says which side is
+    /// readable; after an interrupted or failed poll, both (the reads find out).
+    fn wait(&self, timeout: Duration) -> Ready {
         let mut fds = [
             pollfd(self.tun.fd()),
             pollfd(self.udp.fd()),
             pollfd(Some(self.waker.fd.as_raw_fd())),
         ];
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         // SAFETY: fds is a valid array of pollfd for its whole length; entries with fd -1
         // are ignored by the kernel.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if rc < 0 {
+            return Ready {
+                tun: true,
+                udp: true,
+            };
+        }
+        // Errors and hang-ups count as ready: the read reports them.
+        Ready {
+            tun: fds[0].revents != 0,
+            udp: fds[1].revents != 0,
+        }
     }
 
     /// Says at debug level which drop counters moved since the last tick, so a tunnel that
@@ -349,6 +407,13 @@ fn write(tun: &mut impl PacketIo, batch: &mut Batch) -> u64 {
     };
     batch.clear();
     lost as u64
+}
+
+/// Which sides `poll` reported readable.
+#[derive(Debug, Clone, Copy)]
+struct Ready {
+    tun: bool,
+    udp: bool,
 }
 
 fn pollfd(fd: Option<RawFd>) -> libc::pollfd {

@@ -37,6 +37,7 @@ const DATAPLANE_FIELDS: &[&str] = &[
     "udp_gso",
     "udp_gro",
     "tun_offload",
+    "busy_poll_us",
 ];
 const PEER_FIELDS: &[&str] = &[
     "public_key",
@@ -86,6 +87,9 @@ pub struct DataplaneConfig {
     /// TUN offloads: TCP/UDP super-packets from and to the kernel, segmented and coalesced
     /// in user space (default on where the kernel has them).
     pub tun_offload: bool,
+    /// How long a worker keeps polling after sparse traffic before it sleeps, in
+    /// microseconds (0: never; see `Worker::set_busy_poll`).
+    pub busy_poll_us: u32,
 }
 
 impl Default for DataplaneConfig {
@@ -97,9 +101,16 @@ impl Default for DataplaneConfig {
             udp_gso: true,
             udp_gro: true,
             tun_offload: true,
+            busy_poll_us: DEFAULT_BUSY_POLL_US,
         }
     }
 }
+
+/// The default busy-poll window: long enough to catch a reply crossing a LAN-scale round
+/// trip, short enough that sparse traffic costs little CPU.
+pub const DEFAULT_BUSY_POLL_US: u32 = 50;
+/// The longest busy-poll window accepted.
+pub const MAX_BUSY_POLL_US: u32 = 10_000;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Backend {
@@ -791,6 +802,26 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
     let udp_gso = switch("udp_gso");
     let udp_gro = switch("udp_gro");
     let tun_offload = switch("tun_offload");
+    let busy_poll_us = match t.get("busy_poll_us") {
+        None => DEFAULT_BUSY_POLL_US,
+        Some(Value::Integer(n)) if (0..=i64::from(MAX_BUSY_POLL_US)).contains(n) => {
+            u32::try_from(*n).unwrap_or(DEFAULT_BUSY_POLL_US)
+        }
+        Some(Value::Integer(n)) => {
+            c.error(
+                "dataplane.busy_poll_us",
+                format!("{n} is out of range 0-{MAX_BUSY_POLL_US} (microseconds; 0 turns it off)"),
+            );
+            DEFAULT_BUSY_POLL_US
+        }
+        Some(other) => {
+            c.error(
+                "dataplane.busy_poll_us",
+                format!("must be a number of microseconds, not {}", describe(other)),
+            );
+            DEFAULT_BUSY_POLL_US
+        }
+    };
     let backend = match c.string(t, path, "backend") {
         None => Backend::Auto,
         Some(name) => match Backend::ALL.into_iter().find(|b| b.name() == name) {
@@ -881,6 +912,7 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
         udp_gso,
         udp_gro,
         tun_offload,
+        busy_poll_us,
     }
 }
 

@@ -42,6 +42,9 @@ backend = "uring"
 workers = 2
 cpus = [0, 1]
 udp_gso = false
+udp_gro = false
+tun_offload = false
+busy_poll_us = 0
 
 [[peer]]
 public_key = "{p1}"
@@ -69,6 +72,9 @@ allowed_ips = ["10.30.1.7/16"]
     assert_eq!(c.dataplane.workers, Workers::Count(2));
     assert_eq!(c.dataplane.cpus, Some(vec![0, 1]));
     assert!(!c.dataplane.udp_gso);
+    assert!(!c.dataplane.udp_gro);
+    assert!(!c.dataplane.tun_offload);
+    assert_eq!(c.dataplane.busy_poll_us, 0);
     assert_eq!(c.peers.len(), 2);
     assert_eq!(c.peers[0].persistent_keepalive, 25);
     assert_eq!(
@@ -99,6 +105,9 @@ fn defaults_apply_when_optional_fields_are_absent() {
     assert_eq!(c.dataplane.backend, Backend::Auto);
     assert_eq!(c.dataplane.workers, Workers::Auto);
     assert!(c.dataplane.udp_gso);
+    assert!(c.dataplane.udp_gro);
+    assert!(c.dataplane.tun_offload);
+    assert_eq!(c.dataplane.busy_poll_us, 50);
     assert!(c.peers.is_empty());
 }
 
@@ -119,6 +128,8 @@ colour = "blue"
 backend = "turbo"
 workers = 0
 udp_gso = "yes"
+tun_offload = 1
+busy_poll_us = 20000
 
 [[peer]]
 public_key = "{p}"
@@ -147,6 +158,8 @@ preshared_key_file = "y"
     assert_has(&e, "dataplane.backend: `turbo` is not a backend");
     assert_has(&e, "dataplane.workers: 0 is out of range");
     assert_has(&e, "dataplane.udp_gso: must be true or false, not \"yes\"");
+    assert_has(&e, "dataplane.tun_offload: must be true or false, not 1");
+    assert_has(&e, "dataplane.busy_poll_us: 20000 is out of range 0-10000");
     assert_has(&e, "peer[0].endpoint: `192.0.2.1` has no port");
     assert_has(
         &e,

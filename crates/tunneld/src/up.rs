@@ -85,7 +85,10 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
         tracing::info!("TUN offloads are not available on this kernel; packet by packet");
     }
 
-    let (worker, handle) = Worker::new(device, tun, udp).context("cannot start the worker")?;
+    let (mut worker, handle) = Worker::new(device, tun, udp).context("cannot start the worker")?;
+    worker.set_busy_poll(Duration::from_micros(
+        loaded.config.dataplane.busy_poll_us.into(),
+    ));
     let cpu = loaded
         .config
         .dataplane
