@@ -42,6 +42,10 @@ const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
 const TCP_ACK: u8 = 0x10;
 const TCP_CWR: u8 = 0x80;
+/// Room after an emitted packet for WireGuard's padding (to a multiple of 16).
+const PAD_ROOM: usize = 16;
+/// The longest headers a segment can have: IPv4 with options (60) and TCP with options (60).
+const MAX_HEADERS: usize = 120;
 /// An IP packet carries at most this many bytes (the IPv4 total length is 16 bits; IPv6 jumbo
 /// payloads are not used on a tunnel).
 const MAX_IP_LEN: usize = 65_535;
@@ -230,7 +234,10 @@ fn parse_ip(packet: &[u8]) -> Option<Ip> {
 /// Cuts the packet in `frame[..len]`, read from the TUN with `hdr`, into the packets it stands
 /// for and hands each to `emit(buffer, len)`; the buffer has room after the packet for padding.
 /// A plain packet is emitted in place; one that only needs its checksum gets it in place;
-/// segments are built in `scratch`, which must hold the largest segment plus 16 bytes.
+/// segments are built in place too, each over the tail of the one before, so `emit` must be
+/// done with a buffer when it returns (the worker's encapsulation copies it out). `scratch`
+/// (the largest segment plus 16 bytes) is used only for segments shorter than their headers.
+/// The frame's contents are not kept.
 ///
 /// Returns how many packets were emitted. On error nothing was emitted.
 pub fn segment(
@@ -280,19 +287,32 @@ pub fn segment(
         return Err(OffloadError::ZeroSegmentSize);
     }
     let payload = len - hl;
-    if hl + gso.min(payload) + 16 > scratch.len() {
+    // Segment k's payload stays where it is, and its headers are written into the bytes just
+    // before it: the tail of segment k-1's payload, already emitted. That needs a segment
+    // at least as long as the headers (always, for real MSS values); otherwise each segment
+    // is assembled in `scratch`.
+    let in_place = gso >= hl && len + PAD_ROOM <= frame.len();
+    if !in_place && hl + gso.min(payload) + PAD_ROOM > scratch.len() {
         return Err(OffloadError::TooLarge);
     }
+    let mut template = [0u8; MAX_HEADERS];
+    let template = template.get_mut(..hl).ok_or(OffloadError::TooLarge)?;
+    template.copy_from_slice(&frame[..hl]);
     let count = payload.div_ceil(gso).max(1);
     let seq0 = u32::from_be_bytes(packet[l4 + 4..l4 + 8].try_into().unwrap_or_default());
     let id0 = u16::from_be_bytes([packet[4], packet[5]]);
     for k in 0..count {
-        let start = hl + k * gso;
-        let plen = gso.min(len - start);
+        let payload_start = hl + k * gso;
+        let plen = gso.min(len - payload_start);
         let seg_len = hl + plen;
-        let seg = &mut scratch[..seg_len];
-        seg[..hl].copy_from_slice(&frame[..hl]);
-        seg[hl..].copy_from_slice(&frame[start..start + plen]);
+        let (buf, start) = if in_place {
+            (&mut *frame, payload_start - hl)
+        } else {
+            scratch[hl..seg_len].copy_from_slice(&frame[payload_start..payload_start + plen]);
+            (&mut *scratch, 0)
+        };
+        let seg = &mut buf[start..start + seg_len];
+        seg[..hl].copy_from_slice(template);
         if v6 {
             seg[4..6].copy_from_slice(&((seg_len - 40) as u16).to_be_bytes());
         } else {
@@ -317,7 +337,13 @@ pub fn segment(
         seg[csum_at..csum_at + 2].fill(0);
         let sum = pseudo_header_sum(seg, v6, proto, seg_len - l4) + checksum_add(0, &seg[l4..]);
         seg[csum_at..csum_at + 2].copy_from_slice(&finish(sum));
-        emit(scratch, seg_len);
+        // The emitted buffer has PAD_ROOM bytes after the segment for the WireGuard padding;
+        // in place they are the start of the next segment's payload, so they are put back.
+        let end = start + seg_len;
+        let mut saved = [0u8; PAD_ROOM];
+        saved.copy_from_slice(&buf[end..end + PAD_ROOM]);
+        emit(&mut buf[start..end + PAD_ROOM], seg_len);
+        buf[end..end + PAD_ROOM].copy_from_slice(&saved);
     }
     Ok(count)
 }
