@@ -713,3 +713,70 @@ fn genkey_and_pubkey_match_wg() {
         assert_eq!(ours, theirs);
     }
 }
+
+/// kill -9 leaves no chance to clean up: the kernel removes the TUN (its descriptor closes),
+/// the UAPI socket file stays behind. A restarted tunneld must take over the stale socket and
+/// re-establish the tunnel within seconds, while the peer still holds the old session.
+#[test]
+fn kill_9_and_restart_recovers_the_tunnel() {
+    if !require_netns_and_wg("kill_9_and_restart_recovers_the_tunnel") {
+        return;
+    }
+    let (a, b) = two_sites();
+    let (ka, kb) = (genkey(), genkey());
+    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
+    let body_a = site_body(1, &pubkey(&kb), "192.0.2.2:51820");
+    let mut ga = Gateway::start(&a, &ia, &ka, &body_a);
+    let _gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
+    ping(&a, "10.77.0.2");
+
+    step("kill -9 site A's tunneld");
+    let status = ga.stop_with("KILL");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    wait_until("the kernel to remove A's interface", || {
+        !a.output(&["ip", "link", "show", &ia]).status.success()
+    });
+    assert!(
+        socket_path(&ia).exists(),
+        "kill -9 cannot remove the socket file"
+    );
+
+    step("restart site A with the same config");
+    let started = std::time::Instant::now();
+    let _ga = Gateway::start(&a, &ia, &ka, &body_a);
+    ping(&a, "10.77.0.2");
+    ping(&b, "10.77.0.1");
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "recovery took {took:?}"
+    );
+    tcp_transfer(&b, &a, "10.77.0.1:5003".parse().unwrap(), 1 << 20);
+}
+
+/// A gateway with every offload and one with none carry the same traffic: offloads change
+/// nothing on the wire.
+#[test]
+fn offloading_and_plain_gateways_interoperate() {
+    if !require_netns_and_wg("offloading_and_plain_gateways_interoperate") {
+        return;
+    }
+    let (a, b) = two_sites();
+    let (ka, kb) = (genkey(), genkey());
+    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
+    let plain =
+        "\n[dataplane]\nudp_gso = false\nudp_gro = false\ntun_offload = false\nbusy_poll_us = 0\n";
+    let _ga = Gateway::start(&a, &ia, &ka, &site_body(1, &pubkey(&kb), "192.0.2.2:51820"));
+    let _gb = Gateway::start(
+        &b,
+        &ib,
+        &kb,
+        &format!("{}{plain}", site_body(2, &pubkey(&ka), "192.0.2.1:51820")),
+    );
+    ping(&a, "10.77.0.2");
+    tcp_transfer(&a, &b, "10.77.0.2:5004".parse().unwrap(), 8 << 20);
+    tcp_transfer(&b, &a, "[fd77::1]:5005".parse().unwrap(), 8 << 20);
+}
