@@ -116,6 +116,21 @@ fn test() -> ExitCode {
                 "warnings",
             ],
         ),
+        // The pair harness only builds with its feature; lint it in that build too.
+        (
+            "clippy (virtual time)",
+            &[
+                "clippy",
+                "-p",
+                "tunneld-tunnel",
+                "--all-targets",
+                "--features",
+                "virtual-time",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
         ("unit and end-to-end tests", &["test", "--workspace"]),
         // The pair harness drives boringtun from virtual time; that feature must never share a
         // build with the daemon, so it has its own invocation.

@@ -91,6 +91,9 @@ enum Side {
     B,
 }
 
+/// Decides, per datagram and sender, whether the link loses it.
+type LossRule = Box<dyn FnMut(Side, &[u8]) -> bool>;
+
 /// Two devices, a lossy in-order link between them, and a virtual clock.
 struct Pair {
     a: Device,
@@ -102,7 +105,13 @@ struct Pair {
     /// Datagrams seen on the wire, by sender, for assertions.
     wire_log: Vec<(Side, Vec<u8>)>,
     /// Returns true for a datagram the link should lose.
-    lose: Box<dyn FnMut(Side, &[u8]) -> bool>,
+    lose: LossRule,
+    /// Each side's underlay address as the other sees it (changes when a side roams).
+    src: [SocketAddr; 2],
+    /// Where each datagram was addressed, by sender.
+    sent_to: Vec<(Side, SocketAddr)>,
+    /// What each device was built from, to restart it with its state lost.
+    built_from: [(DeviceSettings, Vec<PeerSettings>); 2],
 }
 
 struct PairConfig {
@@ -143,44 +152,29 @@ impl Pair {
         };
         let mut a_peers = extra(cfg.a_extra_peers, 100);
         let mut b_peers = extra(cfg.b_extra_peers, 200);
-        let a = Device::new(
-            DeviceSettings {
-                private_key: ka.clone(),
-                listen_port: 51820,
-                mtu: 1420,
-                fwmark: 0,
-            },
-            {
-                a_peers.push(PeerSettings {
-                    public_key: kb.public_key(),
-                    preshared_key: cfg.psk.clone(),
-                    endpoint: Some(B_ADDR.parse().unwrap()),
-                    allowed_ips: vec![net("10.0.0.2/32"), net("10.2.0.0/16"), net("fd00::2/128")],
-                    persistent_keepalive: cfg.a_keepalive,
-                });
-                a_peers
-            },
-            now,
-        );
-        let b = Device::new(
-            DeviceSettings {
-                private_key: kb,
-                listen_port: 51820,
-                mtu: 1420,
-                fwmark: 0,
-            },
-            {
-                b_peers.push(PeerSettings {
-                    public_key: ka.public_key(),
-                    preshared_key: cfg.psk,
-                    endpoint: cfg.b_knows_a_endpoint.then(|| A_ADDR.parse().unwrap()),
-                    allowed_ips: vec![net("10.0.0.1/32"), net("fd00::1/128")],
-                    persistent_keepalive: 0,
-                });
-                b_peers
-            },
-            now,
-        );
+        a_peers.push(PeerSettings {
+            public_key: kb.public_key(),
+            preshared_key: cfg.psk.clone(),
+            endpoint: Some(B_ADDR.parse().unwrap()),
+            allowed_ips: vec![net("10.0.0.2/32"), net("10.2.0.0/16"), net("fd00::2/128")],
+            persistent_keepalive: cfg.a_keepalive,
+        });
+        b_peers.push(PeerSettings {
+            public_key: ka.public_key(),
+            preshared_key: cfg.psk,
+            endpoint: cfg.b_knows_a_endpoint.then(|| A_ADDR.parse().unwrap()),
+            allowed_ips: vec![net("10.0.0.1/32"), net("fd00::1/128")],
+            persistent_keepalive: 0,
+        });
+        let settings = |private_key: PrivateKey| DeviceSettings {
+            private_key,
+            listen_port: 51820,
+            mtu: 1420,
+            fwmark: 0,
+        };
+        let built_from = [(settings(ka), a_peers), (settings(kb), b_peers)];
+        let a = Device::new(built_from[0].0.clone(), built_from[0].1.clone(), now);
+        let b = Device::new(built_from[1].0.clone(), built_from[1].1.clone(), now);
         Self {
             a,
             b,
@@ -190,7 +184,17 @@ impl Pair {
             to_b_tun: Vec::new(),
             wire_log: Vec::new(),
             lose: Box::new(|_, _| false),
+            src: [A_ADDR.parse().unwrap(), B_ADDR.parse().unwrap()],
+            sent_to: Vec::new(),
+            built_from,
         }
+    }
+
+    /// Replaces `side`'s device with a new one built from the same settings: a restart that
+    /// loses every session, counter and learned endpoint.
+    fn restart(&mut self, side: Side) {
+        let (settings, peers) = self.built_from[side as usize].clone();
+        *self.device(side) = Device::new(settings, peers, self.now);
     }
 
     fn device(&mut self, side: Side) -> &mut Device {
@@ -201,18 +205,22 @@ impl Pair {
     }
 
     fn emit(&mut self, from: Side, out: Collect) {
-        for (_, d) in out.datagrams {
+        for (to, d) in out.datagrams {
             self.wire_log.push((from, d.clone()));
-            let src = match from {
-                Side::A => A_ADDR.parse().unwrap(),
-                Side::B => B_ADDR.parse().unwrap(),
-            };
+            self.sent_to.push((from, to));
+            let src = self.src[from as usize];
             self.in_flight.push_back((from, src, d));
         }
     }
 
     /// Sends an IP packet into `side`'s tunnel interface.
     fn send(&mut self, side: Side, packet: &[u8]) {
+        self.queue(side, packet);
+        self.deliver();
+    }
+
+    /// Like `send`, but leaves what it produces in flight (for a test to reorder or mangle).
+    fn queue(&mut self, side: Side, packet: &[u8]) {
         let now = self.now;
         let mut frame = packet.to_vec();
         frame.resize(packet.len() + 64, 0xAA);
@@ -220,7 +228,6 @@ impl Pair {
         self.device(side)
             .encapsulate(&mut frame, packet.len(), now, &mut out);
         self.emit(side, out);
-        self.deliver();
     }
 
     /// Delivers every datagram in flight (and whatever they cause), unless the link loses it.
@@ -529,4 +536,183 @@ fn refused_device_changes_change_nothing() {
     let p = ip_packet("10.0.0.1", "10.0.0.2", b"still configured");
     pair.send(Side::A, &p);
     assert_eq!(pair.to_b_tun, vec![p]);
+}
+
+/// A deterministic xorshift generator for the fault tests.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Payload `i` of a numbered stream, and the number back from a delivered packet.
+fn numbered(i: usize) -> Vec<u8> {
+    ip_packet("10.0.0.1", "10.0.0.2", format!("packet {i:05}").as_bytes())
+}
+
+fn number_of(packet: &[u8]) -> usize {
+    std::str::from_utf8(&packet[27..]).unwrap().parse().unwrap()
+}
+
+#[test]
+fn reordered_duplicated_and_corrupted_datagrams_are_sorted_out() {
+    let mut pair = Pair::new(PairConfig::default());
+    pair.send(Side::A, &numbered(99_999));
+    assert_eq!(pair.to_b_tun.len(), 1, "handshake and first packet");
+    pair.to_b_tun.clear();
+
+    const N: usize = 300;
+    for i in 0..N {
+        pair.queue(Side::A, &numbered(i));
+    }
+    let mut wire: Vec<_> = pair.in_flight.drain(..).collect();
+    assert_eq!(wire.len(), N);
+    // Disjoint sets: every 10th is duplicated, every 10th + 5 corrupted (one ciphertext bit).
+    let duplicates: Vec<_> = (0..N).step_by(10).map(|i| wire[i].clone()).collect();
+    let corrupted: Vec<usize> = (5..N).step_by(10).collect();
+    for &i in &corrupted {
+        let d = &mut wire[i].2;
+        let at = 16 + i % (d.len() - 16);
+        d[at] ^= 0x04;
+    }
+    wire.extend(duplicates.iter().cloned());
+    // Shuffle everything (within the replay window, which is far wider than N).
+    let mut rng = Rng(0x5eed_cafe);
+    for i in (1..wire.len()).rev() {
+        wire.swap(i, rng.below(i + 1));
+    }
+    pair.in_flight.extend(wire);
+    pair.deliver();
+
+    let mut got: Vec<usize> = pair.to_b_tun.iter().map(|p| number_of(p)).collect();
+    got.sort_unstable();
+    let expected: Vec<usize> = (0..N).filter(|i| i % 10 != 5).collect();
+    assert_eq!(
+        got, expected,
+        "every intact packet exactly once, none corrupted"
+    );
+    let stats = pair.b.stats();
+    assert_eq!(stats.drops(DropReason::Replay), duplicates.len() as u64);
+    assert_eq!(
+        stats.drops(DropReason::DecryptFailed),
+        corrupted.len() as u64
+    );
+    // And the session is still fine.
+    pair.to_b_tun.clear();
+    pair.send(Side::A, &numbered(7));
+    assert_eq!(pair.to_b_tun, vec![numbered(7)]);
+}
+
+#[test]
+fn hours_of_lossy_link_with_idle_gaps_keep_recovering() {
+    let mut pair = Pair::new(PairConfig::default());
+    let mut rng = Rng(0xfeed_beef);
+    // 10 % loss each way, every kind of message (handshakes included).
+    pair.lose = Box::new(move |_, _| rng.below(10) == 0);
+    let (mut sent, mut delivered) = (0usize, 0usize);
+    let start = pair.now;
+    // Three virtual hours: a packet each way every 5 s, with 10 idle minutes each hour (long
+    // enough for every session to expire).
+    for minute in 0..180u32 {
+        if minute % 60 >= 50 {
+            pair.advance(Duration::from_secs(60));
+            continue;
+        }
+        for _ in 0..12 {
+            let before = pair.to_b_tun.len() + pair.to_a_tun.len();
+            pair.send(Side::A, &ip_packet("10.0.0.1", "10.0.0.2", b"a to b"));
+            pair.send(Side::B, &ip_packet("10.0.0.2", "10.0.0.1", b"b to a"));
+            sent += 2;
+            delivered += pair.to_b_tun.len() + pair.to_a_tun.len() - before;
+            pair.advance(Duration::from_secs(5));
+        }
+    }
+    assert!(pair.now - start >= Duration::from_secs(3 * 3600));
+    // Rekeying every two minutes and after each idle gap: many handshakes, all recovered.
+    let handshakes = pair.initiations_from(Side::A) + pair.initiations_from(Side::B);
+    assert!(handshakes >= 60, "only {handshakes} initiations in 3 h");
+    eprintln!(
+        "3 h at 10 % loss: {delivered} of {sent} packets delivered, {handshakes} initiations"
+    );
+    // Lost data is lost (no retransmission below IP), lost handshakes are retried: most
+    // packets arrive.
+    assert!(
+        delivered * 100 >= sent * 75,
+        "{delivered} of {sent} packets delivered"
+    );
+    // A clean link afterwards works at once (after at most one handshake).
+    pair.lose = Box::new(|_, _| false);
+    pair.to_b_tun.clear();
+    let p = ip_packet("10.0.0.1", "10.0.0.2", b"after the storm");
+    pair.send(Side::A, &p);
+    pair.advance(Duration::from_secs(6));
+    assert!(pair.to_b_tun.contains(&p));
+}
+
+#[test]
+fn a_peer_that_restarts_and_loses_its_state_is_reconnected() {
+    let mut pair = Pair::new(PairConfig::default());
+    pair.send(Side::A, &numbered(0));
+    assert_eq!(pair.to_b_tun.len(), 1);
+    pair.to_b_tun.clear();
+
+    pair.restart(Side::B);
+    // A still holds the old session: its packets reach a B that knows nothing of it, until
+    // A's timers notice the silence and handshake again.
+    let mut first_delivery = None;
+    for second in 1..=30 {
+        pair.send(Side::A, &numbered(second));
+        pair.advance(Duration::from_secs(1));
+        if first_delivery.is_none() && !pair.to_b_tun.is_empty() {
+            first_delivery = Some(second);
+        }
+    }
+    let after = first_delivery.expect("no packet reached the restarted peer in 30 s");
+    eprintln!("restarted peer reached again after {after} s of virtual time");
+    assert!(after <= 20, "reconnected only after {after} s");
+    // The old session's packets were refused by the restarted B, and counted.
+    let stats = pair.b.stats();
+    let refused = [
+        DropReason::UnknownIndex,
+        DropReason::NoSession,
+        DropReason::DecryptFailed,
+    ]
+    .map(|r| stats.drops(r));
+    assert!(refused.iter().sum::<u64>() > 0, "{refused:?}");
+    // Both ways work on the new session.
+    pair.to_a_tun.clear();
+    let back = ip_packet("10.0.0.2", "10.0.0.1", b"hello again");
+    pair.send(Side::B, &back);
+    assert_eq!(pair.to_a_tun, vec![back]);
+}
+
+#[test]
+fn a_roaming_peer_is_followed_to_its_new_address() {
+    let mut pair = Pair::new(PairConfig::default());
+    pair.send(Side::A, &numbered(0));
+    let roamed: SocketAddr = "198.51.100.9:40000".parse().unwrap();
+    pair.src[Side::A as usize] = roamed;
+    pair.send(Side::A, &numbered(1));
+    assert_eq!(
+        pair.to_b_tun.len(),
+        2,
+        "data from the new address is accepted"
+    );
+    pair.sent_to.clear();
+    let back = ip_packet("10.0.0.2", "10.0.0.1", b"to the new place");
+    pair.send(Side::B, &back);
+    assert_eq!(pair.to_a_tun, vec![back]);
+    assert_eq!(
+        pair.sent_to,
+        vec![(Side::B, roamed)],
+        "B answers the new address"
+    );
 }
