@@ -716,3 +716,92 @@ fn a_roaming_peer_is_followed_to_its_new_address() {
         "B answers the new address"
     );
 }
+
+#[test]
+fn a_handshake_flood_gets_cookies_and_the_real_peer_still_connects() {
+    let mut pair = Pair::new(PairConfig::default());
+    let b_public = pair.built_from[Side::B as usize].0.private_key.public_key();
+    // 300 attackers with keys B does not know, each with a well-formed initiation (valid
+    // MAC1: B's public key is all it takes), from its own address.
+    let attack: Vec<(SocketAddr, Vec<u8>)> = (0..300u16)
+        .map(|i| {
+            let mut attacker = Device::new(
+                DeviceSettings {
+                    private_key: PrivateKey::generate(),
+                    listen_port: 0,
+                    mtu: 1420,
+                    fwmark: 0,
+                },
+                vec![PeerSettings {
+                    public_key: b_public.clone(),
+                    preshared_key: None,
+                    endpoint: Some(B_ADDR.parse().unwrap()),
+                    allowed_ips: vec![net("10.0.0.2/32")],
+                    persistent_keepalive: 0,
+                }],
+                pair.now,
+            );
+            let packet = ip_packet("10.0.0.1", "10.0.0.2", b"let me in");
+            let mut frame = packet.clone();
+            frame.resize(packet.len() + 64, 0);
+            let mut out = Collect::new();
+            attacker.encapsulate(&mut frame, packet.len(), pair.now, &mut out);
+            assert_eq!(out.datagrams.len(), 1, "an initiation");
+            let from = format!("198.51.100.{}:{}", i % 254 + 1, 40000 + i);
+            (from.parse().unwrap(), out.datagrams.remove(0).1)
+        })
+        .collect();
+
+    let real = ip_packet("10.0.0.1", "10.0.0.2", b"the real peer");
+    let mut cookies = 0u64;
+    let mut connected_at = None;
+    // Ten seconds of flood: all 300 initiations every 250 ms (1200 a second), and the real
+    // peer trying to connect from the start.
+    for tick in 0..40u32 {
+        for (from, datagram) in &attack {
+            let (mut tun, mut out) = (Collect::new(), Collect::new());
+            let now = pair.now;
+            pair.b.decapsulate(*from, datagram, now, &mut tun, &mut out);
+            assert!(tun.packets.is_empty());
+            for (to, reply) in &out.datagrams {
+                assert_eq!(reply[0], 3, "only cookie replies go to an attacker");
+                assert_eq!(to, from, "sent back where the initiation came from");
+                cookies += 1;
+            }
+        }
+        if tick == 0 {
+            pair.send(Side::A, &real);
+        }
+        pair.advance(Duration::from_millis(250));
+        if connected_at.is_none() && pair.to_b_tun.contains(&real) {
+            connected_at = Some(tick);
+        }
+    }
+    let stats = pair.b.stats();
+    eprintln!(
+        "flood of 12000 initiations in 10 s: {cookies} cookie replies, {} handled in full, real peer in after tick {connected_at:?}",
+        stats.drops(DropReason::UnknownPeer)
+    );
+    assert!(cookies > 0, "B never said it was under load");
+    assert_eq!(
+        stats.cookie_replies_sent,
+        cookies
+            + pair
+                .wire_log
+                .iter()
+                .filter(|(s, d)| *s == Side::B && d[0] == 3)
+                .count() as u64
+    );
+    // Bounded work: at most the rate limit of full (Diffie-Hellman) handshakes per second.
+    assert!(
+        stats.drops(DropReason::UnknownPeer) <= 200 * 11,
+        "{} attacker handshakes processed in full",
+        stats.drops(DropReason::UnknownPeer)
+    );
+    let tick = connected_at.expect("the real peer never got through the flood");
+    assert!(
+        tick <= 28,
+        "the real peer got through only after {} ms",
+        tick * 250
+    );
+}
