@@ -733,7 +733,7 @@ fn a_handshake_flood_gets_cookies_and_the_real_peer_still_connects() {
                     fwmark: 0,
                 },
                 vec![PeerSettings {
-                    public_key: b_public.clone(),
+                    public_key: b_public,
                     preshared_key: None,
                     endpoint: Some(B_ADDR.parse().unwrap()),
                     allowed_ips: vec![net("10.0.0.2/32")],
