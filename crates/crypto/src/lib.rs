@@ -5,6 +5,9 @@
 //! their `Debug` shows only that they are secret. This crate does no networking.
 
 #![forbid(unsafe_code)]
+// Input from the network, config files and the UAPI socket must never panic: no unwrap or
+// expect outside tests (an invariant that cannot fail says so with an `allow` and a reason).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod keyfile;
 mod keys;

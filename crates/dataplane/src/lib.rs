@@ -1,5 +1,9 @@
 //! The dataplane of tunneld: batches, batch I/O backends and the worker loop.
 
+// Input from the network, config files and the UAPI socket must never panic: no unwrap or
+// expect outside tests (an invariant that cannot fail says so with an `allow` and a reason).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod batch;
 pub mod io;
 pub mod offload;

@@ -35,6 +35,10 @@ impl<T> Default for AllowedIps<T> {
     }
 }
 
+#[allow(
+    clippy::expect_used,
+    reason = "an invariant, not input: a truncated prefix is always accepted"
+)]
 fn to_network(net: IpNet) -> IpNetwork {
     // `trunc` zeroes the host bits, which is all ip_network's constructors refuse.
     match net.trunc() {
@@ -47,6 +51,10 @@ fn to_network(net: IpNet) -> IpNetwork {
     }
 }
 
+#[allow(
+    clippy::expect_used,
+    reason = "an invariant, not input: the table only holds valid prefixes"
+)]
 fn from_network(net: IpNetwork) -> IpNet {
     match net {
         IpNetwork::V4(n) => IpNet::V4(

@@ -5,6 +5,9 @@
 //! into [`sink`] implementations; timers run when the caller calls `Device::tick`.
 
 #![forbid(unsafe_code)]
+// Input from the network, config files and the UAPI socket must never panic: no unwrap or
+// expect outside tests (an invariant that cannot fail says so with an `allow` and a reason).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod allowed_ips;
 pub mod clock;
