@@ -96,6 +96,10 @@ fn test() -> ExitCode {
         eprintln!("xtask: installing tools failed: {e}");
         failures.push("installing tools".into());
     }
+    if let Err(e) = system::install_cargo_deny() {
+        eprintln!("xtask: installing cargo-deny failed: {e}");
+        failures.push("installing cargo-deny".into());
+    }
     let root = match system::repo_root() {
         Ok(root) => root,
         Err(e) => {
@@ -139,6 +143,11 @@ fn test() -> ExitCode {
             &["test", "-p", "tunneld-tunnel", "--features", "virtual-time"],
         ),
         ("benches build", &["bench", "--workspace", "--no-run"]),
+        // Licences, bans and sources of every dependency against deny.toml.
+        (
+            "cargo deny",
+            &["deny", "check", "bans", "licenses", "sources"],
+        ),
     ];
     for (name, args) in steps {
         eprintln!("==> {name}: cargo {}", args.join(" "));

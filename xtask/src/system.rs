@@ -200,6 +200,23 @@ pub fn install_tools() -> Result<(), String> {
     Ok(())
 }
 
+/// cargo-deny checks the dependency policy (`deny.toml`); installed from crates.io (a few
+/// minutes of compiling, once) when `cargo deny` is missing.
+pub fn install_cargo_deny() -> Result<(), String> {
+    let have_deny = Command::new("cargo")
+        .args(["deny", "--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if have_deny {
+        return Ok(());
+    }
+    eprintln!("==> installing cargo-deny (cargo install --locked cargo-deny)");
+    run(Command::new("cargo").args(["install", "--locked", "cargo-deny"]))
+}
+
 pub fn run(cmd: &mut Command) -> Result<(), String> {
     let status = cmd
         .status()

@@ -750,6 +750,7 @@ fn kill_9_and_restart_recovers_the_tunnel() {
     ping(&a, "10.77.0.2");
     ping(&b, "10.77.0.1");
     let took = started.elapsed();
+    eprintln!("restart to pings both ways: {took:?}");
     assert!(
         took < std::time::Duration::from_secs(10),
         "recovery took {took:?}"
