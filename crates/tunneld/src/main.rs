@@ -2,6 +2,7 @@
 
 mod load;
 mod netlink;
+mod privileges;
 mod show;
 mod uapi_server;
 mod up;

@@ -86,6 +86,8 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     }
 
     let (mut worker, handle) = Worker::new(device, tun, udp).context("cannot start the worker")?;
+    // Everything that needs root is done; the threads started below inherit what is left.
+    crate::privileges::drop_to_net_admin();
     worker.set_busy_poll(Duration::from_micros(
         loaded.config.dataplane.busy_poll_us.into(),
     ));

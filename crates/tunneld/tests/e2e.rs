@@ -781,3 +781,56 @@ fn offloading_and_plain_gateways_interoperate() {
     tcp_transfer(&a, &b, "10.77.0.2:5004".parse().unwrap(), 8 << 20);
     tcp_transfer(&b, &a, "[fd77::1]:5005".parse().unwrap(), 8 << 20);
 }
+
+/// After set-up every thread of tunneld holds only CAP_NET_ADMIN (effective, permitted and
+/// bounding), nothing inheritable or ambient, and no_new_privs; live changes still work.
+#[test]
+fn privileges_are_dropped_after_set_up() {
+    if !require_netns_and_wg("privileges_are_dropped_after_set_up") {
+        return;
+    }
+    let (a, _b) = two_sites();
+    let (ka, kb) = (genkey(), genkey());
+    let ia = unique_name("wg");
+    let ga = Gateway::start(&a, &ia, &ka, &site_body(1, &pubkey(&kb), "192.0.2.2:51820"));
+    const NET_ADMIN: u64 = 1 << 12;
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", ga.pid())).unwrap();
+    let mut threads = 0;
+    for task in tasks {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let field = |name: &str| -> u64 {
+            let line = status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in {status}"));
+            let value = line[name.len()..].trim();
+            u64::from_str_radix(value, 16).unwrap_or_else(|_| value.parse().unwrap())
+        };
+        assert_eq!(field("CapEff:"), NET_ADMIN, "effective:\n{status}");
+        assert_eq!(field("CapPrm:"), NET_ADMIN, "permitted:\n{status}");
+        assert_eq!(field("CapBnd:"), NET_ADMIN, "bounding:\n{status}");
+        assert_eq!(field("CapInh:"), 0, "inheritable:\n{status}");
+        assert_eq!(field("CapAmb:"), 0, "ambient:\n{status}");
+        assert_eq!(field("NoNewPrivs:"), 1, "no_new_privs:\n{status}");
+        threads += 1;
+    }
+    assert!(threads >= 3, "main, worker and UAPI threads: {threads}");
+    // CAP_NET_ADMIN is enough for what runs later: a live route change through `wg set`.
+    step("wg set after the drop");
+    a.run(&[
+        "wg",
+        "set",
+        &ia,
+        "peer",
+        &pubkey(&kb),
+        "allowed-ips",
+        "10.77.0.2/32,10.9.0.0/16",
+    ]);
+    let routes = a.run(&["ip", "-4", "route", "show", "dev", &ia]);
+    assert!(routes.contains("10.9.0.0/16"), "{routes}");
+    assert!(
+        ga.log_text().contains("privileges dropped"),
+        "{}",
+        ga.log_text()
+    );
+}
