@@ -834,3 +834,62 @@ fn privileges_are_dropped_after_set_up() {
         ga.log_text()
     );
 }
+
+/// Garbage aimed at a gateway's port while a transfer runs through it: random bytes, and
+/// datagrams shaped like each WireGuard message type, from other ports on the underlay. The
+/// transfer completes intact and the garbage is counted, not fatal.
+#[test]
+fn a_garbage_flood_during_a_transfer_does_not_break_it() {
+    if !require_netns_and_wg("a_garbage_flood_during_a_transfer_does_not_break_it") {
+        return;
+    }
+    let (a, b) = two_sites();
+    let (ka, kb) = (genkey(), genkey());
+    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
+    let _ga = Gateway::start(&a, &ia, &ka, &site_body(1, &pubkey(&kb), "192.0.2.2:51820"));
+    let gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
+    ping(&a, "10.77.0.2");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    // Bounded in count and time; to B's WireGuard port only, inside the test's namespaces.
+    let flood = a.spawn_in_ns(move || {
+        let socket = std::net::UdpSocket::bind("192.0.2.1:0").expect("bind in site A");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut x = 0x9e37_79b9u32;
+        let mut sent = 0u64;
+        let mut buf = [0u8; 1500];
+        while !flag.load(std::sync::atomic::Ordering::Relaxed)
+            && sent < 2_000_000
+            && std::time::Instant::now() < deadline
+        {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let len = [0, 3, 4, 32, 92, 148, 1200, 1452][(x % 8) as usize];
+            for b in buf[..len].iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = x as u8;
+            }
+            if len >= 4 && x % 3 != 0 {
+                buf[0] = (x % 4 + 1) as u8; // initiation, response, cookie or data
+                buf[1..4].fill(0);
+            }
+            if socket.send_to(&buf[..len], "192.0.2.2:51820").is_ok() {
+                sent += 1;
+            }
+        }
+        sent
+    });
+    tcp_transfer(&a, &b, "10.77.0.2:5006".parse().unwrap(), 16 << 20);
+    tcp_transfer(&b, &a, "10.77.0.1:5007".parse().unwrap(), 4 << 20);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = flood.join().unwrap();
+    eprintln!("garbage datagrams sent during the transfers: {sent}");
+    assert!(sent > 1000, "the flood hardly ran: {sent}");
+    let show = b.run(&[TUNNELD, "show", &gb.ifname]);
+    assert!(show.contains("malformed="), "garbage not counted:\n{show}");
+    ping(&a, "10.77.0.2");
+}
