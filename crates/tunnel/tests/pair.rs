@@ -805,3 +805,28 @@ fn a_handshake_flood_gets_cookies_and_the_real_peer_still_connects() {
         tick * 250
     );
 }
+
+#[test]
+fn a_path_mtu_drop_loses_only_what_no_longer_fits() {
+    let mut pair = Pair::new(PairConfig::default());
+    let small = ip_packet("10.0.0.1", "10.0.0.2", &[7u8; 100]);
+    let large = ip_packet("10.0.0.1", "10.0.0.2", &[9u8; 1380]);
+    pair.send(Side::A, &small);
+    pair.send(Side::A, &large);
+    assert_eq!(pair.to_b_tun, vec![small.clone(), large.clone()]);
+    // The underlay path shrinks to 1280 bytes for a minute: bigger datagrams vanish.
+    pair.lose = Box::new(|_, d| d.len() > 1280);
+    pair.to_b_tun.clear();
+    for _ in 0..12 {
+        pair.send(Side::A, &small);
+        pair.send(Side::A, &large);
+        pair.advance(Duration::from_secs(5));
+    }
+    assert_eq!(pair.to_b_tun.len(), 12, "only the small packets arrive");
+    assert!(pair.to_b_tun.iter().all(|p| *p == small));
+    // The session survived (keepalives and handshakes are small); restored, all fits again.
+    pair.lose = Box::new(|_, _| false);
+    pair.to_b_tun.clear();
+    pair.send(Side::A, &large);
+    assert_eq!(pair.to_b_tun, vec![large]);
+}
