@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod fuzz;
 mod system;
 mod testbed;
 
@@ -19,6 +20,9 @@ commands:
                    (Debian; Go-module build), boringtun-cli, kernel WireGuard where present;
                    interleaved rounds, medians; report in target/bench-report/;
                    --only keeps the rows whose name contains one of the NAMEs
+  fuzz <target|all|list> [--time N]
+                   coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
+                   installed when missing); default 60 s each
   deps             only install the system tools the tests and demo need";
 
 fn main() -> ExitCode {
@@ -31,6 +35,7 @@ fn main() -> ExitCode {
         Some("test") => return test(),
         Some("demo") => demo::run(args.iter().any(|a| a == "--compare")),
         Some("bench") => bench::run(&args[1..]),
+        Some("fuzz") => fuzz::run(&args[1..]),
         Some("deps") => system::install_tools(),
         _ => {
             eprintln!("{USAGE}");
@@ -45,6 +50,9 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// Seconds of coverage-guided fuzzing per target in `cargo xtask test`.
+const FUZZ_SMOKE_SECONDS: u64 = 10;
 
 /// Counts from cargo's `test result:` lines.
 #[derive(Default, Debug)]
@@ -143,6 +151,28 @@ fn test() -> ExitCode {
             &["test", "-p", "tunneld-tunnel", "--features", "virtual-time"],
         ),
         ("benches build", &["bench", "--workspace", "--no-run"]),
+        // The fuzz crate lives outside the workspace: its own fmt, lint, and the stable
+        // replay of its targets over the seeds.
+        (
+            "fmt (fuzz)",
+            &["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"],
+        ),
+        (
+            "clippy (fuzz)",
+            &[
+                "clippy",
+                "--manifest-path",
+                "fuzz/Cargo.toml",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+        (
+            "fuzz targets, replayed on stable",
+            &["test", "--manifest-path", "fuzz/Cargo.toml"],
+        ),
         // Licences, bans and sources of every dependency against deny.toml.
         (
             "cargo deny",
@@ -159,6 +189,21 @@ fn test() -> ExitCode {
                 failures.push(name.to_string());
             }
         }
+    }
+    // Coverage-guided smoke of every fuzz target, where the toolchain allows (nightly and
+    // cargo-fuzz installed); otherwise the stable replay above stands in for it.
+    if fuzz::nightly_available() && fuzz::cargo_fuzz_available() {
+        for target in fuzz::TARGETS {
+            match fuzz::fuzz_one(target, FUZZ_SMOKE_SECONDS) {
+                Ok(runs) => eprintln!("fuzz smoke {target}: {runs} runs, no crash"),
+                Err(e) => {
+                    eprintln!("fuzz smoke: {e}");
+                    failures.push(format!("fuzz smoke {target}"));
+                }
+            }
+        }
+    } else {
+        eprintln!("==> fuzz smoke: SKIPPED (needs nightly and cargo-fuzz; the stable replay ran)");
     }
     // The end-to-end benchmark harness, one short round, so it never rots. It needs network
     // namespaces: without them it is skipped like the privileged tests (a failure when they

@@ -15,6 +15,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("wireguard-go", "wireguard-go"),
     ("nft", "nftables"),
     ("pkill", "procps"),
+    // libfuzzer-sys (the fuzz crate, replayed in the tests) compiles libFuzzer's C++.
+    ("g++", "g++"),
 ];
 
 pub fn repo_root() -> Result<PathBuf, String> {
