@@ -893,3 +893,39 @@ fn a_garbage_flood_during_a_transfer_does_not_break_it() {
     assert!(show.contains("malformed="), "garbage not counted:\n{show}");
     ping(&a, "10.77.0.2");
 }
+
+/// Site A's underlay address changes mid-session (a new uplink address): its next packets come
+/// from the new address, and B follows them there, as WireGuard's roaming says.
+#[test]
+fn a_peer_whose_address_changes_is_followed() {
+    if !require_netns_and_wg("a_peer_whose_address_changes_is_followed") {
+        return;
+    }
+    let (a, b) = two_sites();
+    let (ka, kb) = (genkey(), genkey());
+    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
+    let _ga = Gateway::start(&a, &ia, &ka, &site_body(1, &pubkey(&kb), "192.0.2.2:51820"));
+    let gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
+    ping(&a, "10.77.0.2");
+
+    step("move site A's underlay from 192.0.2.1 to 192.0.2.11");
+    let addrs = a.run(&["ip", "-o", "-4", "addr", "show"]);
+    let uplink = addrs
+        .lines()
+        .find(|l| l.contains("192.0.2.1/24"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_else(|| panic!("no 192.0.2.1 in site A:\n{addrs}"))
+        .to_string();
+    a.run(&["ip", "addr", "del", "192.0.2.1/24", "dev", &uplink]);
+    a.run(&["ip", "addr", "add", "192.0.2.11/24", "dev", &uplink]);
+
+    ping(&a, "10.77.0.2");
+    ping(&b, "10.77.0.1");
+    let endpoints = b.run(&["wg", "show", &ib, "endpoints"]);
+    assert!(
+        endpoints.contains("192.0.2.11:51820"),
+        "B still sends to the old address:\n{endpoints}"
+    );
+    assert!(gb.log_text().contains("peer roamed"), "{}", gb.log_text());
+    tcp_transfer(&b, &a, "10.77.0.1:5008".parse().unwrap(), 1 << 20);
+}
