@@ -157,6 +157,11 @@ fn show_one(interface: &str) -> anyhow::Result<()> {
                     ", received {rxp} packets ({})",
                     bytes(value.parse().unwrap_or(0))
                 )),
+                "handshakes_sent" => line.push_str(&format!(", handshakes sent {value}")),
+                // Non-zero only while under load (a handshake flood, say): worth a look.
+                "cookie_replies_sent" if value != "0" => {
+                    line.push_str(&format!(", cookie replies {value}"))
+                }
                 k if k.starts_with("drop_") && value != "0" => {
                     drops.push(format!("{}={value}", &k[5..]))
                 }

@@ -929,3 +929,157 @@ fn a_peer_whose_address_changes_is_followed() {
     assert!(gb.log_text().contains("peer roamed"), "{}", gb.log_text());
     tcp_transfer(&b, &a, "10.77.0.1:5008".parse().unwrap(), 1 << 20);
 }
+
+/// Reads a `kB` field of /proc/<pid>/status.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// User + system CPU seconds of a process so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no memory preconditions.
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Real initiations (valid MAC1 for B's key, from keys B does not know) flood B from 20
+/// addresses while site A's tunneld is killed and restarted: B answers with cookies, its memory
+/// stays flat, and A's fresh handshake still gets through.
+#[test]
+fn a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out() {
+    if !require_netns_and_wg("a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out")
+    {
+        return;
+    }
+    use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
+    let (a, b) = two_sites();
+    let (ka, kb) = (genkey(), genkey());
+    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
+    let body_a = site_body(1, &pubkey(&kb), "192.0.2.2:51820");
+    let mut ga = Gateway::start(&a, &ia, &ka, &body_a);
+    let gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
+    ping(&a, "10.77.0.2");
+
+    step("200 initiations from unknown keys");
+    let b_public: tunneld_crypto::PublicKey = pubkey(&kb).parse().unwrap();
+    let now = std::time::Instant::now();
+    let initiations: Vec<Vec<u8>> = (0..200)
+        .map(|_| {
+            let mut attacker = Device::new(
+                DeviceSettings {
+                    private_key: tunneld_crypto::PrivateKey::generate(),
+                    listen_port: 0,
+                    mtu: 1420,
+                    fwmark: 0,
+                },
+                vec![PeerSettings {
+                    public_key: b_public,
+                    preshared_key: None,
+                    endpoint: Some("192.0.2.2:51820".parse().unwrap()),
+                    allowed_ips: vec!["10.77.0.2/32".parse().unwrap()],
+                    persistent_keepalive: 0,
+                }],
+                now,
+            );
+            let mut frame = vec![0u8; 128];
+            frame[0] = 0x45;
+            frame[2..4].copy_from_slice(&64u16.to_be_bytes());
+            frame[16..20].copy_from_slice(&[10, 77, 0, 2]);
+            let mut out = tunneld_dataplane::Batch::new();
+            attacker.encapsulate(&mut frame, 64, now, &mut out);
+            assert_eq!(out.payload(0)[0], 1, "an initiation");
+            out.payload(0).to_vec()
+        })
+        .collect();
+    let addrs = a.run(&["ip", "-o", "-4", "addr", "show"]);
+    let uplink = addrs
+        .lines()
+        .find(|l| l.contains("192.0.2.1/24"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .to_string();
+    for host in 100..120 {
+        a.run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("192.0.2.{host}/24"),
+            "dev",
+            &uplink,
+        ]);
+    }
+
+    let b_pid = gb.pid();
+    let rss_before = status_kib(b_pid, "VmRSS:");
+    let cpu_before = cpu_seconds(b_pid);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    // 2 000 initiations a second, ten times the rate B does the full handshake for, so B is
+    // "under load" and answers with cookies; paced to what the test's debug build of tunneld
+    // handles on a shared 2-core machine (a release build handles far more).
+    // Bounded: at most 400 000 datagrams or 20 s, to B's port inside the test's namespaces.
+    let flood = a.spawn_in_ns(move || {
+        let sockets: Vec<std::net::UdpSocket> = (100..120)
+            .map(|h| std::net::UdpSocket::bind(format!("192.0.2.{h}:0")).expect("bind"))
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut sent = 0u64;
+        'flood: for round in 0usize.. {
+            for (i, init) in initiations.iter().enumerate() {
+                if flag.load(std::sync::atomic::Ordering::Relaxed)
+                    || sent >= 400_000
+                    || std::time::Instant::now() > deadline
+                {
+                    break 'flood;
+                }
+                let socket = &sockets[(round + i) % sockets.len()];
+                if socket.send_to(init, "192.0.2.2:51820").is_ok() {
+                    sent += 1;
+                }
+            }
+            // 200 per 100 ms.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        sent
+    });
+    std::thread::sleep(std::time::Duration::from_secs(1));
+
+    step("kill -9 and restart site A during the flood");
+    ga.stop_with("KILL");
+    let started = std::time::Instant::now();
+    let _ga = Gateway::start(&a, &ia, &ka, &body_a);
+    wait_until("a ping from the restarted site A to get through", || {
+        a.output(&["ping", "-c", "1", "-W", "1", "10.77.0.2"])
+            .status
+            .success()
+    });
+    let took = started.elapsed();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = flood.join().unwrap();
+    let cpu = cpu_seconds(b_pid) - cpu_before;
+    let rss_after = status_kib(b_pid, "VmRSS:");
+    let show = b.run(&[TUNNELD, "show", &ib]);
+    eprintln!(
+        "flood: {sent} initiations; real peer back after {took:?}; B used {cpu:.2} CPU-s, \
+         RSS {rss_before} -> {rss_after} KiB"
+    );
+    assert!(sent > 5_000, "the flood hardly ran: {sent}");
+    assert!(
+        rss_after < rss_before + 16 * 1024,
+        "B's memory grew under the flood: {rss_before} -> {rss_after} KiB"
+    );
+    assert!(
+        show.contains("cookie replies "),
+        "no cookie replies counted:\n{show}"
+    );
+    tcp_transfer(&b, &a, "10.77.0.1:5009".parse().unwrap(), 1 << 20);
+}
