@@ -379,29 +379,24 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
 
 /// Sends and empties `batch`; returns how many datagrams the kernel did not take.
 fn flush(udp: &mut impl DatagramIo, batch: &mut Batch) -> u64 {
-    if batch.is_empty() {
-        return 0;
-    }
-    let lost = match udp.send_batch(batch) {
-        Ok(sent) => batch.len() - sent.min(batch.len()),
-        Err(e) => {
-            tracing::debug!("sending on the UDP socket: {e}");
-            batch.len()
-        }
-    };
-    batch.clear();
-    lost as u64
+    drain(batch, "sending on the UDP socket", |b| udp.send_batch(b))
 }
 
 /// Writes and empties `batch`; returns how many packets the kernel did not take.
 fn write(tun: &mut impl PacketIo, batch: &mut Batch) -> u64 {
+    drain(batch, "writing the TUN device", |b| tun.send_batch(b))
+}
+
+/// Hands a non-empty `batch` to `send`, empties it, and counts what was not taken (all of it
+/// on an error, which is logged at debug level: it recurs with every batch).
+fn drain(batch: &mut Batch, what: &str, send: impl FnOnce(&mut Batch) -> io::Result<usize>) -> u64 {
     if batch.is_empty() {
         return 0;
     }
-    let lost = match tun.send_batch(batch) {
+    let lost = match send(batch) {
         Ok(sent) => batch.len() - sent.min(batch.len()),
         Err(e) => {
-            tracing::debug!("writing the TUN device: {e}");
+            tracing::debug!("{what}: {e}");
             batch.len()
         }
     };

@@ -722,16 +722,12 @@ fn kill_9_and_restart_recovers_the_tunnel() {
     if !require_netns_and_wg("kill_9_and_restart_recovers_the_tunnel") {
         return;
     }
-    let (a, b) = two_sites();
-    let (ka, kb) = (genkey(), genkey());
-    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
-    let body_a = site_body(1, &pubkey(&kb), "192.0.2.2:51820");
-    let mut ga = Gateway::start(&a, &ia, &ka, &body_a);
-    let _gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
-    ping(&a, "10.77.0.2");
+    let mut sites = tunneld_sites("");
+    let (a, b, ia) = (&sites.a, &sites.b, sites.ga.ifname.clone());
+    ping(a, "10.77.0.2");
 
     step("kill -9 site A's tunneld");
-    let status = ga.stop_with("KILL");
+    let status = sites.ga.stop_with("KILL");
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&status),
         Some(9)
@@ -746,16 +742,16 @@ fn kill_9_and_restart_recovers_the_tunnel() {
 
     step("restart site A with the same config");
     let started = std::time::Instant::now();
-    let _ga = Gateway::start(&a, &ia, &ka, &body_a);
-    ping(&a, "10.77.0.2");
-    ping(&b, "10.77.0.1");
+    let _restarted = sites.restart_a();
+    ping(a, "10.77.0.2");
+    ping(b, "10.77.0.1");
     let took = started.elapsed();
     eprintln!("restart to pings both ways: {took:?}");
     assert!(
         took < std::time::Duration::from_secs(10),
         "recovery took {took:?}"
     );
-    tcp_transfer(&b, &a, "10.77.0.1:5003".parse().unwrap(), 1 << 20);
+    tcp_transfer(b, a, "10.77.0.1:5003".parse().unwrap(), 1 << 20);
 }
 
 /// A gateway with every offload and one with none carry the same traffic: offloads change
@@ -765,21 +761,13 @@ fn offloading_and_plain_gateways_interoperate() {
     if !require_netns_and_wg("offloading_and_plain_gateways_interoperate") {
         return;
     }
-    let (a, b) = two_sites();
-    let (ka, kb) = (genkey(), genkey());
-    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
-    let plain =
-        "\n[dataplane]\nudp_gso = false\nudp_gro = false\ntun_offload = false\nbusy_poll_us = 0\n";
-    let _ga = Gateway::start(&a, &ia, &ka, &site_body(1, &pubkey(&kb), "192.0.2.2:51820"));
-    let _gb = Gateway::start(
-        &b,
-        &ib,
-        &kb,
-        &format!("{}{plain}", site_body(2, &pubkey(&ka), "192.0.2.1:51820")),
+    let sites = tunneld_sites(
+        "\n[dataplane]\nudp_gso = false\nudp_gro = false\ntun_offload = false\nbusy_poll_us = 0\n",
     );
-    ping(&a, "10.77.0.2");
-    tcp_transfer(&a, &b, "10.77.0.2:5004".parse().unwrap(), 8 << 20);
-    tcp_transfer(&b, &a, "[fd77::1]:5005".parse().unwrap(), 8 << 20);
+    let (a, b) = (&sites.a, &sites.b);
+    ping(a, "10.77.0.2");
+    tcp_transfer(a, b, "10.77.0.2:5004".parse().unwrap(), 8 << 20);
+    tcp_transfer(b, a, "[fd77::1]:5005".parse().unwrap(), 8 << 20);
 }
 
 /// After set-up every thread of tunneld holds only CAP_NET_ADMIN (effective, permitted and
@@ -843,12 +831,9 @@ fn a_garbage_flood_during_a_transfer_does_not_break_it() {
     if !require_netns_and_wg("a_garbage_flood_during_a_transfer_does_not_break_it") {
         return;
     }
-    let (a, b) = two_sites();
-    let (ka, kb) = (genkey(), genkey());
-    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
-    let _ga = Gateway::start(&a, &ia, &ka, &site_body(1, &pubkey(&kb), "192.0.2.2:51820"));
-    let gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
-    ping(&a, "10.77.0.2");
+    let sites = tunneld_sites("");
+    let (a, b, gb) = (&sites.a, &sites.b, &sites.gb);
+    ping(a, "10.77.0.2");
 
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = stop.clone();
@@ -883,15 +868,15 @@ fn a_garbage_flood_during_a_transfer_does_not_break_it() {
         }
         sent
     });
-    tcp_transfer(&a, &b, "10.77.0.2:5006".parse().unwrap(), 16 << 20);
-    tcp_transfer(&b, &a, "10.77.0.1:5007".parse().unwrap(), 4 << 20);
+    tcp_transfer(a, b, "10.77.0.2:5006".parse().unwrap(), 16 << 20);
+    tcp_transfer(b, a, "10.77.0.1:5007".parse().unwrap(), 4 << 20);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let sent = flood.join().unwrap();
     eprintln!("garbage datagrams sent during the transfers: {sent}");
     assert!(sent > 1000, "the flood hardly ran: {sent}");
     let show = b.run(&[TUNNELD, "show", &gb.ifname]);
     assert!(show.contains("malformed="), "garbage not counted:\n{show}");
-    ping(&a, "10.77.0.2");
+    ping(a, "10.77.0.2");
 }
 
 /// Site A's underlay address changes mid-session (a new uplink address): its next packets come
@@ -901,12 +886,10 @@ fn a_peer_whose_address_changes_is_followed() {
     if !require_netns_and_wg("a_peer_whose_address_changes_is_followed") {
         return;
     }
-    let (a, b) = two_sites();
-    let (ka, kb) = (genkey(), genkey());
-    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
-    let _ga = Gateway::start(&a, &ia, &ka, &site_body(1, &pubkey(&kb), "192.0.2.2:51820"));
-    let gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
-    ping(&a, "10.77.0.2");
+    let sites = tunneld_sites("");
+    let (a, b, gb) = (&sites.a, &sites.b, &sites.gb);
+    let ib = gb.ifname.clone();
+    ping(a, "10.77.0.2");
 
     step("move site A's underlay from 192.0.2.1 to 192.0.2.11");
     let addrs = a.run(&["ip", "-o", "-4", "addr", "show"]);
@@ -919,15 +902,15 @@ fn a_peer_whose_address_changes_is_followed() {
     a.run(&["ip", "addr", "del", "192.0.2.1/24", "dev", &uplink]);
     a.run(&["ip", "addr", "add", "192.0.2.11/24", "dev", &uplink]);
 
-    ping(&a, "10.77.0.2");
-    ping(&b, "10.77.0.1");
+    ping(a, "10.77.0.2");
+    ping(b, "10.77.0.1");
     let endpoints = b.run(&["wg", "show", &ib, "endpoints"]);
     assert!(
         endpoints.contains("192.0.2.11:51820"),
         "B still sends to the old address:\n{endpoints}"
     );
     assert!(gb.log_text().contains("peer roamed"), "{}", gb.log_text());
-    tcp_transfer(&b, &a, "10.77.0.1:5008".parse().unwrap(), 1 << 20);
+    tcp_transfer(b, a, "10.77.0.1:5008".parse().unwrap(), 1 << 20);
 }
 
 /// Reads a `kB` field of /proc/<pid>/status.
@@ -960,16 +943,17 @@ fn a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out() {
         return;
     }
     use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
-    let (a, b) = two_sites();
-    let (ka, kb) = (genkey(), genkey());
-    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
-    let body_a = site_body(1, &pubkey(&kb), "192.0.2.2:51820");
-    let mut ga = Gateway::start(&a, &ia, &ka, &body_a);
-    let gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
-    ping(&a, "10.77.0.2");
+    let mut sites = tunneld_sites("");
+    let (a, b) = (&sites.a, &sites.b);
+    let (ib, b_pid, b_key) = (
+        sites.gb.ifname.clone(),
+        sites.gb.pid(),
+        sites.gb.public_key.clone(),
+    );
+    ping(a, "10.77.0.2");
 
     step("200 initiations from unknown keys");
-    let b_public: tunneld_crypto::PublicKey = pubkey(&kb).parse().unwrap();
+    let b_public: tunneld_crypto::PublicKey = b_key.parse().unwrap();
     let now = std::time::Instant::now();
     let initiations: Vec<Vec<u8>> = (0..200)
         .map(|_| {
@@ -1017,7 +1001,6 @@ fn a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out() {
         ]);
     }
 
-    let b_pid = gb.pid();
     let rss_before = status_kib(b_pid, "VmRSS:");
     let cpu_before = cpu_seconds(b_pid);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1053,9 +1036,9 @@ fn a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out() {
     std::thread::sleep(std::time::Duration::from_secs(1));
 
     step("kill -9 and restart site A during the flood");
-    ga.stop_with("KILL");
+    sites.ga.stop_with("KILL");
     let started = std::time::Instant::now();
-    let _ga = Gateway::start(&a, &ia, &ka, &body_a);
+    let _restarted = sites.restart_a();
     wait_until("a ping from the restarted site A to get through", || {
         a.output(&["ping", "-c", "1", "-W", "1", "10.77.0.2"])
             .status
@@ -1081,5 +1064,5 @@ fn a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out() {
         show.contains("cookie replies "),
         "no cookie replies counted:\n{show}"
     );
-    tcp_transfer(&b, &a, "10.77.0.1:5009".parse().unwrap(), 1 << 20);
+    tcp_transfer(b, a, "10.77.0.1:5009".parse().unwrap(), 1 << 20);
 }

@@ -309,6 +309,47 @@ pub fn two_sites() -> (NetNs, NetNs) {
     (a, b)
 }
 
+/// Two sites joined by tunneld, each the other's only peer, up and answering `wg`. Fields
+/// drop in order: the gateways first, then the namespaces.
+pub struct Sites {
+    pub ga: Gateway,
+    pub gb: Gateway,
+    /// Site A's private key and config body, to restart it.
+    pub ka: String,
+    pub body_a: String,
+    pub a: NetNs,
+    pub b: NetNs,
+}
+
+/// [`two_sites`] with a tunneld in each; `extra_b` is appended to site B's config.
+pub fn tunneld_sites(extra_b: &str) -> Sites {
+    let (a, b) = two_sites();
+    let (ka, kb) = (genkey(), genkey());
+    let (ia, ib) = (
+        tunneld_testnet::unique_name("wg"),
+        tunneld_testnet::unique_name("wg"),
+    );
+    let body_a = site_body(1, &pubkey(&kb), "192.0.2.2:51820");
+    let body_b = format!("{}{extra_b}", site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
+    let ga = Gateway::start(&a, &ia, &ka, &body_a);
+    let gb = Gateway::start(&b, &ib, &kb, &body_b);
+    Sites {
+        ga,
+        gb,
+        ka,
+        body_a,
+        a,
+        b,
+    }
+}
+
+impl Sites {
+    /// Starts site A's tunneld again (after it was stopped) with the same key and config.
+    pub fn restart_a(&self) -> Gateway {
+        Gateway::start(&self.a, &self.ga.ifname, &self.ka, &self.body_a)
+    }
+}
+
 /// The body of a site's config (after name and key) with one peer.
 pub fn site_body(me: u8, peer_public: &str, peer_underlay: &str) -> String {
     let other = 3 - me;
