@@ -132,6 +132,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
         contenders.insert(
             4,
             contender(
+                "tunneld (uring, all offloads)",
+                Ok(Impl::Tunneld(tunneld.clone(), "backend = \"uring\"")),
+            ),
+        );
+        contenders.insert(
+            5,
+            contender(
                 "tunneld (mmsg, all offloads, busy_poll_us = 0)",
                 Ok(Impl::Tunneld(
                     tunneld.clone(),

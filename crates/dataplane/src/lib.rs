@@ -10,6 +10,7 @@ pub mod offload;
 pub mod sim;
 pub mod tun;
 pub mod udp;
+pub mod uring;
 pub mod worker;
 
 pub use batch::{Batch, BATCH_SIZE, FRAME_PAYLOAD, HEADROOM};

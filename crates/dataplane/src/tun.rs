@@ -37,14 +37,14 @@ pub struct Tun {
     /// Bytes of `virtio_net_hdr` in front of every packet on the descriptor: 0 without
     /// `IFF_VNET_HDR`, and never more than `HEADROOM`. Reads land this many bytes before the
     /// payload, in the headroom, so the payload starts where the batch expects it.
-    vnet_hdr_len: usize,
+    pub(crate) vnet_hdr_len: usize,
     offloads: Offloads,
     /// Plans super-packets for writes (with offloads only).
-    coalescer: Box<Coalescer>,
+    pub(crate) coalescer: Box<Coalescer>,
     /// The iovecs of one super-packet write: the head, then each member's payload.
     iovs: Box<[libc::iovec; BATCH_SIZE]>,
     /// Packets written as part of a super-packet (of two or more).
-    coalesced: u64,
+    pub(crate) coalesced: u64,
 }
 
 impl std::fmt::Debug for Tun {
@@ -206,7 +206,7 @@ fn validate_name(name: &str) -> io::Result<()> {
 }
 
 /// Errors that mean the descriptor itself is unusable, not just this packet.
-fn is_fatal(e: &io::Error) -> bool {
+pub(crate) fn is_fatal(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EBADF | libc::EBADFD | libc::EFAULT)

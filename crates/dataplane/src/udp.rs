@@ -34,7 +34,7 @@ struct SegmentCmsg([u8; 32]);
 pub struct UdpSocket {
     fd: OwnedFd,
     local: SocketAddr,
-    scratch: Box<Scratch>,
+    pub(crate) scratch: Box<Scratch>,
     /// Whether runs of equal-size datagrams to one address go out as one UDP_SEGMENT send.
     gso: bool,
     /// Whether the kernel may merge received datagrams (UDP_GRO).
@@ -51,15 +51,15 @@ impl std::fmt::Debug for UdpSocket {
 }
 
 /// The arrays the vectored calls use, one entry per frame.
-struct Scratch {
-    hdrs: [libc::mmsghdr; BATCH_SIZE],
+pub(crate) struct Scratch {
+    pub(crate) hdrs: [libc::mmsghdr; BATCH_SIZE],
     iovs: [libc::iovec; BATCH_SIZE],
     names: [libc::sockaddr_storage; BATCH_SIZE],
     /// Send side: the UDP_SEGMENT control message of each message that carries a GSO run,
     /// the index in the batch of its first datagram, and how many datagrams it carries.
     cmsgs: [SegmentCmsg; BATCH_SIZE],
-    first: [usize; BATCH_SIZE],
-    segments: [usize; BATCH_SIZE],
+    pub(crate) first: [usize; BATCH_SIZE],
+    pub(crate) segments: [usize; BATCH_SIZE],
 }
 
 // SAFETY: the raw pointers inside `hdrs` and `iovs` are rewritten at the start of every call
@@ -243,7 +243,7 @@ impl UdpSocket {
     /// Builds the send messages for datagrams `from..` of `batch`: one message per datagram,
     /// or, with GSO, one per run of datagrams to the same address whose sizes are equal (the
     /// last may be shorter). Returns the number of messages.
-    fn build_send(&mut self, batch: &Batch, from: usize) -> usize {
+    pub(crate) fn build_send(&mut self, batch: &Batch, from: usize) -> usize {
         let v6 = self.is_v6();
         let gso = self.gso;
         let s = &mut *self.scratch;
@@ -417,7 +417,10 @@ fn write_sockaddr(
 
 /// Reads the address the kernel wrote (`len` bytes); `::ffff:a.b.c.d` comes back as IPv4.
 /// `None` for an unknown family or a short address.
-fn read_sockaddr(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+pub(crate) fn read_sockaddr(
+    storage: &libc::sockaddr_storage,
+    len: libc::socklen_t,
+) -> Option<SocketAddr> {
     let len = len as usize;
     match libc::c_int::from(storage.ss_family) {
         libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
@@ -453,7 +456,7 @@ fn read_sockaddr(storage: &libc::sockaddr_storage, len: libc::socklen_t) -> Opti
 
 /// Errors that mean the socket (or our call) is broken, rather than a report about some
 /// earlier datagram (ICMP errors) or a refusal of one datagram.
-fn is_fatal(e: &io::Error) -> bool {
+pub(crate) fn is_fatal(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EBADF | libc::ENOTSOCK | libc::EFAULT)
