@@ -15,6 +15,9 @@ const TOOLS: &[(&str, &str)] = &[
     ("wireguard-go", "wireguard-go"),
     ("nft", "nftables"),
     ("pkill", "procps"),
+    // TLS forwarding: test CAs and certificates (tests, bench-tls), the stunnel bench row.
+    ("stunnel4", "stunnel4"),
+    ("openssl", "openssl"),
     // libfuzzer-sys (the fuzz crate, replayed in the tests) compiles libFuzzer's C++.
     ("g++", "g++"),
 ];

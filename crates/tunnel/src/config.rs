@@ -48,11 +48,16 @@ const PEER_FIELDS: &[&str] = &[
     "persistent_keepalive",
 ];
 
+mod tls;
+pub use tls::{CertKey, TlsConfig, TlsForward, TlsListen};
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    pub interface: InterfaceConfig,
+    /// The WireGuard interface; `None` in a config with only TLS forwarding.
+    pub interface: Option<InterfaceConfig>,
     pub dataplane: DataplaneConfig,
     pub peers: Vec<PeerConfig>,
+    pub tls: TlsConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -551,6 +556,10 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
     let mut c = Checker::default();
     check_sections(&mut c, &root);
 
+    let tls = root
+        .get("tls")
+        .map(|t| tls::check_tls(&mut c, t))
+        .unwrap_or_default();
     let (interface, own_key) = match root.get("interface") {
         Some(Value::Table(t)) => check_interface(&mut c, t),
         Some(other) => {
@@ -560,8 +569,28 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
             );
             (None, None)
         }
+        // A TLS-only config runs no WireGuard interface.
+        None if root.contains_key("tls") && !root.contains_key("peer") => {
+            if matches!(root.get("tls"), Some(Value::Table(t)) if t.is_empty()) {
+                c.error(
+                    "tls",
+                    "has no [[tls.forward]] or [[tls.listen]] sections, and there is no [interface]: nothing to run",
+                );
+            }
+            (None, None)
+        }
+        None if root.contains_key("peer") => {
+            c.error(
+                "interface",
+                "missing [interface] section (the [[peer]] sections need one)",
+            );
+            (None, None)
+        }
         None => {
-            c.error("interface", "missing [interface] section");
+            c.error(
+                "interface",
+                "missing [interface] section (or [[tls.forward]]/[[tls.listen]] for TLS forwarding only)",
+            );
             (None, None)
         }
     };
@@ -622,11 +651,19 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         .into_iter()
         .map(|p| p.and_then(PeerParts::finish))
         .collect();
+    let wireguard_absent = !root.contains_key("interface");
     match (interface, peers) {
-        (Some(interface), Some(peers)) => Ok(Config {
+        (interface @ Some(_), Some(peers)) => Ok(Config {
             interface,
             dataplane,
             peers,
+            tls,
+        }),
+        (None, Some(peers)) if wireguard_absent => Ok(Config {
+            interface: None,
+            dataplane,
+            peers,
+            tls,
         }),
         _ => Err(ConfigErrors(vec![ConfigError {
             field: "config".into(),
@@ -668,13 +705,13 @@ fn line_column(text: &str, offset: usize) -> String {
 }
 
 fn check_sections(c: &mut Checker, root: &Table) {
-    const SECTIONS: &[&str] = &["interface", "dataplane", "peer"];
+    const SECTIONS: &[&str] = &["interface", "dataplane", "peer", "tls"];
     for (key, value) in root {
         if SECTIONS.contains(&key.as_str()) {
             continue;
         }
         let hint = closest(key, SECTIONS).map_or_else(
-            || "expected [interface], [dataplane] and [[peer]]".to_string(),
+            || "expected [interface], [dataplane], [[peer]] and [[tls.…]]".to_string(),
             |k| match k {
                 "peer" => "did you mean `[[peer]]`?".to_string(),
                 other => format!("did you mean `[{other}]`?"),

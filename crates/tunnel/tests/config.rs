@@ -70,12 +70,15 @@ persistent_keepalive = 25
     );
     let c = ok(&text);
     assert_eq!(
-        c.interface.private_key,
+        c.interface.as_ref().unwrap().private_key,
         KeySource::File("site-a.key".into())
     );
     // Interface addresses keep their host bits; allowed IPs are truncated to the network.
-    assert_eq!(c.interface.addresses[1].to_string(), "fd77::1/64");
-    assert_eq!(c.interface.fwmark, 0x20);
+    assert_eq!(
+        c.interface.as_ref().unwrap().addresses[1].to_string(),
+        "fd77::1/64"
+    );
+    assert_eq!(c.interface.as_ref().unwrap().fwmark, 0x20);
     assert_eq!(c.dataplane.backend, Backend::Xdp);
     assert_eq!(c.dataplane.workers, Workers::Auto);
     let peer = &c.peers[0];
@@ -283,7 +286,7 @@ fn interface_names_follow_the_kernel_rules() {
         let c = ok(&format!(
             "[interface]\nname = \"{name}\"\nprivate_key_file = \"k\"\n"
         ));
-        assert_eq!(c.interface.name, name);
+        assert_eq!(c.interface.as_ref().unwrap().name, name);
     }
     for (name, why) in [
         ("", "is empty (e.g. \"wg0\")"),
@@ -374,7 +377,10 @@ fn key_sources_are_one_of_two() {
     let c = ok(&format!(
         "[interface]\nname = \"wg0\"\nprivate_key = \"{k}\"\n"
     ));
-    assert_eq!(c.interface.private_key, KeySource::Inline(private(1)));
+    assert_eq!(
+        c.interface.as_ref().unwrap().private_key,
+        KeySource::Inline(private(1))
+    );
     for (body, expected) in [
         (
             String::new(),
@@ -553,12 +559,17 @@ fn wg_quick_import_keeps_everything_it_can_and_says_what_it_cannot() {
         "{toml}"
     );
     let c = ok(&toml);
-    assert_eq!(c.interface.private_key, KeySource::Inline(private(1)));
-    assert_eq!(c.interface.listen_port, 51820);
-    assert_eq!(c.interface.mtu, 1400);
-    assert_eq!(c.interface.fwmark, 0x1f);
+    assert_eq!(
+        c.interface.as_ref().unwrap().private_key,
+        KeySource::Inline(private(1))
+    );
+    assert_eq!(c.interface.as_ref().unwrap().listen_port, 51820);
+    assert_eq!(c.interface.as_ref().unwrap().mtu, 1400);
+    assert_eq!(c.interface.as_ref().unwrap().fwmark, 0x1f);
     let addresses: Vec<String> = c
         .interface
+        .as_ref()
+        .unwrap()
         .addresses
         .iter()
         .map(ToString::to_string)
@@ -663,4 +674,117 @@ fn wg_quick_import_never_panics() {
     )
     .unwrap();
     assert!(toml.contains("PostUp = echo ??x"), "{toml}");
+}
+
+const TLS_ONLY: &str = r#"
+[[tls.forward]]
+listen = "127.0.0.1:15201"
+connect = "site-b.example:8443"
+server_name = "site-b.example"
+ca_file = "ca.pem"
+
+[[tls.forward]]
+listen = "[::1]:15202"
+connect = "192.0.2.2:8444"
+server_name = "192.0.2.2"
+ca_file = "ca.pem"
+cert_file = "client.pem"
+key_file = "client.key"
+
+[[tls.listen]]
+listen = "0.0.0.0:8443"
+cert_file = "server.pem"
+key_file = "server.key"
+forward_to = "127.0.0.1:5201"
+client_ca_file = "clients.pem"
+"#;
+
+#[test]
+fn a_tls_only_config_needs_no_interface() {
+    let c = ok(TLS_ONLY);
+    assert!(c.interface.is_none() && c.peers.is_empty());
+    assert_eq!(c.tls.forwards.len(), 2);
+    let f = &c.tls.forwards[0];
+    assert_eq!(f.listen, "127.0.0.1:15201".parse().unwrap());
+    assert_eq!(f.connect.to_string(), "site-b.example:8443");
+    assert_eq!(f.server_name, "site-b.example");
+    assert!(f.client_cert.is_none());
+    let mtls = c.tls.forwards[1].client_cert.as_ref().unwrap();
+    assert_eq!(mtls.key_file, std::path::Path::new("client.key"));
+    let l = &c.tls.listens[0];
+    assert_eq!(l.forward_to.to_string(), "127.0.0.1:5201");
+    assert_eq!(
+        l.client_ca_file.as_deref(),
+        Some(std::path::Path::new("clients.pem"))
+    );
+}
+
+#[test]
+fn tls_sections_go_with_an_interface_too() {
+    let text = with_interface(TLS_ONLY);
+    let c = ok(&text);
+    assert!(c.interface.is_some());
+    assert_eq!(c.tls.listens.len(), 1);
+}
+
+#[test]
+fn tls_errors_name_their_field() {
+    let bad = r#"
+[[tls.forward]]
+listen = "localhost:15201"
+connect = "site-b.example"
+server_name = "not a name!"
+cert_file = "client.pem"
+colour = "blue"
+
+[[tls.listen]]
+listen = "0.0.0.0:0"
+forward_to = "127.0.0.1:5201"
+"#;
+    let e = errors(bad);
+    let expect = [
+        "tls.forward[0].listen: `localhost:15201` is not an address:port",
+        "tls.forward[0].connect: `site-b.example` has no port",
+        "tls.forward[0].server_name: `not a name!` is not a DNS name or an IP address",
+        "tls.forward[0].ca_file: missing",
+        "tls.forward[0].key_file: missing: `cert_file` needs `key_file` too",
+        "tls.forward[0]: unknown field `colour`",
+        "tls.listen[0].listen: `0.0.0.0:0`: the port must not be 0",
+        "tls.listen[0].cert_file: missing",
+        "tls.listen[0].key_file: missing",
+    ];
+    for want in expect {
+        assert!(
+            e.iter().any(|l| l.starts_with(want)),
+            "no {want:?} in {e:#?}"
+        );
+    }
+    assert_eq!(e.len(), expect.len(), "{e:#?}");
+}
+
+#[test]
+fn tls_shapes_and_clashes_are_refused() {
+    assert!(error("[tls.forward]\nlisten = \"127.0.0.1:1\"\n")
+        .starts_with("tls.forward: must be a list of tables: write [[tls.forward]]"));
+    assert_eq!(
+        error("[tls]\n"),
+        "tls: has no [[tls.forward]] or [[tls.listen]] sections, and there is no [interface]: nothing to run"
+    );
+    assert!(error("[tls]\nforwards = 1\n")
+        .contains("unknown field `forwards` (did you mean `forward`?)"));
+    let twice = format!(
+        "{TLS_ONLY}\n[[tls.listen]]\nlisten = \"127.0.0.1:15201\"\ncert_file = \"s.pem\"\nkey_file = \"s.key\"\nforward_to = \"127.0.0.1:1\"\n"
+    );
+    assert_eq!(
+        error(&twice),
+        "tls.listen[1].listen: 127.0.0.1:15201 is already used by tls.forward[0].listen"
+    );
+    let peers_only = "[[peer]]\npublic_key = \"x\"\n[[tls.listen]]\n";
+    assert!(errors(peers_only)
+        .iter()
+        .any(|l| l == "interface: missing [interface] section (the [[peer]] sections need one)"));
+    assert_eq!(
+        error(""),
+        "interface: missing [interface] section (or [[tls.forward]]/[[tls.listen]] for TLS forwarding only)"
+    );
 }

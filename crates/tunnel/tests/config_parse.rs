@@ -60,14 +60,17 @@ allowed_ips = ["10.30.1.7/16"]
 "#
     );
     let c = config::parse(&text).unwrap();
-    assert_eq!(c.interface.name, "wg0");
+    assert_eq!(c.interface.as_ref().unwrap().name, "wg0");
     assert_eq!(
-        c.interface.private_key,
+        c.interface.as_ref().unwrap().private_key,
         KeySource::File("site-a.key".into())
     );
-    assert_eq!(c.interface.listen_port, 51820);
-    assert_eq!(c.interface.addresses[0].to_string(), "10.77.0.1/24");
-    assert_eq!(c.interface.mtu, 1420);
+    assert_eq!(c.interface.as_ref().unwrap().listen_port, 51820);
+    assert_eq!(
+        c.interface.as_ref().unwrap().addresses[0].to_string(),
+        "10.77.0.1/24"
+    );
+    assert_eq!(c.interface.as_ref().unwrap().mtu, 1420);
     assert_eq!(c.dataplane.backend, Backend::Uring);
     assert_eq!(c.dataplane.workers, Workers::Count(2));
     assert_eq!(c.dataplane.cpus, Some(vec![0, 1]));
@@ -100,8 +103,8 @@ fn defaults_apply_when_optional_fields_are_absent() {
         key()
     ))
     .unwrap();
-    assert_eq!(c.interface.listen_port, 0);
-    assert_eq!(c.interface.mtu, 1420);
+    assert_eq!(c.interface.as_ref().unwrap().listen_port, 0);
+    assert_eq!(c.interface.as_ref().unwrap().mtu, 1420);
     assert_eq!(c.dataplane.backend, Backend::Auto);
     assert_eq!(c.dataplane.workers, Workers::Auto);
     assert!(c.dataplane.udp_gso);
@@ -279,10 +282,10 @@ fn wg_quick_files_import_to_a_config_that_parses() {
     assert!(toml.contains("# not imported (no tunneld equivalent): [Interface] DNS = 10.77.0.53"));
     assert!(toml.contains("PostUp"));
     let c = config::parse(&toml).unwrap();
-    assert_eq!(c.interface.name, "site-a");
-    assert_eq!(c.interface.listen_port, 51820);
-    assert_eq!(c.interface.mtu, 1400);
-    assert_eq!(c.interface.addresses.len(), 2);
+    assert_eq!(c.interface.as_ref().unwrap().name, "site-a");
+    assert_eq!(c.interface.as_ref().unwrap().listen_port, 51820);
+    assert_eq!(c.interface.as_ref().unwrap().mtu, 1400);
+    assert_eq!(c.interface.as_ref().unwrap().addresses.len(), 2);
     assert_eq!(c.peers[0].allowed_ips.len(), 2);
     assert_eq!(c.peers[0].persistent_keepalive, 25);
     assert!(matches!(

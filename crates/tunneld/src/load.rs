@@ -4,13 +4,22 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use tunneld_crypto::{read_key_file, PresharedKey, PrivateKey};
-use tunneld_tunnel::config::{self, Config, Endpoint, KeySource};
+use tunneld_tunnel::config::{self, Config, Endpoint, InterfaceConfig, KeySource};
 use tunneld_tunnel::{DeviceSettings, PeerSettings};
 
 /// A config ready to run.
 #[derive(Debug)]
 pub struct Loaded {
     pub config: Config,
+    /// The WireGuard interface's settings; `None` for a TLS-forwarding-only config.
+    pub wireguard: Option<WireGuard>,
+    /// Where relative file names in the config are taken from (the config's directory).
+    pub base: PathBuf,
+}
+
+#[derive(Debug)]
+pub struct WireGuard {
+    pub interface: InterfaceConfig,
     pub device: DeviceSettings,
     pub peers: Vec<PeerSettings>,
 }
@@ -36,19 +45,23 @@ pub fn load(path: &Path, resolve: Resolve) -> Result<Loaded, Vec<String>> {
     })?;
     let mut errors = Vec::new();
 
-    let private_key = match &config.interface.private_key {
-        KeySource::Inline(key) => Some(key.clone()),
-        KeySource::File(file) => read_key(base, file, "interface.private_key_file", &mut errors)
-            .and_then(|text| match PrivateKey::from_base64(&text) {
-                Ok(key) => Some(key),
-                Err(e) => {
-                    errors.push(format!(
-                        "interface.private_key_file: {}: the key {e}",
-                        file.display()
-                    ));
-                    None
+    let private_key = match config.interface.as_ref().map(|i| &i.private_key) {
+        None => None,
+        Some(KeySource::Inline(key)) => Some(key.clone()),
+        Some(KeySource::File(file)) => {
+            read_key(base, file, "interface.private_key_file", &mut errors).and_then(|text| {
+                match PrivateKey::from_base64(&text) {
+                    Ok(key) => Some(key),
+                    Err(e) => {
+                        errors.push(format!(
+                            "interface.private_key_file: {}: the key {e}",
+                            file.display()
+                        ));
+                        None
+                    }
                 }
-            }),
+            })
+        }
     };
 
     let mut peers = Vec::new();
@@ -103,19 +116,30 @@ pub fn load(path: &Path, resolve: Resolve) -> Result<Loaded, Vec<String>> {
         }
     }
 
-    match private_key {
-        Some(private_key) if errors.is_empty() => Ok(Loaded {
+    errors.extend(crate::tls::check_files(&config.tls, base));
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let wireguard = match (&config.interface, private_key) {
+        (Some(interface), Some(private_key)) => Some(WireGuard {
             device: DeviceSettings {
                 private_key,
-                listen_port: config.interface.listen_port,
-                mtu: config.interface.mtu,
-                fwmark: config.interface.fwmark,
+                listen_port: interface.listen_port,
+                mtu: interface.mtu,
+                fwmark: interface.fwmark,
             },
+            interface: interface.clone(),
             peers,
-            config,
         }),
-        _ => Err(errors),
-    }
+        (None, _) => None,
+        // A key that could not be read was reported above.
+        (Some(_), None) => return Err(vec!["interface.private_key: missing".into()]),
+    };
+    Ok(Loaded {
+        config,
+        wireguard,
+        base: base.to_path_buf(),
+    })
 }
 
 fn read_key(

@@ -4,6 +4,7 @@ mod load;
 mod netlink;
 mod privileges;
 mod show;
+mod tls;
 mod uapi_server;
 mod up;
 

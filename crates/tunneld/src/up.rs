@@ -29,26 +29,81 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
             errors.join(&format!("\n{}: ", config_path.display()))
         )
     })?;
-    let name = loaded.config.interface.name.clone();
-    let mtu = loaded.config.interface.mtu;
-    check_dataplane(&loaded.config.dataplane)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
-    let use_uring = choose_uring(loaded.config.dataplane.backend)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
+    let use_uring = match &loaded.wireguard {
+        Some(_) => {
+            check_dataplane(&loaded.config.dataplane)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
+            choose_uring(loaded.config.dataplane.backend)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?
+        }
+        None => false,
+    };
+    let tls = if loaded.config.tls.is_empty() {
+        None
+    } else {
+        Some(crate::tls::TlsService::start(
+            &loaded.config.tls,
+            &loaded.base,
+        )?)
+    };
+    let wireguard = match loaded.wireguard {
+        Some(wg) => Some(start_wireguard(wg, &loaded.config.dataplane, use_uring)?),
+        None => {
+            // Nothing else needs root: listeners are bound.
+            crate::privileges::drop_to_net_admin();
+            None
+        }
+    };
 
+    let signals = wait_for_signal(wireguard.as_ref().map(|w| &w.worker_thread), tls.as_ref());
+    let name = match wireguard {
+        Some(wg) => {
+            wg.handle.shutdown();
+            if wg.worker_thread.join().is_err() {
+                bail!("the worker thread failed; the interface has been removed");
+            }
+            drop(wg.uapi_thread);
+            Some(wg.name)
+        }
+        None => None,
+    };
+    match (signals, name) {
+        (Some(signal), Some(name)) => {
+            tracing::info!(interface = %name, "{signal}: interface removed, exiting")
+        }
+        (Some(signal), None) => tracing::info!("{signal}: exiting"),
+        (None, _) => bail!("the worker stopped unexpectedly; the interface has been removed"),
+    }
+    Ok(())
+}
+
+/// A running WireGuard interface: its worker and UAPI threads.
+struct RunningWireGuard {
+    name: String,
+    handle: WorkerHandle,
+    worker_thread: std::thread::JoinHandle<()>,
+    uapi_thread: crate::uapi_server::Serving,
+}
+
+fn start_wireguard(
+    wg: load::WireGuard,
+    dataplane: &DataplaneConfig,
+    use_uring: bool,
+) -> anyhow::Result<RunningWireGuard> {
+    let name = wg.interface.name.clone();
+    let mtu = wg.interface.mtu;
     // The socket first: it refuses to start a second tunneld for the same interface before
     // anything else is touched.
     let uapi = UapiServer::bind(&name)?;
-    let dataplane = &loaded.config.dataplane;
     let tun = if dataplane.tun_offload {
         Tun::open_with_offloads(&name)?
     } else {
         Tun::open(&name)?
     };
-    let mut udp = UdpSocket::bind(loaded.device.listen_port)
-        .with_context(|| format!("cannot listen on UDP port {}", loaded.device.listen_port))?;
-    if loaded.device.fwmark != 0 {
-        udp.set_mark(loaded.device.fwmark)?;
+    let mut udp = UdpSocket::bind(wg.device.listen_port)
+        .with_context(|| format!("cannot listen on UDP port {}", wg.device.listen_port))?;
+    if wg.device.fwmark != 0 {
+        udp.set_mark(wg.device.fwmark)?;
     }
     udp.set_gso(dataplane.udp_gso);
     udp.set_gro(dataplane.udp_gro);
@@ -56,12 +111,12 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     let mut netlink = Netlink::open().context("cannot open a netlink socket")?;
     let index = netlink.link_index(&name)?;
     netlink.set_mtu(index, mtu.into())?;
-    for addr in &loaded.config.interface.addresses {
+    for addr in &wg.interface.addresses {
         netlink.add_address(index, *addr)?;
     }
     netlink.set_up(index)?;
 
-    let mut device = Device::new(loaded.device, loaded.peers, Instant::now());
+    let mut device = Device::new(wg.device, wg.peers, Instant::now());
     device.set_listen_port(udp.local_port());
     for route in device.routes() {
         netlink.add_route(index, route)?;
@@ -77,7 +132,6 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
         tun_uso = tun.offloads().udp,
         "interface up"
     );
-    let dataplane = &loaded.config.dataplane;
     if dataplane.udp_gso && !udp.gso() {
         tracing::info!("UDP GSO is not available on this kernel; sending datagram by datagram");
     }
@@ -114,21 +168,20 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     };
     let uapi_thread = uapi.serve(handle.clone(), netlink, index)?;
 
-    let signals = wait_for_signal(&worker_thread);
-    handle.shutdown();
-    if worker_thread.join().is_err() {
-        bail!("the worker thread failed; the interface has been removed");
-    }
-    drop(uapi_thread);
-    match signals {
-        Some(signal) => tracing::info!(interface = %name, "{signal}: interface removed, exiting"),
-        None => bail!("the worker stopped unexpectedly; the interface has been removed"),
-    }
-    Ok(())
+    Ok(RunningWireGuard {
+        name,
+        handle,
+        worker_thread,
+        uapi_thread,
+    })
 }
 
 /// Waits for SIGINT or SIGTERM (returning its name), or for the worker to stop (`None`).
-fn wait_for_signal(worker: &std::thread::JoinHandle<()>) -> Option<&'static str> {
+/// SIGHUP reloads the TLS certificates and keys.
+fn wait_for_signal(
+    worker: Option<&std::thread::JoinHandle<()>>,
+    tls: Option<&crate::tls::TlsService>,
+) -> Option<&'static str> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
         Ok(s) => s,
@@ -142,10 +195,23 @@ fn wait_for_signal(worker: &std::thread::JoinHandle<()>) -> Option<&'static str>
             match signal {
                 SIGINT => return Some("SIGINT"),
                 SIGTERM => return Some("SIGTERM"),
-                _ => tracing::warn!("SIGHUP: reloading the config is not supported yet; ignored"),
+                _ => match tls {
+                    Some(tls) => match tls.reload() {
+                        Ok(()) => tracing::info!(
+                            "SIGHUP: TLS certificates and keys reloaded; new connections use them"
+                        ),
+                        Err(e) => tracing::error!(
+                            "SIGHUP: TLS reload failed, the old certificates stay in use: {}",
+                            e.replace('\n', "; ")
+                        ),
+                    },
+                    None => tracing::info!(
+                        "SIGHUP: nothing to reload (the WireGuard settings change through `wg set`)"
+                    ),
+                },
             }
         }
-        if worker.is_finished() {
+        if worker.is_some_and(|w| w.is_finished()) {
             return None;
         }
         std::thread::sleep(Duration::from_millis(50));

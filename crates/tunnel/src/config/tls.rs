@@ -1,0 +1,314 @@
+//! The `[[tls.forward]]` and `[[tls.listen]]` sections: TCP forwarded over TLS between two
+//! tunnelds. Only the model and its validation live here; certificates are read by the daemon.
+
+use super::{quote, Checker, Endpoint};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use toml::{Table, Value};
+
+const TLS_FIELDS: &[&str] = &["forward", "listen"];
+const FORWARD_FIELDS: &[&str] = &[
+    "listen",
+    "connect",
+    "server_name",
+    "ca_file",
+    "cert_file",
+    "key_file",
+];
+const LISTEN_FIELDS: &[&str] = &[
+    "listen",
+    "cert_file",
+    "key_file",
+    "forward_to",
+    "client_ca_file",
+];
+
+/// Every TLS forwarding this tunneld runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsConfig {
+    pub forwards: Vec<TlsForward>,
+    pub listens: Vec<TlsListen>,
+}
+
+impl TlsConfig {
+    pub fn is_empty(&self) -> bool {
+        self.forwards.is_empty() && self.listens.is_empty()
+    }
+}
+
+/// Client side: plaintext TCP accepted on `listen` goes out over TLS to `connect`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsForward {
+    pub listen: SocketAddr,
+    pub connect: Endpoint,
+    /// The name the server's certificate must carry (a DNS name or an IP address).
+    pub server_name: String,
+    /// PEM CA certificates the server's chain must lead to.
+    pub ca_file: PathBuf,
+    /// A client certificate, for servers that require mTLS.
+    pub client_cert: Option<CertKey>,
+}
+
+/// Server side: TLS accepted on `listen`, its plaintext forwarded to `forward_to`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsListen {
+    pub listen: SocketAddr,
+    pub cert: CertKey,
+    pub forward_to: Endpoint,
+    /// When set, clients must present a certificate that leads to one of these CAs.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// A PEM certificate chain and its private key (the key file must be mode 0600 or stricter).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertKey {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+pub(super) fn check_tls(c: &mut Checker, value: &Value) -> TlsConfig {
+    let mut tls = TlsConfig::default();
+    let Value::Table(t) = value else {
+        c.error(
+            "tls",
+            format!(
+                "must be a table ([[tls.forward]] / [[tls.listen]] sections), not {}",
+                value.type_str()
+            ),
+        );
+        return tls;
+    };
+    c.unknown_fields(t, "tls", TLS_FIELDS);
+    for (i, section) in sections(c, t, "forward").into_iter().enumerate() {
+        if let Some(f) = check_forward(c, section, &format!("tls.forward[{i}]")) {
+            tls.forwards.push(f);
+        }
+    }
+    for (i, section) in sections(c, t, "listen").into_iter().enumerate() {
+        if let Some(l) = check_listen(c, section, &format!("tls.listen[{i}]")) {
+            tls.listens.push(l);
+        }
+    }
+    let mut seen: Vec<(SocketAddr, String)> = Vec::new();
+    let all = tls
+        .forwards
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.listen, format!("tls.forward[{i}]")))
+        .chain(
+            tls.listens
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (l.listen, format!("tls.listen[{i}]"))),
+        );
+    for (addr, path) in all {
+        if let Some((_, first)) = seen.iter().find(|(a, _)| *a == addr) {
+            c.error(
+                format!("{path}.listen"),
+                format!("{addr} is already used by {first}.listen"),
+            );
+        } else {
+            seen.push((addr, path));
+        }
+    }
+    tls
+}
+
+/// The tables of `[[tls.<key>]]`, reporting anything else written under that key.
+fn sections<'a>(c: &mut Checker, t: &'a Table, key: &str) -> Vec<&'a Table> {
+    match t.get(key) {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .filter_map(|(i, item)| match item {
+                Value::Table(t) => Some(t),
+                other => {
+                    c.error(
+                        format!("tls.{key}[{i}]"),
+                        format!("must be a table ([[tls.{key}]]), not {}", other.type_str()),
+                    );
+                    None
+                }
+            })
+            .collect(),
+        Some(Value::Table(_)) => {
+            c.error(
+                format!("tls.{key}"),
+                format!("must be a list of tables: write [[tls.{key}]], not [tls.{key}]"),
+            );
+            Vec::new()
+        }
+        Some(other) => {
+            c.error(
+                format!("tls.{key}"),
+                format!(
+                    "must be a list of [[tls.{key}]] sections, not {}",
+                    other.type_str()
+                ),
+            );
+            Vec::new()
+        }
+    }
+}
+
+fn check_forward(c: &mut Checker, t: &Table, path: &str) -> Option<TlsForward> {
+    c.unknown_fields(t, path, FORWARD_FIELDS);
+    let listen = listen_addr(c, t, path);
+    let connect = endpoint(c, t, path, "connect", "the remote tunneld's TLS address");
+    let server_name = match c.string(t, path, "server_name") {
+        Some(name) => match rustls_pki_types::ServerName::try_from(name) {
+            Ok(_) => Some(name.to_string()),
+            Err(_) => {
+                c.error(
+                    format!("{path}.server_name"),
+                    format!("{} is not a DNS name or an IP address", quote(name)),
+                );
+                None
+            }
+        },
+        None => {
+            if !t.contains_key("server_name") {
+                c.error(
+                    format!("{path}.server_name"),
+                    "missing (the name the server's certificate must carry)",
+                );
+            }
+            None
+        }
+    };
+    let ca_file = file(
+        c,
+        t,
+        path,
+        "ca_file",
+        Some("the CA certificates (PEM) to trust"),
+    );
+    let client_cert = cert_key(c, t, path, false);
+    Some(TlsForward {
+        listen: listen?,
+        connect: connect?,
+        server_name: server_name?,
+        ca_file: ca_file?,
+        client_cert: client_cert.ok()?,
+    })
+}
+
+fn check_listen(c: &mut Checker, t: &Table, path: &str) -> Option<TlsListen> {
+    c.unknown_fields(t, path, LISTEN_FIELDS);
+    let listen = listen_addr(c, t, path);
+    let cert = cert_key(c, t, path, true);
+    let forward_to = endpoint(c, t, path, "forward_to", "where to forward the plaintext");
+    let client_ca_file = file(c, t, path, "client_ca_file", None);
+    Some(TlsListen {
+        listen: listen?,
+        cert: cert.ok()??,
+        forward_to: forward_to?,
+        client_ca_file,
+    })
+}
+
+fn listen_addr(c: &mut Checker, t: &Table, path: &str) -> Option<SocketAddr> {
+    let field = format!("{path}.listen");
+    let Some(text) = c.string(t, path, "listen") else {
+        if !t.contains_key("listen") {
+            c.error(field, "missing (the address:port to accept connections on)");
+        }
+        return None;
+    };
+    match text.parse::<SocketAddr>() {
+        Ok(addr) if addr.port() != 0 => Some(addr),
+        Ok(_) => {
+            c.error(field, format!("{}: the port must not be 0", quote(text)));
+            None
+        }
+        Err(_) => {
+            c.error(
+                field,
+                format!(
+                    "{} is not an address:port (write 127.0.0.1:15201 or [::1]:15201)",
+                    quote(text)
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn endpoint(c: &mut Checker, t: &Table, path: &str, key: &str, what: &str) -> Option<Endpoint> {
+    let field = format!("{path}.{key}");
+    let Some(text) = c.string(t, path, key) else {
+        if !t.contains_key(key) {
+            c.error(field, format!("missing ({what}, host:port)"));
+        }
+        return None;
+    };
+    match text.parse::<Endpoint>() {
+        Ok(e) => Some(e),
+        Err(why) => {
+            c.error(field, why);
+            None
+        }
+    }
+}
+
+/// A file name; `required` is the description shown when it is missing, `None` if optional.
+fn file(
+    c: &mut Checker,
+    t: &Table,
+    path: &str,
+    key: &str,
+    required: Option<&str>,
+) -> Option<PathBuf> {
+    match c.string(t, path, key) {
+        Some("") => {
+            c.error(format!("{path}.{key}"), "is empty (a file name)");
+            None
+        }
+        Some(name) => Some(PathBuf::from(name)),
+        None => {
+            if let (Some(what), false) = (required, t.contains_key(key)) {
+                c.error(format!("{path}.{key}"), format!("missing ({what})"));
+            }
+            None
+        }
+    }
+}
+
+/// `cert_file` and `key_file`, which go together. `Err` when they are wrong; `Ok(None)` when
+/// both are absent (an error if `required`).
+fn cert_key(c: &mut Checker, t: &Table, path: &str, required: bool) -> Result<Option<CertKey>, ()> {
+    let (has_cert, has_key) = (t.contains_key("cert_file"), t.contains_key("key_file"));
+    if !has_cert && !has_key {
+        if required {
+            c.error(
+                format!("{path}.cert_file"),
+                "missing (the certificate chain to present, PEM)",
+            );
+            c.error(format!("{path}.key_file"), "missing (its private key, PEM)");
+            return Err(());
+        }
+        return Ok(None);
+    }
+    if has_cert != has_key {
+        let (missing, present) = if has_cert {
+            ("key_file", "cert_file")
+        } else {
+            ("cert_file", "key_file")
+        };
+        c.error(
+            format!("{path}.{missing}"),
+            format!("missing: `{present}` needs `{missing}` too"),
+        );
+        return Err(());
+    }
+    let cert_file = file(c, t, path, "cert_file", None);
+    let key_file = file(c, t, path, "key_file", None);
+    match (cert_file, key_file) {
+        (Some(cert_file), Some(key_file)) => Ok(Some(CertKey {
+            cert_file,
+            key_file,
+        })),
+        _ => Err(()),
+    }
+}

@@ -1,0 +1,395 @@
+//! TCP forwarding over TLS: `[[tls.forward]]` accepts plaintext TCP and carries it over TLS to
+//! another tunneld, whose `[[tls.listen]]` accepts the TLS and forwards the plaintext on.
+//!
+//! A thread per listener accepts; a thread per connection runs its handshake and then relays
+//! both directions with non-blocking sockets and `poll` (see `relay.rs`). The TLS settings of
+//! each listener sit behind a lock taken once per accepted connection, so SIGHUP can swap in
+//! re-read certificates while live connections keep the ones they started with.
+
+mod relay;
+
+use anyhow::Context;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tunneld_tunnel::config::{CertKey, Endpoint, TlsConfig, TlsForward, TlsListen};
+
+/// Connections one listener relays at once; more are accepted and closed at once, with a
+/// warning, so a flood cannot exhaust threads or memory.
+const MAX_CONNECTIONS: usize = 4096;
+/// How long a TCP connect or a TLS handshake may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest private key file read (an RSA-8192 key in PEM is about 6 KiB).
+const MAX_KEY_FILE: u64 = 64 * 1024;
+
+/// The running TLS listeners and forwarders.
+#[derive(Debug)]
+pub struct TlsService {
+    forwards: Vec<(TlsForward, Arc<RwLock<Arc<ClientConfig>>>)>,
+    listens: Vec<(TlsListen, Arc<RwLock<Arc<ServerConfig>>>)>,
+    base: std::path::PathBuf,
+}
+
+/// The crypto every TLS connection uses: aws-lc-rs, whose default key exchange groups lead
+/// with the post-quantum hybrid X25519MLKEM768 (classic X25519 and P-256 stay as fallbacks).
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// Every problem with the certificate, key and CA files `tls` names, one line each; used by
+/// `tunneld check` and before `up` touches anything.
+pub fn check_files(tls: &TlsConfig, base: &Path) -> Vec<String> {
+    let mut errors = Vec::new();
+    for (i, f) in tls.forwards.iter().enumerate() {
+        if let Err(e) = client_config(f, base) {
+            errors.push(format!("tls.forward[{i}]: {e:#}"));
+        }
+    }
+    for (i, l) in tls.listens.iter().enumerate() {
+        if let Err(e) = server_config(l, base) {
+            errors.push(format!("tls.listen[{i}]: {e:#}"));
+        }
+    }
+    errors
+}
+
+fn certificates(
+    base: &Path,
+    file: &Path,
+    field: &str,
+) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let path = base.join(file);
+    let certs = CertificateDer::pem_file_iter(&path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| anyhow::anyhow!("{field}: {}: {}", path.display(), pem_error(e)))?;
+    if certs.is_empty() {
+        anyhow::bail!("{field}: {}: no certificate (PEM) in it", path.display());
+    }
+    Ok(certs)
+}
+
+fn pem_error(e: rustls::pki_types::pem::Error) -> String {
+    match e {
+        rustls::pki_types::pem::Error::Io(io) => io.to_string(),
+        other => format!("not valid PEM ({other:?})"),
+    }
+}
+
+fn roots(base: &Path, file: &Path, field: &str) -> anyhow::Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    for (n, cert) in certificates(base, file, field)?.into_iter().enumerate() {
+        roots.add(cert).map_err(|e| {
+            anyhow::anyhow!(
+                "{field}: {}: certificate {} is not a usable CA: {e}",
+                base.join(file).display(),
+                n + 1
+            )
+        })?;
+    }
+    Ok(roots)
+}
+
+/// A private key from a PEM file that only its owner can read (like WireGuard key files).
+fn private_key(base: &Path, file: &Path) -> anyhow::Result<PrivateKeyDer<'static>> {
+    let path = base.join(file);
+    let shown = path.display();
+    let mut f =
+        std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("key_file: {shown}: {e}"))?;
+    let mode = f
+        .metadata()
+        .map_err(|e| anyhow::anyhow!("key_file: {shown}: {e}"))?
+        .mode()
+        & 0o777;
+    if mode & 0o077 != 0 {
+        anyhow::bail!(
+            "key_file: {shown}: readable by group or others (mode {mode:03o}); chmod 600 it"
+        );
+    }
+    let mut pem = zeroize::Zeroizing::new(Vec::new());
+    f.by_ref()
+        .take(MAX_KEY_FILE)
+        .read_to_end(&mut pem)
+        .map_err(|e| anyhow::anyhow!("key_file: {shown}: {e}"))?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+        anyhow::anyhow!(
+            "key_file: {shown}: no private key (PEM) in it ({})",
+            pem_error(e)
+        )
+    })
+}
+
+fn cert_and_key(
+    base: &Path,
+    ck: &CertKey,
+) -> anyhow::Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    Ok((
+        certificates(base, &ck.cert_file, "cert_file")?,
+        private_key(base, &ck.key_file)?,
+    ))
+}
+
+fn client_config(f: &TlsForward, base: &Path) -> anyhow::Result<Arc<ClientConfig>> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .context("TLS 1.3")?
+        .with_root_certificates(roots(base, &f.ca_file, "ca_file")?);
+    let config = match &f.client_cert {
+        None => builder.with_no_client_auth(),
+        Some(ck) => {
+            let (chain, key) = cert_and_key(base, ck)?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| anyhow::anyhow!("cert_file/key_file: {e}"))?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+fn server_config(l: &TlsListen, base: &Path) -> anyhow::Result<Arc<ServerConfig>> {
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .context("TLS 1.3")?;
+    let builder = match &l.client_ca_file {
+        None => builder.with_no_client_auth(),
+        Some(file) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots(base, file, "client_ca_file")?),
+                provider(),
+            )
+            .build()
+            .map_err(|e| anyhow::anyhow!("client_ca_file: {e}"))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let (chain, key) = cert_and_key(base, &l.cert)?;
+    let config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| anyhow::anyhow!("cert_file/key_file: {e}"))?;
+    Ok(Arc::new(config))
+}
+
+impl TlsService {
+    /// Binds every listener (all or none: an address in use fails the start) and starts
+    /// accepting.
+    pub fn start(tls: &TlsConfig, base: &Path) -> anyhow::Result<TlsService> {
+        let mut forwards = Vec::new();
+        let mut bound = Vec::new();
+        for (i, f) in tls.forwards.iter().enumerate() {
+            let config = Arc::new(RwLock::new(
+                client_config(f, base).with_context(|| format!("tls.forward[{i}]"))?,
+            ));
+            let listener = TcpListener::bind(f.listen)
+                .with_context(|| format!("tls.forward[{i}]: cannot listen on {}", f.listen))?;
+            bound.push((
+                listener,
+                Side::Client {
+                    forward: f.clone(),
+                    config: config.clone(),
+                },
+                format!("tls.forward[{i}]"),
+            ));
+            forwards.push((f.clone(), config));
+        }
+        let mut listens = Vec::new();
+        for (i, l) in tls.listens.iter().enumerate() {
+            let config = Arc::new(RwLock::new(
+                server_config(l, base).with_context(|| format!("tls.listen[{i}]"))?,
+            ));
+            let listener = TcpListener::bind(l.listen)
+                .with_context(|| format!("tls.listen[{i}]: cannot listen on {}", l.listen))?;
+            bound.push((
+                listener,
+                Side::Server {
+                    listen: l.clone(),
+                    config: config.clone(),
+                },
+                format!("tls.listen[{i}]"),
+            ));
+            listens.push((l.clone(), config));
+        }
+        for (listener, side, name) in bound {
+            match &side {
+                Side::Client { forward, .. } => tracing::info!(
+                    "{name}: accepting plaintext on {} for TLS to {} ({})",
+                    forward.listen,
+                    forward.connect,
+                    forward.server_name
+                ),
+                Side::Server { listen, .. } => tracing::info!(
+                    "{name}: accepting TLS on {}{} for {}",
+                    listen.listen,
+                    if listen.client_ca_file.is_some() {
+                        " (client certificates required)"
+                    } else {
+                        ""
+                    },
+                    listen.forward_to
+                ),
+            }
+            std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || accept_loop(listener, side, name))
+                .context("cannot start a TLS listener thread")?;
+        }
+        Ok(TlsService {
+            forwards,
+            listens,
+            base: base.to_path_buf(),
+        })
+    }
+
+    /// Reads every certificate, key and CA file again; new connections use them, live ones
+    /// keep theirs. All or nothing: on any error the old settings stay and the error is
+    /// returned (one line per problem).
+    pub fn reload(&self) -> Result<(), String> {
+        let mut errors = Vec::new();
+        let mut clients = Vec::new();
+        for (i, (f, _)) in self.forwards.iter().enumerate() {
+            match client_config(f, &self.base) {
+                Ok(c) => clients.push(c),
+                Err(e) => errors.push(format!("tls.forward[{i}]: {e:#}")),
+            }
+        }
+        let mut servers = Vec::new();
+        for (i, (l, _)) in self.listens.iter().enumerate() {
+            match server_config(l, &self.base) {
+                Ok(c) => servers.push(c),
+                Err(e) => errors.push(format!("tls.listen[{i}]: {e:#}")),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors.join("\n"));
+        }
+        for ((_, slot), new) in self.forwards.iter().zip(clients) {
+            *slot.write().unwrap_or_else(|p| p.into_inner()) = new;
+        }
+        for ((_, slot), new) in self.listens.iter().zip(servers) {
+            *slot.write().unwrap_or_else(|p| p.into_inner()) = new;
+        }
+        Ok(())
+    }
+}
+
+enum Side {
+    Client {
+        forward: TlsForward,
+        config: Arc<RwLock<Arc<ClientConfig>>>,
+    },
+    Server {
+        listen: TlsListen,
+        config: Arc<RwLock<Arc<ServerConfig>>>,
+    },
+}
+
+fn accept_loop(listener: TcpListener, side: Side, name: String) {
+    let side = Arc::new(side);
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut refused: u64 = 0;
+    loop {
+        let (stream, peer) = match listener.accept() {
+            Ok(c) => c,
+            Err(e) => {
+                // EMFILE and the like: wait a little rather than spin.
+                tracing::warn!("{name}: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    "{name}: {MAX_CONNECTIONS} connections already open; closed {refused} new one(s)"
+                );
+            }
+            continue;
+        }
+        active.fetch_add(1, Ordering::Relaxed);
+        let (side, count, name2) = (side.clone(), active.clone(), name.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("{name}-conn"))
+            .spawn(move || {
+                match connection(&side, stream, peer) {
+                    Ok(()) => {}
+                    Err(e) if e.downcast_ref::<relay::ClosedEarly>().is_some() => {
+                        tracing::debug!("{name2}: connection from {peer}: {e:#}")
+                    }
+                    Err(e) => tracing::warn!("{name2}: connection from {peer}: {e:#}"),
+                }
+                count.fetch_sub(1, Ordering::Relaxed);
+            });
+        if let Err(e) = spawned {
+            active.fetch_sub(1, Ordering::Relaxed);
+            tracing::warn!("{name}: cannot start a connection thread: {e}");
+        }
+    }
+}
+
+fn connection(side: &Side, accepted: TcpStream, peer: SocketAddr) -> anyhow::Result<()> {
+    accepted.set_nodelay(true)?;
+    match side {
+        Side::Client { forward, config } => {
+            let config = config.read().unwrap_or_else(|p| p.into_inner()).clone();
+            let remote = connect(&forward.connect)?;
+            let name = ServerName::try_from(forward.server_name.clone())
+                .map_err(|e| anyhow::anyhow!("server_name: {e}"))?;
+            let conn = rustls::ClientConnection::new(config, name)
+                .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
+            let mut conn = rustls::Connection::from(conn);
+            relay::handshake(&mut conn, &remote).with_context(|| {
+                format!(
+                    "TLS handshake with {} ({}) failed",
+                    forward.connect, forward.server_name
+                )
+            })?;
+            tracing::debug!(%peer, remote = %forward.connect, "TLS connection up");
+            relay::relay(accepted, remote, conn)
+                .with_context(|| format!("TLS to {}", forward.connect))
+        }
+        Side::Server { listen, config } => {
+            let config = config.read().unwrap_or_else(|p| p.into_inner()).clone();
+            let conn = rustls::ServerConnection::new(config)
+                .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
+            let mut conn = rustls::Connection::from(conn);
+            relay::handshake(&mut conn, &accepted).context("TLS handshake failed")?;
+            let target = connect(&listen.forward_to)?;
+            tracing::debug!(%peer, target = %listen.forward_to, "TLS connection up");
+            relay::relay(target, accepted, conn)
+                .with_context(|| format!("forwarding to {}", listen.forward_to))
+        }
+    }
+}
+
+/// Connects to `to` (resolving a host name each time), trying each address it has.
+fn connect(to: &Endpoint) -> anyhow::Result<TcpStream> {
+    let addrs: Vec<SocketAddr> = match to {
+        Endpoint::Addr(a) => vec![*a],
+        Endpoint::Host { host, port } => (host.as_str(), *port)
+            .to_socket_addrs()
+            .with_context(|| format!("cannot resolve {host}"))?
+            .collect(),
+    };
+    let mut last = None;
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    match last {
+        Some(e) => Err(anyhow::anyhow!("cannot connect to {to}: {e}")),
+        None => Err(anyhow::anyhow!("cannot connect to {to}: no address")),
+    }
+}

@@ -1,0 +1,523 @@
+//! TLS forwarding end to end: two tunnelds in network namespaces the test creates, site A's
+//! `[[tls.forward]]` (plaintext in on 127.0.0.1) to site B's `[[tls.listen]]` on the veth
+//! underlay, forwarding to a service on B's loopback. Certificates come from the `openssl` CLI
+//! into a temporary directory. Privileged: skipped without root unless
+//! TUNNELD_REQUIRE_NETNS=1.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tunneld_testnet::NetNs;
+
+const SERVER_NAME: &str = "site-b.test";
+
+fn require(test: &str) -> bool {
+    require_netns_and_wg(test) && require_tool(test, "openssl")
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = output_bounded(Command::new("openssl").current_dir(dir).args(args));
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA named `ca` in `dir`: `<ca>.pem` and `<ca>.key`.
+fn make_ca(dir: &Path, ca: &str) {
+    openssl(
+        dir,
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            &format!("{ca}.key"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            &format!("{ca}.key"),
+            "-subj",
+            &format!("/CN={ca}"),
+            "-days",
+            "2",
+            "-out",
+            &format!("{ca}.pem"),
+        ],
+    );
+}
+
+/// A leaf `<name>.pem` / `<name>.key` (mode 0600) for DNS name `dns`, signed by `ca`.
+fn make_leaf(dir: &Path, ca: &str, name: &str, dns: &str) {
+    openssl(
+        dir,
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            &format!("{name}.key"),
+        ],
+    );
+    fs::write(
+        dir.join(format!("{name}.ext")),
+        format!("subjectAltName=DNS:{dns}\nextendedKeyUsage=serverAuth,clientAuth\n"),
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-key",
+            &format!("{name}.key"),
+            "-subj",
+            &format!("/CN={dns}"),
+            "-out",
+            &format!("{name}.csr"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+            "-out",
+            &format!("{name}.pem"),
+        ],
+    );
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(
+        dir.join(format!("{name}.key")),
+        fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+}
+
+/// A tunneld running a TLS-only config in a namespace; killed and reaped on drop.
+struct TlsGateway {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl TlsGateway {
+    /// Starts `tunneld up` on `config` (written into `dir`) and waits until every listener it
+    /// names in `ready` accepts.
+    fn start(ns: &NetNs, dir: &Path, name: &str, config: &str, ready: &[SocketAddr]) -> TlsGateway {
+        step(&format!("start tunneld {name} in {}", ns.name()));
+        let path = dir.join(format!("{name}.toml"));
+        fs::write(&path, config).unwrap();
+        let log = dir.join(format!("{name}.log"));
+        let child = ns
+            .command(TUNNELD)
+            .arg("up")
+            .arg(&path)
+            .env("TUNNELD_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut gw = TlsGateway {
+            child: Some(child),
+            log,
+        };
+        let ready = ready.to_vec();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = gw.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("tunneld exited early ({status}):\n{}", gw.log_text());
+            }
+            let addrs = ready.clone();
+            let up = ns.in_ns(move || {
+                addrs
+                    .iter()
+                    .all(|a| TcpStream::connect_timeout(a, Duration::from_secs(1)).is_ok())
+            });
+            if up {
+                return gw;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tunneld did not listen:\n{}",
+                gw.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().unwrap().id().to_string();
+        assert!(Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    /// Waits until the log contains `text`.
+    fn wait_log(&self, text: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let log = self.log_text();
+            if log.contains(text) {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "no {text:?} in the log:\n{log}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for TlsGateway {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            if std::thread::panicking() {
+                eprintln!(
+                    "--- tunneld log ({}) ---\n{}",
+                    self.log.display(),
+                    self.log_text()
+                );
+            }
+        }
+    }
+}
+
+/// An echo service in `ns` on `addr`: every connection gets back what it sends, and a
+/// half-close once the client half-closes. Runs until the namespace's test ends (bounded per
+/// connection by read timeouts).
+fn echo_service(ns: &NetNs, addr: SocketAddr) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    drop(ns.spawn_in_ns(move || {
+        let listener = TcpListener::bind(addr).unwrap();
+        tx.send(()).unwrap();
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { break };
+            std::thread::spawn(move || {
+                stream.set_read_timeout(Some(WAIT)).unwrap();
+                let mut buf = vec![0; 64 * 1024];
+                loop {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if stream.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                let _ = stream.shutdown(Shutdown::Write);
+            });
+        }
+    }));
+    rx.recv_timeout(WAIT).expect("echo service started");
+}
+
+/// Sends `data` over a connection to `addr` (from inside `ns`), half-closes, and returns what
+/// came back until the other side's EOF. Reading and writing run at once, so backpressure in
+/// either direction cannot deadlock it.
+fn round_trip(addr: SocketAddr, data: Vec<u8>) -> std::io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect_timeout(&addr, WAIT)?;
+    stream.set_read_timeout(Some(WAIT))?;
+    stream.set_write_timeout(Some(WAIT))?;
+    let mut writer = stream.try_clone()?;
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        writer.write_all(&data)?;
+        writer.shutdown(Shutdown::Write)
+    });
+    let mut got = Vec::new();
+    let read = stream.read_to_end(&mut got);
+    sender.join().unwrap()?;
+    read?;
+    Ok(got)
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    a: NetNs,
+    b: NetNs,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    make_ca(dir.path(), "ca");
+    make_leaf(dir.path(), "ca", "server", SERVER_NAME);
+    let (a, b) = two_sites();
+    echo_service(&b, "127.0.0.1:7000".parse().unwrap());
+    Setup { dir, a, b }
+}
+
+const A_PLAIN: &str = "127.0.0.1:15201";
+const B_TLS: &str = "192.0.2.2:8443";
+
+fn forward_config(extra: &str) -> String {
+    format!(
+        "[[tls.forward]]\nlisten = \"{A_PLAIN}\"\nconnect = \"{B_TLS}\"\nserver_name = \"{SERVER_NAME}\"\nca_file = \"ca.pem\"\n{extra}"
+    )
+}
+
+fn listen_config(extra: &str) -> String {
+    format!(
+        "[[tls.listen]]\nlisten = \"{B_TLS}\"\ncert_file = \"server.pem\"\nkey_file = \"server.key\"\nforward_to = \"127.0.0.1:7000\"\n{extra}"
+    )
+}
+
+fn start_pair(s: &Setup, forward_extra: &str, listen_extra: &str) -> (TlsGateway, TlsGateway) {
+    let gb = TlsGateway::start(
+        &s.b,
+        s.dir.path(),
+        "site-b",
+        &listen_config(listen_extra),
+        &[B_TLS.parse().unwrap()],
+    );
+    let ga = TlsGateway::start(
+        &s.a,
+        s.dir.path(),
+        "site-a",
+        &forward_config(forward_extra),
+        &[A_PLAIN.parse().unwrap()],
+    );
+    (ga, gb)
+}
+
+#[test]
+fn many_parallel_connections_carry_their_bytes_intact_both_ways() {
+    if !require("many_parallel_connections_carry_their_bytes_intact_both_ways") {
+        return;
+    }
+    let s = setup();
+    let (ga, gb) = start_pair(&s, "", "");
+    step("64 connections at once, sizes from 0 to 3 MiB, echoed back through the TLS pair");
+    let results = s.a.in_ns(|| {
+        let workers: Vec<_> = (0..64u32)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let len = match i {
+                        0 => 0,
+                        1 => 1,
+                        _ => (i as usize * 49_157) % (3 << 20),
+                    };
+                    let data = pattern(len, i);
+                    let got = round_trip(A_PLAIN.parse().unwrap(), data.clone());
+                    (i, len, got.map(|g| g == data))
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    for (i, len, ok) in results {
+        match ok {
+            Ok(true) => {}
+            Ok(false) => panic!(
+                "connection {i}: the {len} bytes came back different\n{}\n{}",
+                ga.log_text(),
+                gb.log_text()
+            ),
+            Err(e) => panic!(
+                "connection {i} ({len} bytes): {e}\n{}\n{}",
+                ga.log_text(),
+                gb.log_text()
+            ),
+        }
+    }
+    assert!(
+        ga.log_text()
+            .contains("accepting plaintext on 127.0.0.1:15201"),
+        "{}",
+        ga.log_text()
+    );
+    let log = gb.log_text();
+    assert!(!log.contains("WARN"), "warnings on the server side:\n{log}");
+}
+
+#[test]
+fn mtls_refuses_a_client_without_a_certificate_and_admits_one_with() {
+    if !require("mtls_refuses_a_client_without_a_certificate_and_admits_one_with") {
+        return;
+    }
+    let s = setup();
+    make_leaf(s.dir.path(), "ca", "client", "site-a.test");
+    let (ga, gb) = start_pair(&s, "", "client_ca_file = \"ca.pem\"\n");
+    step("a client without a certificate gets nothing through");
+    let got =
+        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"hello".to_vec()));
+    assert!(
+        got.map_or(true, |g| g.is_empty()),
+        "data passed without a client certificate"
+    );
+    let log = gb.wait_log("TLS handshake failed");
+    assert!(
+        log.contains("no certificate")
+            || log.contains("NoCertificate")
+            || log.contains("certificate"),
+        "{log}"
+    );
+    drop(ga);
+    step("the same client with a certificate from the CA");
+    let ga = TlsGateway::start(
+        &s.a,
+        s.dir.path(),
+        "site-a-mtls",
+        &forward_config("cert_file = \"client.pem\"\nkey_file = \"client.key\"\n"),
+        &[A_PLAIN.parse().unwrap()],
+    );
+    let data = pattern(100_000, 7);
+    let sent = data.clone();
+    let got =
+        s.a.in_ns(move || round_trip(A_PLAIN.parse().unwrap(), sent))
+            .unwrap();
+    assert!(got == data, "echo through mTLS differs\n{}", ga.log_text());
+}
+
+#[test]
+fn a_wrong_ca_or_name_or_a_refused_target_fail_with_a_clear_error() {
+    if !require("a_wrong_ca_or_name_or_a_refused_target_fail_with_a_clear_error") {
+        return;
+    }
+    let s = setup();
+    make_ca(s.dir.path(), "other-ca");
+    let gb = TlsGateway::start(
+        &s.b,
+        s.dir.path(),
+        "site-b",
+        &listen_config(""),
+        &[B_TLS.parse().unwrap()],
+    );
+
+    step("a client trusting another CA");
+    let ga = TlsGateway::start(
+        &s.a,
+        s.dir.path(),
+        "site-a-wrong-ca",
+        &forward_config("").replace("ca_file = \"ca.pem\"", "ca_file = \"other-ca.pem\""),
+        &[A_PLAIN.parse().unwrap()],
+    );
+    let got =
+        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"hello".to_vec()));
+    assert!(got.map_or(true, |g| g.is_empty()));
+    let log = ga.wait_log("TLS handshake with 192.0.2.2:8443 (site-b.test) failed");
+    assert!(log.contains("UnknownIssuer"), "{log}");
+    drop(ga);
+
+    step("a client expecting another name");
+    let ga = TlsGateway::start(
+        &s.a,
+        s.dir.path(),
+        "site-a-wrong-name",
+        &forward_config("").replace(SERVER_NAME, "elsewhere.test"),
+        &[A_PLAIN.parse().unwrap()],
+    );
+    let got =
+        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"hello".to_vec()));
+    assert!(got.map_or(true, |g| g.is_empty()));
+    let log = ga.wait_log("failed");
+    assert!(log.contains("not valid for name"), "{log}");
+    drop(ga);
+    drop(gb);
+
+    step("a server whose target refuses");
+    let gb = TlsGateway::start(
+        &s.b,
+        s.dir.path(),
+        "site-b-refused",
+        &listen_config("").replace("127.0.0.1:7000", "127.0.0.1:7999"),
+        &[B_TLS.parse().unwrap()],
+    );
+    let ga = TlsGateway::start(
+        &s.a,
+        s.dir.path(),
+        "site-a",
+        &forward_config(""),
+        &[A_PLAIN.parse().unwrap()],
+    );
+    let got =
+        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"hello".to_vec()));
+    assert!(got.map_or(true, |g| g.is_empty()));
+    let log = gb.wait_log("cannot connect to 127.0.0.1:7999");
+    assert!(log.contains("refused"), "{log}");
+    drop(ga);
+}
+
+#[test]
+fn sighup_reloads_certificates_without_dropping_live_connections() {
+    if !require("sighup_reloads_certificates_without_dropping_live_connections") {
+        return;
+    }
+    let s = setup();
+    let (ga, gb) = start_pair(&s, "", "");
+    step("a live connection, then a new server certificate from a new CA and SIGHUP");
+    let live = s.a.in_ns(|| {
+        let mut c = TcpStream::connect_timeout(&A_PLAIN.parse().unwrap(), WAIT).unwrap();
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        c.write_all(b"before").unwrap();
+        let mut buf = [0; 6];
+        c.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"before");
+        c
+    });
+    // A broken reload keeps the old certificates.
+    fs::write(s.dir.path().join("server.pem"), "not a certificate").unwrap();
+    gb.signal("HUP");
+    gb.wait_log("TLS reload failed");
+    let ok =
+        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"still".to_vec()).unwrap());
+    assert_eq!(ok, b"still", "after a failed reload");
+    make_ca(s.dir.path(), "ca2");
+    make_leaf(s.dir.path(), "ca2", "server", SERVER_NAME);
+    gb.signal("HUP");
+    gb.wait_log("TLS certificates and keys reloaded");
+    step("new connections get the new certificate (which site A does not trust)");
+    let got =
+        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"new".to_vec()));
+    assert!(
+        got.map_or(true, |g| g.is_empty()),
+        "the old certificate is still served"
+    );
+    ga.wait_log("UnknownIssuer");
+    step("the live connection still works");
+    let mut live = live;
+    live.write_all(b"after!").unwrap();
+    let mut buf = [0; 6];
+    live.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"after!");
+    live.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    live.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+}
