@@ -46,10 +46,15 @@ const PEER_FIELDS: &[&str] = &[
     "endpoint",
     "allowed_ips",
     "persistent_keepalive",
+    "transport",
+    "tls_server_name",
+    "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
 ];
 
 mod tls;
-pub use tls::{CertKey, TlsConfig, TlsForward, TlsListen};
+pub use tls::{CertKey, PeerTls, TlsConfig, TlsForward, TlsListen, TlsTarget};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -162,6 +167,9 @@ pub struct PeerConfig {
     pub allowed_ips: Vec<IpNet>,
     /// Seconds, 0 = off.
     pub persistent_keepalive: u16,
+    /// `transport = "tls"`: datagrams go over TLS to `endpoint`, the other tunneld's
+    /// `[[tls.listen]]` with `forward_to = "wireguard"`.
+    pub tls: Option<PeerTls>,
 }
 
 /// Where to send a peer's first handshake: an address, or a host name the daemon resolves.
@@ -652,6 +660,19 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         .map(|p| p.and_then(PeerParts::finish))
         .collect();
     let wireguard_absent = !root.contains_key("interface");
+    if wireguard_absent {
+        for (i, l) in tls.listens.iter().enumerate() {
+            if l.forward_to == TlsTarget::WireGuard {
+                c.error(
+                    format!("tls.listen[{i}].forward_to"),
+                    "\"wireguard\" needs an [interface] in this config",
+                );
+            }
+        }
+    }
+    if !c.errors.is_empty() {
+        return Err(ConfigErrors(c.errors));
+    }
     match (interface, peers) {
         (interface @ Some(_), Some(peers)) => Ok(Config {
             interface,
@@ -962,6 +983,7 @@ struct PeerParts {
     /// With each prefix's index in the written list.
     allowed_ips: Vec<(usize, IpNet)>,
     persistent_keepalive: u16,
+    tls: Option<PeerTls>,
 }
 
 impl PeerParts {
@@ -972,6 +994,7 @@ impl PeerParts {
             endpoint: self.endpoint,
             allowed_ips: self.allowed_ips.into_iter().map(|(_, n)| n).collect(),
             persistent_keepalive: self.persistent_keepalive,
+            tls: self.tls,
         })
     }
 }
@@ -1018,12 +1041,14 @@ fn check_peer(c: &mut Checker, t: &Table, path: &str) -> PeerParts {
         .integer(t, path, "persistent_keepalive", 0, 65535)
         .and_then(|n| u16::try_from(n).ok())
         .unwrap_or(0);
+    let tls = tls::check_peer_tls(c, t, path);
     PeerParts {
         public_key,
         preshared_key,
         endpoint,
         allowed_ips,
         persistent_keepalive,
+        tls,
     }
 }
 

@@ -399,6 +399,22 @@ impl Device {
         peer.maybe_queued = false;
     }
 
+    /// Asks for a handshake with `peer` at the next `tick`, rather than when the timers get
+    /// to it: for when its path was just re-established (a reconnected TLS transport, whose
+    /// other end may have restarted and lost the session). False for an unknown peer.
+    pub fn request_handshake(&mut self, peer: &PublicKey) -> bool {
+        let Some(slot) = self.by_key.get(peer).copied() else {
+            return false;
+        };
+        match self.peers.get_mut(slot).and_then(Option::as_mut) {
+            Some(p) => {
+                p.handshake_requested = true;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Runs the protocol timers (handshake retries, rekeys, keepalives) of every peer.
     /// Call it every few hundred milliseconds.
     pub fn tick(&mut self, now: Instant, network: &mut impl DatagramSink) {
@@ -430,6 +446,23 @@ impl Device {
                 }
                 TunnResult::Err(e) => tracing::trace!(peer = %peer.public_key, "timers: {e:?}"),
                 _ => {}
+            }
+            if std::mem::take(&mut peer.handshake_requested) {
+                let Some(buf) = network.slot() else {
+                    self.stats.drop(DropReason::NetworkBatchFull);
+                    return;
+                };
+                // Not forced: a handshake already under way is left to finish.
+                if let (TunnResult::WriteToNetwork(datagram), Some(endpoint)) = (
+                    peer.tunn.format_handshake_initiation(buf, false),
+                    peer.endpoint,
+                ) {
+                    let n = datagram.len();
+                    network.push(n, endpoint);
+                    peer.last_sent = Some(now);
+                    peer.tx_bytes += n as u64;
+                    self.stats.tx_bytes += n as u64;
+                }
             }
             if peer.keepalive_due(now) {
                 let Some(buf) = network.slot() else {

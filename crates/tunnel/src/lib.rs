@@ -13,6 +13,7 @@ pub mod allowed_ips;
 pub mod clock;
 pub mod config;
 pub mod device;
+pub mod framing;
 pub mod packet;
 mod peer;
 pub mod sink;

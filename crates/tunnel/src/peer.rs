@@ -22,6 +22,8 @@ pub(crate) struct Peer {
     pub rx_bytes: u64,
     /// `Tunn` may hold packets queued while a handshake was in progress.
     pub maybe_queued: bool,
+    /// A handshake initiation goes out at the next tick (see `Device::request_handshake`).
+    pub handshake_requested: bool,
     /// Whether a session is up, for logging its start and end once (not every rekey).
     pub connected: bool,
 }
@@ -62,6 +64,7 @@ impl Peer {
             tx_bytes: 0,
             rx_bytes: 0,
             maybe_queued: false,
+            handshake_requested: false,
             connected: false,
         }
     }

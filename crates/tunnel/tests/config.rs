@@ -788,3 +788,52 @@ fn tls_shapes_and_clashes_are_refused() {
         "interface: missing [interface] section (or [[tls.forward]]/[[tls.listen]] for TLS forwarding only)"
     );
 }
+
+#[test]
+fn a_peer_over_tls_names_its_server_and_ca() {
+    let peer = |extra: &str| {
+        with_interface(&format!(
+            "[[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"10.0.0.2/32\"]\n{extra}",
+            public(2)
+        ))
+    };
+    let c = ok(&peer(
+        "transport = \"tls\"\nendpoint = \"site-b.example:443\"\ntls_server_name = \"site-b.example\"\ntls_ca_file = \"ca.pem\"\n",
+    ));
+    let tls = c.peers[0].tls.as_ref().unwrap();
+    assert_eq!(tls.server_name, "site-b.example");
+    assert!(tls.client_cert.is_none());
+    assert!(ok(&peer("transport = \"udp\"\n")).peers[0].tls.is_none());
+    assert_eq!(
+        error(&peer("transport = \"quic\"\n")),
+        "peer[0].transport: `quic` is not a transport (expected \"udp\" or \"tls\")"
+    );
+    assert_eq!(
+        error(&peer("tls_ca_file = \"ca.pem\"\n")),
+        "peer[0].tls_ca_file: is only used with transport = \"tls\""
+    );
+    let e = errors(&peer("transport = \"tls\"\ntls_cert_file = \"c.pem\"\n"));
+    for want in [
+        "peer[0].endpoint: missing: with transport = \"tls\"",
+        "peer[0].tls_server_name: missing",
+        "peer[0].tls_ca_file: missing",
+        "peer[0].tls_key_file: missing: `tls_cert_file` needs `tls_key_file` too",
+    ] {
+        assert!(
+            e.iter().any(|l| l.starts_with(want)),
+            "no {want:?} in {e:#?}"
+        );
+    }
+    assert_eq!(e.len(), 4, "{e:#?}");
+    assert_eq!(
+        error("[[tls.listen]]\nlisten = \"0.0.0.0:443\"\ncert_file = \"s.pem\"\nkey_file = \"s.key\"\nforward_to = \"wireguard\"\n"),
+        "tls.listen[0].forward_to: \"wireguard\" needs an [interface] in this config"
+    );
+    let with_wg = with_interface(
+        "[[tls.listen]]\nlisten = \"0.0.0.0:443\"\ncert_file = \"s.pem\"\nkey_file = \"s.key\"\nforward_to = \"wireguard\"\n",
+    );
+    assert_eq!(
+        ok(&with_wg).tls.listens[0].forward_to,
+        config::TlsTarget::WireGuard
+    );
+}

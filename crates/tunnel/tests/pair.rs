@@ -830,3 +830,25 @@ fn a_path_mtu_drop_loses_only_what_no_longer_fits() {
     pair.send(Side::A, &large);
     assert_eq!(pair.to_b_tun, vec![large]);
 }
+
+#[test]
+fn a_requested_handshake_reconnects_a_restarted_peer_at_the_next_tick() {
+    let mut pair = Pair::new(PairConfig::default());
+    pair.send(Side::A, &numbered(0));
+    pair.to_b_tun.clear();
+    pair.restart(Side::B);
+    // What a reconnected TLS transport does: ask for a handshake instead of waiting for the
+    // timers to notice the silence.
+    let b_key = pair.b.public_key();
+    assert!(pair.a.request_handshake(&b_key));
+    assert!(!pair
+        .a
+        .request_handshake(&PrivateKey::generate().public_key()));
+    pair.advance(Duration::from_secs(1));
+    pair.send(Side::A, &numbered(1));
+    assert_eq!(
+        pair.to_b_tun,
+        vec![numbered(1)],
+        "within a second of virtual time"
+    );
+}

@@ -116,7 +116,7 @@ pub fn load(path: &Path, resolve: Resolve) -> Result<Loaded, Vec<String>> {
         }
     }
 
-    errors.extend(crate::tls::check_files(&config.tls, base));
+    errors.extend(crate::tls::check_files(&config, base));
     if !errors.is_empty() {
         return Err(errors);
     }

@@ -9,6 +9,7 @@ use crate::netlink::Netlink;
 use crate::uapi_server::UapiServer;
 use anyhow::{bail, Context};
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tunneld_dataplane::tun::Tun;
 use tunneld_dataplane::udp::UdpSocket;
@@ -38,16 +39,32 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
         }
         None => false,
     };
+    let wg_port = Arc::new(OnceLock::new());
     let tls = if loaded.config.tls.is_empty() {
         None
     } else {
         Some(crate::tls::TlsService::start(
             &loaded.config.tls,
             &loaded.base,
+            wg_port.clone(),
         )?)
     };
     let wireguard = match loaded.wireguard {
-        Some(wg) => Some(start_wireguard(wg, &loaded.config.dataplane, use_uring)?),
+        Some(mut wg) => {
+            // Peers with transport = "tls" are reached through a loopback bridge each.
+            let worker = Arc::new(OnceLock::new());
+            let bridges =
+                crate::tls::start_peer_transports(&loaded.config, &loaded.base, worker.clone())?;
+            for (i, bridge) in bridges {
+                if let Some(peer) = wg.peers.get_mut(i) {
+                    peer.endpoint = Some(bridge);
+                }
+            }
+            let running = start_wireguard(wg, &loaded.config.dataplane, use_uring)?;
+            let _ = wg_port.set(running.port);
+            let _ = worker.set(running.handle.clone());
+            Some(running)
+        }
         None => {
             // Nothing else needs root: listeners are bound.
             crate::privileges::drop_to_net_admin();
@@ -80,6 +97,8 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
 /// A running WireGuard interface: its worker and UAPI threads.
 struct RunningWireGuard {
     name: String,
+    /// The UDP port the interface listens on.
+    port: u16,
     handle: WorkerHandle,
     worker_thread: std::thread::JoinHandle<()>,
     uapi_thread: crate::uapi_server::Serving,
@@ -117,7 +136,8 @@ fn start_wireguard(
     netlink.set_up(index)?;
 
     let mut device = Device::new(wg.device, wg.peers, Instant::now());
-    device.set_listen_port(udp.local_port());
+    let listen_port = udp.local_port();
+    device.set_listen_port(listen_port);
     for route in device.routes() {
         netlink.add_route(index, route)?;
     }
@@ -170,6 +190,7 @@ fn start_wireguard(
 
     Ok(RunningWireGuard {
         name,
+        port: listen_port,
         handle,
         worker_thread,
         uapi_thread,

@@ -521,3 +521,101 @@ fn sighup_reloads_certificates_without_dropping_live_connections() {
     live.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
 }
+
+/// Drops every UDP datagram on the underlay (192.0.2.0/24) inside `ns`, both ways.
+fn block_udp(ns: &NetNs) {
+    let table = "table inet tunneld_test_block {\n\
+        chain out { type filter hook output priority 0; ip daddr 192.0.2.0/24 meta l4proto udp drop; }\n\
+        chain inp { type filter hook input priority 0; ip saddr 192.0.2.0/24 meta l4proto udp drop; }\n\
+    }\n";
+    let mut child = ns
+        .command("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(table.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "nft in {}", ns.name());
+}
+
+#[test]
+fn a_wireguard_peer_over_tls_works_where_udp_is_dropped() {
+    if !require("a_wireguard_peer_over_tls_works_where_udp_is_dropped")
+        || !require_tool(
+            "a_wireguard_peer_over_tls_works_where_udp_is_dropped",
+            "nft",
+        )
+    {
+        return;
+    }
+    let s = setup();
+    let certs = s.dir.path().display().to_string();
+    block_udp(&s.a);
+    block_udp(&s.b);
+    step("UDP between the sites is really dropped");
+    let probe = s.b.spawn_in_ns(|| {
+        let sock = std::net::UdpSocket::bind("192.0.2.2:9999").unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = [0; 16];
+        sock.recv(&mut buf).is_ok()
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    s.a.in_ns(|| {
+        let sock = std::net::UdpSocket::bind("192.0.2.1:0").unwrap();
+        let _ = sock.send_to(b"probe", "192.0.2.2:9999");
+    });
+    assert!(
+        !probe.join().unwrap(),
+        "a UDP datagram crossed the blocked underlay"
+    );
+
+    let (ka, kb) = (genkey(), genkey());
+    let (ia, ib) = (
+        tunneld_testnet::unique_name("wg"),
+        tunneld_testnet::unique_name("wg"),
+    );
+    let body_b = format!(
+        "listen_port = 51820\naddress = [\"10.77.0.2/24\", \"fd77::2/64\"]\n\n\
+         [[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"10.77.0.1/32\", \"fd77::1/128\"]\n\n\
+         [[tls.listen]]\nlisten = \"{B_TLS}\"\ncert_file = \"{certs}/server.pem\"\n\
+         key_file = \"{certs}/server.key\"\nforward_to = \"wireguard\"\n",
+        pubkey(&ka)
+    );
+    let body_a = format!(
+        "listen_port = 51820\naddress = [\"10.77.0.1/24\", \"fd77::1/64\"]\n\n\
+         [[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"10.77.0.2/32\", \"fd77::2/128\"]\n\
+         transport = \"tls\"\nendpoint = \"{B_TLS}\"\ntls_server_name = \"{SERVER_NAME}\"\n\
+         tls_ca_file = \"{certs}/ca.pem\"\n",
+        pubkey(&kb)
+    );
+    let gb = Gateway::start(&s.b, &ib, &kb, &body_b);
+    let ga = Gateway::start(&s.a, &ia, &ka, &body_a);
+    ping(&s.a, "10.77.0.2");
+    ping(&s.b, "fd77::1");
+    tcp_transfer(&s.a, &s.b, "10.77.0.2:5010".parse().unwrap(), 8 << 20);
+    tcp_transfer(&s.b, &s.a, "[fd77::1]:5011".parse().unwrap(), 8 << 20);
+    assert!(
+        ga.log_text().contains("WireGuard over TLS connected"),
+        "{}",
+        ga.log_text()
+    );
+    assert!(
+        gb.log_text()
+            .contains("WireGuard over TLS: stream accepted"),
+        "{}",
+        gb.log_text()
+    );
+
+    step("site B restarts: site A's transport reconnects and the tunnel comes back");
+    drop(gb);
+    let gb = Gateway::start(&s.b, &ib, &kb, &body_b);
+    ping(&s.a, "10.77.0.2");
+    tcp_transfer(&s.b, &s.a, "10.77.0.1:5012".parse().unwrap(), 1 << 20);
+    drop(gb);
+}

@@ -54,9 +54,37 @@ pub struct TlsForward {
 pub struct TlsListen {
     pub listen: SocketAddr,
     pub cert: CertKey,
-    pub forward_to: Endpoint,
+    pub forward_to: TlsTarget,
     /// When set, clients must present a certificate that leads to one of these CAs.
     pub client_ca_file: Option<PathBuf>,
+}
+
+/// Where a `[[tls.listen]]` sends what it receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsTarget {
+    /// A TCP service: the stream's plaintext is forwarded to it.
+    Tcp(Endpoint),
+    /// `forward_to = "wireguard"`: the stream carries length-prefixed WireGuard datagrams for
+    /// this tunneld's own interface (peers with `transport = "tls"` on the other side).
+    WireGuard,
+}
+
+impl std::fmt::Display for TlsTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TlsTarget::Tcp(e) => write!(f, "{e}"),
+            TlsTarget::WireGuard => f.write_str("the WireGuard interface"),
+        }
+    }
+}
+
+/// A peer's `transport = "tls"` settings: its `endpoint` is then the other tunneld's
+/// `[[tls.listen]]` with `forward_to = "wireguard"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerTls {
+    pub server_name: String,
+    pub ca_file: PathBuf,
+    pub client_cert: Option<CertKey>,
 }
 
 /// A PEM certificate chain and its private key (the key file must be mode 0600 or stricter).
@@ -156,27 +184,7 @@ fn check_forward(c: &mut Checker, t: &Table, path: &str) -> Option<TlsForward> {
     c.unknown_fields(t, path, FORWARD_FIELDS);
     let listen = listen_addr(c, t, path);
     let connect = endpoint(c, t, path, "connect", "the remote tunneld's TLS address");
-    let server_name = match c.string(t, path, "server_name") {
-        Some(name) => match rustls_pki_types::ServerName::try_from(name) {
-            Ok(_) => Some(name.to_string()),
-            Err(_) => {
-                c.error(
-                    format!("{path}.server_name"),
-                    format!("{} is not a DNS name or an IP address", quote(name)),
-                );
-                None
-            }
-        },
-        None => {
-            if !t.contains_key("server_name") {
-                c.error(
-                    format!("{path}.server_name"),
-                    "missing (the name the server's certificate must carry)",
-                );
-            }
-            None
-        }
-    };
+    let server_name = server_name(c, t, path, "server_name");
     let ca_file = file(
         c,
         t,
@@ -184,7 +192,7 @@ fn check_forward(c: &mut Checker, t: &Table, path: &str) -> Option<TlsForward> {
         "ca_file",
         Some("the CA certificates (PEM) to trust"),
     );
-    let client_cert = cert_key(c, t, path, false);
+    let client_cert = cert_key(c, t, path, "", false);
     Some(TlsForward {
         listen: listen?,
         connect: connect?,
@@ -197,14 +205,101 @@ fn check_forward(c: &mut Checker, t: &Table, path: &str) -> Option<TlsForward> {
 fn check_listen(c: &mut Checker, t: &Table, path: &str) -> Option<TlsListen> {
     c.unknown_fields(t, path, LISTEN_FIELDS);
     let listen = listen_addr(c, t, path);
-    let cert = cert_key(c, t, path, true);
-    let forward_to = endpoint(c, t, path, "forward_to", "where to forward the plaintext");
+    let cert = cert_key(c, t, path, "", true);
+    let forward_to = match t.get("forward_to") {
+        Some(Value::String(s)) if s == "wireguard" => Some(TlsTarget::WireGuard),
+        _ => endpoint(
+            c,
+            t,
+            path,
+            "forward_to",
+            "where to forward the plaintext, or \"wireguard\"",
+        )
+        .map(TlsTarget::Tcp),
+    };
     let client_ca_file = file(c, t, path, "client_ca_file", None);
     Some(TlsListen {
         listen: listen?,
         cert: cert.ok()??,
         forward_to: forward_to?,
         client_ca_file,
+    })
+}
+
+fn server_name(c: &mut Checker, t: &Table, path: &str, key: &str) -> Option<String> {
+    match c.string(t, path, key) {
+        Some(name) => match rustls_pki_types::ServerName::try_from(name) {
+            Ok(_) => Some(name.to_string()),
+            Err(_) => {
+                c.error(
+                    format!("{path}.{key}"),
+                    format!("{} is not a DNS name or an IP address", quote(name)),
+                );
+                None
+            }
+        },
+        None => {
+            if !t.contains_key(key) {
+                c.error(
+                    format!("{path}.{key}"),
+                    "missing (the name the server's certificate must carry)",
+                );
+            }
+            None
+        }
+    }
+}
+
+/// The `tls_*` fields of a peer table: `Some` when `transport = "tls"` and they are complete.
+pub(super) fn check_peer_tls(c: &mut Checker, t: &Table, path: &str) -> Option<PeerTls> {
+    const FIELDS: [&str; 4] = [
+        "tls_server_name",
+        "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
+    ];
+    let tls = match c.string(t, path, "transport") {
+        None | Some("udp") => false,
+        Some("tls") => true,
+        Some(other) => {
+            c.error(
+                format!("{path}.transport"),
+                format!(
+                    "{} is not a transport (expected \"udp\" or \"tls\")",
+                    quote(other)
+                ),
+            );
+            return None;
+        }
+    };
+    if !tls {
+        for key in FIELDS.iter().filter(|k| t.contains_key(**k)) {
+            c.error(
+                format!("{path}.{key}"),
+                "is only used with transport = \"tls\"",
+            );
+        }
+        return None;
+    }
+    if !t.contains_key("endpoint") {
+        c.error(
+            format!("{path}.endpoint"),
+            "missing: with transport = \"tls\" it is the other tunneld's [[tls.listen]] address (host:port)",
+        );
+    }
+    let server_name = server_name(c, t, path, "tls_server_name");
+    let ca_file = file(
+        c,
+        t,
+        path,
+        "tls_ca_file",
+        Some("the CA certificates (PEM) to trust"),
+    );
+    let client_cert = cert_key(c, t, path, "tls_", false);
+    Some(PeerTls {
+        server_name: server_name?,
+        ca_file: ca_file?,
+        client_cert: client_cert.ok()?,
     })
 }
 
@@ -275,26 +370,36 @@ fn file(
     }
 }
 
-/// `cert_file` and `key_file`, which go together. `Err` when they are wrong; `Ok(None)` when
-/// both are absent (an error if `required`).
-fn cert_key(c: &mut Checker, t: &Table, path: &str, required: bool) -> Result<Option<CertKey>, ()> {
-    let (has_cert, has_key) = (t.contains_key("cert_file"), t.contains_key("key_file"));
+/// `<prefix>cert_file` and `<prefix>key_file`, which go together. `Err` when they are wrong;
+/// `Ok(None)` when both are absent (an error if `required`).
+fn cert_key(
+    c: &mut Checker,
+    t: &Table,
+    path: &str,
+    prefix: &str,
+    required: bool,
+) -> Result<Option<CertKey>, ()> {
+    let (cert_key, key_key) = (format!("{prefix}cert_file"), format!("{prefix}key_file"));
+    let (has_cert, has_key) = (t.contains_key(&cert_key), t.contains_key(&key_key));
     if !has_cert && !has_key {
         if required {
             c.error(
-                format!("{path}.cert_file"),
+                format!("{path}.{cert_key}"),
                 "missing (the certificate chain to present, PEM)",
             );
-            c.error(format!("{path}.key_file"), "missing (its private key, PEM)");
+            c.error(
+                format!("{path}.{key_key}"),
+                "missing (its private key, PEM)",
+            );
             return Err(());
         }
         return Ok(None);
     }
     if has_cert != has_key {
         let (missing, present) = if has_cert {
-            ("key_file", "cert_file")
+            (&key_key, &cert_key)
         } else {
-            ("cert_file", "key_file")
+            (&cert_key, &key_key)
         };
         c.error(
             format!("{path}.{missing}"),
@@ -302,8 +407,8 @@ fn cert_key(c: &mut Checker, t: &Table, path: &str, required: bool) -> Result<Op
         );
         return Err(());
     }
-    let cert_file = file(c, t, path, "cert_file", None);
-    let key_file = file(c, t, path, "key_file", None);
+    let cert_file = file(c, t, path, &cert_key, None);
+    let key_file = file(c, t, path, &key_key, None);
     match (cert_file, key_file) {
         (Some(cert_file), Some(key_file)) => Ok(Some(CertKey {
             cert_file,

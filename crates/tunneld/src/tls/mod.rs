@@ -6,6 +6,7 @@
 //! each listener sit behind a lock taken once per accepted connection, so SIGHUP can swap in
 //! re-read certificates while live connections keep the ones they started with.
 
+mod datagrams;
 mod relay;
 
 use anyhow::Context;
@@ -19,9 +20,13 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tunneld_tunnel::config::{CertKey, Endpoint, TlsConfig, TlsForward, TlsListen};
+use tunneld_dataplane::worker::WorkerHandle;
+use tunneld_tunnel::config::{
+    CertKey, Config, Endpoint, PeerTls, TlsConfig, TlsForward, TlsListen, TlsTarget,
+};
 
 /// Connections one listener relays at once; more are accepted and closed at once, with a
 /// warning, so a flood cannot exhaust threads or memory.
@@ -47,10 +52,18 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// Every problem with the certificate, key and CA files `tls` names, one line each; used by
 /// `tunneld check` and before `up` touches anything.
-pub fn check_files(tls: &TlsConfig, base: &Path) -> Vec<String> {
+pub fn check_files(config: &Config, base: &Path) -> Vec<String> {
+    let tls = &config.tls;
     let mut errors = Vec::new();
+    for (i, p) in config.peers.iter().enumerate() {
+        if let Some(t) = &p.tls {
+            if let Err(e) = client_config(&t.ca_file, t.client_cert.as_ref(), base) {
+                errors.push(format!("peer[{i}]: tls_{e:#}"));
+            }
+        }
+    }
     for (i, f) in tls.forwards.iter().enumerate() {
-        if let Err(e) = client_config(f, base) {
+        if let Err(e) = client_config(&f.ca_file, f.client_cert.as_ref(), base) {
             errors.push(format!("tls.forward[{i}]: {e:#}"));
         }
     }
@@ -137,12 +150,16 @@ fn cert_and_key(
     ))
 }
 
-fn client_config(f: &TlsForward, base: &Path) -> anyhow::Result<Arc<ClientConfig>> {
+fn client_config(
+    ca_file: &Path,
+    client_cert: Option<&CertKey>,
+    base: &Path,
+) -> anyhow::Result<Arc<ClientConfig>> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("TLS 1.3")?
-        .with_root_certificates(roots(base, &f.ca_file, "ca_file")?);
-    let config = match &f.client_cert {
+        .with_root_certificates(roots(base, ca_file, "ca_file")?);
+    let config = match client_cert {
         None => builder.with_no_client_auth(),
         Some(ck) => {
             let (chain, key) = cert_and_key(base, ck)?;
@@ -180,12 +197,20 @@ fn server_config(l: &TlsListen, base: &Path) -> anyhow::Result<Arc<ServerConfig>
 impl TlsService {
     /// Binds every listener (all or none: an address in use fails the start) and starts
     /// accepting.
-    pub fn start(tls: &TlsConfig, base: &Path) -> anyhow::Result<TlsService> {
+    /// `wg_port` is this tunneld's WireGuard port, for `forward_to = "wireguard"` (set once
+    /// the interface is up; streams that arrive before wait for nothing: their datagrams
+    /// are dropped, and WireGuard retries).
+    pub fn start(
+        tls: &TlsConfig,
+        base: &Path,
+        wg_port: Arc<OnceLock<u16>>,
+    ) -> anyhow::Result<TlsService> {
         let mut forwards = Vec::new();
         let mut bound = Vec::new();
         for (i, f) in tls.forwards.iter().enumerate() {
             let config = Arc::new(RwLock::new(
-                client_config(f, base).with_context(|| format!("tls.forward[{i}]"))?,
+                client_config(&f.ca_file, f.client_cert.as_ref(), base)
+                    .with_context(|| format!("tls.forward[{i}]"))?,
             ));
             let listener = TcpListener::bind(f.listen)
                 .with_context(|| format!("tls.forward[{i}]: cannot listen on {}", f.listen))?;
@@ -211,6 +236,7 @@ impl TlsService {
                 Side::Server {
                     listen: l.clone(),
                     config: config.clone(),
+                    wg_port: wg_port.clone(),
                 },
                 format!("tls.listen[{i}]"),
             ));
@@ -254,7 +280,7 @@ impl TlsService {
         let mut errors = Vec::new();
         let mut clients = Vec::new();
         for (i, (f, _)) in self.forwards.iter().enumerate() {
-            match client_config(f, &self.base) {
+            match client_config(&f.ca_file, f.client_cert.as_ref(), &self.base) {
                 Ok(c) => clients.push(c),
                 Err(e) => errors.push(format!("tls.forward[{i}]: {e:#}")),
             }
@@ -287,6 +313,7 @@ enum Side {
     Server {
         listen: TlsListen,
         config: Arc<RwLock<Arc<ServerConfig>>>,
+        wg_port: Arc<OnceLock<u16>>,
     },
 }
 
@@ -355,18 +382,83 @@ fn connection(side: &Side, accepted: TcpStream, peer: SocketAddr) -> anyhow::Res
             relay::relay(accepted, remote, conn)
                 .with_context(|| format!("TLS to {}", forward.connect))
         }
-        Side::Server { listen, config } => {
+        Side::Server {
+            listen,
+            config,
+            wg_port,
+        } => {
             let config = config.read().unwrap_or_else(|p| p.into_inner()).clone();
             let conn = rustls::ServerConnection::new(config)
                 .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
             let mut conn = rustls::Connection::from(conn);
             relay::handshake(&mut conn, &accepted).context("TLS handshake failed")?;
-            let target = connect(&listen.forward_to)?;
-            tracing::debug!(%peer, target = %listen.forward_to, "TLS connection up");
-            relay::relay(target, accepted, conn)
-                .with_context(|| format!("forwarding to {}", listen.forward_to))
+            match &listen.forward_to {
+                TlsTarget::Tcp(to) => {
+                    let target = connect(to)?;
+                    tracing::debug!(%peer, target = %to, "TLS connection up");
+                    relay::relay(target, accepted, conn)
+                        .with_context(|| format!("forwarding to {to}"))
+                }
+                TlsTarget::WireGuard => {
+                    let udp = datagrams::bridge_socket().context("bridge socket")?;
+                    tracing::info!(%peer, "WireGuard over TLS: stream accepted");
+                    let target = datagrams::UdpPeer::Port(wg_port.clone());
+                    datagrams::bridge(&udp, &target, &mut None, accepted, conn)
+                        .context("WireGuard over TLS")
+                }
+            }
         }
     }
+}
+
+/// Starts the client side of every peer with `transport = "tls"`: a loopback bridge socket
+/// each, whose address becomes the peer's endpoint (returned by peer index), and a thread
+/// that keeps a TLS stream to the peer's `endpoint` up.
+pub fn start_peer_transports(
+    config: &Config,
+    base: &Path,
+    worker: Arc<OnceLock<WorkerHandle>>,
+) -> anyhow::Result<Vec<(usize, SocketAddr)>> {
+    let mut endpoints = Vec::new();
+    for (i, peer) in config.peers.iter().enumerate() {
+        let (Some(tls), Some(remote)) = (&peer.tls, &peer.endpoint) else {
+            continue;
+        };
+        let name = format!("peer[{i}]");
+        let client = client_config(&tls.ca_file, tls.client_cert.as_ref(), base)
+            .with_context(|| format!("{name}: tls"))?;
+        let udp = datagrams::bridge_socket().context("cannot make a bridge socket")?;
+        endpoints.push((i, udp.local_addr()?));
+        let (remote, tls): (Endpoint, PeerTls) = (remote.clone(), tls.clone());
+        let (worker, key) = (worker.clone(), peer.public_key);
+        let connected = move || {
+            if let Some(handle) = worker.get() {
+                handle.run(move |device, _| device.request_handshake(&key));
+            }
+        };
+        tracing::info!(
+            "{name}: WireGuard over TLS to {remote} ({}) through {}",
+            tls.server_name,
+            udp.local_addr()?
+        );
+        let connect = move || -> anyhow::Result<(TcpStream, rustls::Connection)> {
+            let stream = connect(&remote)?;
+            let server = ServerName::try_from(tls.server_name.clone())
+                .map_err(|e| anyhow::anyhow!("tls_server_name: {e}"))?;
+            let conn = rustls::ClientConnection::new(client.clone(), server)
+                .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
+            let mut conn = rustls::Connection::from(conn);
+            relay::handshake(&mut conn, &stream).with_context(|| {
+                format!("TLS handshake with {remote} ({}) failed", tls.server_name)
+            })?;
+            Ok((stream, conn))
+        };
+        std::thread::Builder::new()
+            .name(format!("{name}-tls"))
+            .spawn(move || datagrams::run_client(name, udp, connect, connected))
+            .context("cannot start a TLS transport thread")?;
+    }
+    Ok(endpoints)
 }
 
 /// Connects to `to` (resolving a host name each time), trying each address it has.
