@@ -614,7 +614,27 @@ fn a_wireguard_peer_over_tls_works_where_udp_is_dropped() {
 
     step("site B restarts: site A's transport reconnects and the tunnel comes back");
     drop(gb);
+    let restarted = Instant::now();
     let gb = Gateway::start(&s.b, &ib, &kb, &body_b);
+    // Site A notices the cut, reconnects after its first backoff step and handshakes at
+    // once (the pair harness pins that down in virtual time); here the wait is generous.
+    let deadline = restarted + WAIT;
+    while !s
+        .a
+        .output(&["ping", "-c", "1", "-W", "1", "10.77.0.2"])
+        .status
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no ping through the reconnected transport in {WAIT:?}\n{}",
+            ga.log_text()
+        );
+    }
+    eprintln!(
+        "site B restart to a ping through: {:?}",
+        restarted.elapsed()
+    );
     ping(&s.a, "10.77.0.2");
     tcp_transfer(&s.b, &s.a, "10.77.0.1:5012".parse().unwrap(), 1 << 20);
     drop(gb);

@@ -99,6 +99,9 @@ pub fn relay(mut plain: TcpStream, mut tls: TcpStream, mut conn: Connection) -> 
     conn.set_buffer_limit(None);
     let mut from_plain = vec![0u8; CHUNK].into_boxed_slice();
     let mut to_plain = Pending::new();
+    // TLS bytes read from the socket, not yet handed to rustls.
+    let mut tls_in = Pending::new();
+    let mut tls_eof = false;
     // Plaintext side sent EOF (and close_notify is queued).
     let mut plain_done = false;
     // TLS side sent close_notify (and, once flushed, the plain write side is shut).
@@ -145,41 +148,51 @@ pub fn relay(mut plain: TcpStream, mut tls: TcpStream, mut conn: Connection) -> 
             }
         }
 
-        // Plaintext out: first what rustls already decrypted, then more TLS in.
+        // Plaintext out: what rustls already decrypted, then the TLS bytes read but not yet
+        // decrypted, then (once both are used up) one large read from the TLS socket. Reading
+        // the socket here rather than through rustls's `read_tls` on it matters: that reads
+        // at most 4 KiB per system call.
         if to_plain.is_empty() && !tls_done {
-            let (n, closed) = take_plaintext(&mut conn, &mut to_plain)?;
-            if closed {
-                tls_done = true;
-                progress = true;
-            }
-            if n == 0 && !closed {
-                match conn.read_tls(&mut tls) {
-                    Ok(0) => {
-                        // EOF. A clean end came with close_notify, which `take_plaintext`
-                        // reports; without it the stream was cut.
-                        conn.process_new_packets().context("TLS")?;
-                        let (_, closed) = take_plaintext(&mut conn, &mut to_plain)?;
-                        if !closed {
-                            bail!("the TLS stream ended without close_notify (cut short)");
-                        }
-                        tls_done = true;
-                        progress = true;
-                    }
-                    Ok(_) => {
-                        let processed = conn.process_new_packets();
-                        if let Err(e) = processed {
-                            // Send the alert before giving up.
-                            let _ = conn.write_tls(&mut tls);
-                            return Err(e).context("TLS");
-                        }
-                        let (_, closed) = take_plaintext(&mut conn, &mut to_plain)?;
-                        tls_done |= closed;
-                        progress = true;
-                    }
+            let (_, closed) = take_plaintext(&mut conn, &mut to_plain)?;
+            tls_done |= closed;
+            if to_plain.is_empty() && !tls_done && tls_in.is_empty() && !tls_eof {
+                match tls.read(&mut tls_in.data) {
+                    Ok(0) => tls_eof = true,
+                    Ok(n) => (tls_in.start, tls_in.end) = (0, n),
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                    Err(e) if e.kind() == ErrorKind::Interrupted => progress = true,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => return Err(e).context("TLS read"),
                 }
+                progress |= tls_eof || !tls_in.is_empty();
+            }
+            // Decrypt while there is room for the plaintext.
+            while !tls_done && !tls_in.is_empty() && to_plain.end < to_plain.data.len() {
+                let mut bytes = &tls_in.data[tls_in.start..tls_in.end];
+                let n = conn.read_tls(&mut bytes).context("TLS")?;
+                tls_in.start += n;
+                if let Err(e) = conn.process_new_packets() {
+                    // Send the alert before giving up.
+                    let _ = conn.write_tls(&mut tls);
+                    return Err(e).context("TLS");
+                }
+                let (_, closed) = take_plaintext(&mut conn, &mut to_plain)?;
+                tls_done |= closed;
+                progress = true;
+                if n == 0 {
+                    break;
+                }
+            }
+            if tls_eof && tls_in.is_empty() && !tls_done && to_plain.is_empty() {
+                // EOF. A clean end came with close_notify, which `take_plaintext` reports;
+                // without it the stream was cut.
+                conn.read_tls(&mut &[][..]).context("TLS")?;
+                conn.process_new_packets().context("TLS")?;
+                let (_, closed) = take_plaintext(&mut conn, &mut to_plain)?;
+                if !closed {
+                    bail!("the TLS stream ended without close_notify (cut short)");
+                }
+                tls_done = true;
+                progress = true;
             }
         }
         while !to_plain.is_empty() {
@@ -227,7 +240,7 @@ pub fn relay(mut plain: TcpStream, mut tls: TcpStream, mut conn: Connection) -> 
         if !to_plain.is_empty() {
             fds[0].events |= libc::POLLOUT;
         }
-        if to_plain.is_empty() && !tls_done {
+        if to_plain.is_empty() && tls_in.is_empty() && !tls_done && !tls_eof {
             fds[1].events |= libc::POLLIN;
         }
         if conn.wants_write() {
