@@ -168,6 +168,13 @@ fn main() {
         ],
     ));
 
+    all.push((
+        "framing",
+        vec![
+            [&[3u8][..], &[0, 3], b"abc", &[0, 0], &[0, 148], &[7; 148], &[0, 5], b"cut"].concat(),
+            [&[0u8][..], &[0xff, 0xff], &vec![1; 65535], &[0, 1], b"x"].concat(),
+        ],
+    ));
     for (name, inputs) in all {
         let dir = corpus(name);
         fs::create_dir_all(&dir).unwrap();

@@ -241,6 +241,43 @@ pub fn uapi_parse(data: &[u8]) {
     }
 }
 
+/// Stream bytes from a WireGuard-over-TLS peer, cut into pieces as reads would return them
+/// (the first byte picks the piece size): the deframer yields exactly the datagrams a plain
+/// parse of the whole stream finds, whatever the cuts.
+pub fn framing(data: &[u8]) {
+    use tunneld_tunnel::framing::{Deframer, LENGTH_BYTES};
+    let Some((&cut, stream)) = data.split_first() else {
+        return;
+    };
+    let mut expected = Vec::new();
+    let mut rest = stream;
+    while let Some(prefix) = rest.get(..LENGTH_BYTES) {
+        let len = usize::from(u16::from_be_bytes([prefix[0], prefix[1]]));
+        let Some(datagram) = rest.get(LENGTH_BYTES..LENGTH_BYTES + len) else {
+            break;
+        };
+        expected.push(datagram);
+        rest = &rest[LENGTH_BYTES + len..];
+    }
+    let piece = usize::from(cut) * 7 + 1;
+    let mut deframer = Deframer::new();
+    let mut got = Vec::new();
+    let mut at = 0;
+    while at < stream.len() {
+        let space = deframer.space();
+        assert!(!space.is_empty(), "no room after the datagrams were taken");
+        let n = piece.min(space.len()).min(stream.len() - at);
+        space[..n].copy_from_slice(&stream[at..at + n]);
+        deframer.filled(n);
+        at += n;
+        while let Some(datagram) = deframer.next_datagram() {
+            got.push(datagram.to_vec());
+        }
+    }
+    assert_eq!(got.len(), expected.len());
+    assert!(got.iter().zip(&expected).all(|(g, e)| g == e));
+}
+
 /// A fuzz target's body.
 pub type Target = fn(&[u8]);
 
@@ -251,4 +288,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("decapsulate", decapsulate),
     ("config_parse", config_parse),
     ("uapi_parse", uapi_parse),
+    ("framing", framing),
 ];

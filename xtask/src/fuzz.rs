@@ -13,6 +13,7 @@ pub const TARGETS: &[&str] = &[
     "decapsulate",
     "config_parse",
     "uapi_parse",
+    "framing",
 ];
 
 /// `cargo xtask fuzz <target|all|list> [--time N]`.
