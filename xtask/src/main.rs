@@ -6,6 +6,7 @@ mod demo;
 mod fuzz;
 mod system;
 mod testbed;
+mod tls_bench;
 
 use std::process::ExitCode;
 
@@ -20,6 +21,10 @@ commands:
                    (Debian; Go-module build), boringtun-cli, kernel WireGuard where present;
                    interleaved rounds, medians; report in target/bench-report/;
                    --only keeps the rows whose name contains one of the NAMEs
+  bench-tls [--quick] [--rounds N] [--seconds S]
+                   TCP forwarded over TLS in namespaces: direct, stunnel4, tunneld's
+                   [[tls.forward]]/[[tls.listen]]; throughput, proxy CPU, echo latency;
+                   report in target/bench-report/tls-report.md
   fuzz <target|all|list> [--time N]
                    coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
                    installed when missing); default 60 s each
@@ -28,13 +33,17 @@ commands:
 fn main() -> ExitCode {
     system::ensure_sbin_in_path();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if matches!(args.first().map(String::as_str), Some("demo" | "bench")) {
+    if matches!(
+        args.first().map(String::as_str),
+        Some("demo" | "bench" | "bench-tls")
+    ) {
         system::catch_interrupts();
     }
     let result = match args.first().map(String::as_str) {
         Some("test") => return test(),
         Some("demo") => demo::run(args.iter().any(|a| a == "--compare")),
         Some("bench") => bench::run(&args[1..]),
+        Some("bench-tls") => tls_bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("deps") => system::install_tools(),
         _ => {
