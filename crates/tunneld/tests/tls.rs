@@ -639,3 +639,74 @@ fn a_wireguard_peer_over_tls_works_where_udp_is_dropped() {
     tcp_transfer(&s.b, &s.a, "10.77.0.1:5012".parse().unwrap(), 1 << 20);
     drop(gb);
 }
+
+/// Hostile connections to a TLS listener while a transfer runs through it: connections that
+/// close at once, random bytes, truncated and malformed TLS records. The transfer completes
+/// intact, the server keeps serving, and its log stays short (failures are logged a few at
+/// a time, then by powers of two).
+#[test]
+fn hostile_connections_to_the_listener_do_not_disturb_a_transfer() {
+    if !require("hostile_connections_to_the_listener_do_not_disturb_a_transfer") {
+        return;
+    }
+    let s = setup();
+    let (ga, gb) = start_pair(&s, "", "");
+    step("16 MiB echoed through the pair while 600 hostile connections hit site B");
+    let data = pattern(16 << 20, 99);
+    let sent = data.clone();
+    let transfer =
+        s.a.spawn_in_ns(move || round_trip(A_PLAIN.parse().unwrap(), sent));
+    let attempts = s.a.in_ns(|| {
+        let target: SocketAddr = B_TLS.parse().unwrap();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut made = 0;
+        for i in 0..600u32 {
+            let Ok(mut c) = TcpStream::connect_timeout(&target, Duration::from_secs(2)) else {
+                continue;
+            };
+            made += 1;
+            let _ = c.set_write_timeout(Some(Duration::from_secs(1)));
+            let mut junk = vec![0u8; 300];
+            for b in junk.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+            let bytes: Vec<u8> = match i % 4 {
+                0 => Vec::new(),
+                1 => junk,
+                // A handshake record that announces more than it sends.
+                2 => [
+                    &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc][..],
+                    &junk[..40],
+                ]
+                .concat(),
+                // A record longer than TLS allows.
+                _ => [&[0x17, 0x03, 0x03, 0xff, 0xff][..], &junk[..]].concat(),
+            };
+            let _ = c.write_all(&bytes);
+        }
+        made
+    });
+    let got = transfer
+        .join()
+        .unwrap()
+        .expect("the transfer through the pair");
+    assert!(got == data, "the transfer came back different");
+    assert!(
+        attempts > 500,
+        "only {attempts} hostile connections were made"
+    );
+    // Still serving.
+    let after =
+        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"after".to_vec()).unwrap());
+    assert_eq!(after, b"after");
+    let log = gb.wait_log("failed so far");
+    let warnings = log.lines().filter(|l| l.contains("WARN")).count();
+    assert!(
+        warnings <= 30,
+        "{warnings} warnings for 600 bad connections:\n{log}"
+    );
+    drop(ga);
+}

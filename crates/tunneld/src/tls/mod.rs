@@ -19,7 +19,7 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -31,6 +31,9 @@ use tunneld_tunnel::config::{
 /// Connections one listener relays at once; more are accepted and closed at once, with a
 /// warning, so a flood cannot exhaust threads or memory.
 const MAX_CONNECTIONS: usize = 4096;
+/// Failed connections logged one by one per listener; after these, only every power of two
+/// (the rest at debug level).
+const FAILURES_LOGGED: u64 = 10;
 /// How long a TCP connect or a TLS handshake may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest private key file read (an RSA-8192 key in PEM is about 6 KiB).
@@ -320,6 +323,7 @@ enum Side {
 fn accept_loop(listener: TcpListener, side: Side, name: String) {
     let side = Arc::new(side);
     let active = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(AtomicU64::new(0));
     let mut refused: u64 = 0;
     loop {
         let (stream, peer) = match listener.accept() {
@@ -342,6 +346,7 @@ fn accept_loop(listener: TcpListener, side: Side, name: String) {
         }
         active.fetch_add(1, Ordering::Relaxed);
         let (side, count, name2) = (side.clone(), active.clone(), name.clone());
+        let failures = failures.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("{name}-conn"))
             .spawn(move || {
@@ -350,7 +355,18 @@ fn accept_loop(listener: TcpListener, side: Side, name: String) {
                     Err(e) if e.downcast_ref::<relay::ClosedEarly>().is_some() => {
                         tracing::debug!("{name2}: connection from {peer}: {e:#}")
                     }
-                    Err(e) => tracing::warn!("{name2}: connection from {peer}: {e:#}"),
+                    Err(e) => {
+                        // The first few, then every power of two: a flood of bad connections
+                        // (scanners, an attack) must not become a flood of log lines.
+                        let n = failures.fetch_add(1, Ordering::Relaxed) + 1;
+                        if n <= FAILURES_LOGGED || n.is_power_of_two() {
+                            tracing::warn!(
+                                "{name2}: connection from {peer}: {e:#} ({n} failed so far)"
+                            );
+                        } else {
+                            tracing::debug!("{name2}: connection from {peer}: {e:#}");
+                        }
+                    }
                 }
                 count.fetch_sub(1, Ordering::Relaxed);
             });
