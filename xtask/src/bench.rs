@@ -16,15 +16,24 @@ use tunneld_testnet::require_netns;
 const WIREGUARD_GO_MODULE: &str = "golang.zx2c4.com/wireguard@v0.0.0-20260522210424-ecfc5a8d5446";
 const BORINGTUN_CLI_VERSION: &str = "0.7.1";
 
-struct Options {
-    quick: bool,
-    rounds: usize,
-    seconds: u32,
+/// The options `bench` and `bench-tls` share.
+pub(crate) struct Options {
+    pub quick: bool,
+    pub rounds: usize,
+    pub seconds: u32,
     /// Only the rows whose name contains one of these (case-insensitive); empty: all.
-    only: Vec<String>,
+    pub only: Vec<String>,
 }
 
-fn parse_options(args: &[String]) -> Result<Options, String> {
+impl Options {
+    /// Whether the row called `name` is in this run.
+    pub fn keeps(&self, name: &str) -> bool {
+        let name = name.to_lowercase();
+        self.only.is_empty() || self.only.iter().any(|o| name.contains(o.as_str()))
+    }
+}
+
+pub(crate) fn parse_options(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
         quick: false,
         rounds: 5,
@@ -163,15 +172,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
             },
         ));
     }
-    if !options.only.is_empty() {
-        let wanted = |name: &str| {
-            let name = name.to_lowercase();
-            options.only.iter().any(|o| name.contains(o.as_str()))
-        };
-        contenders.retain(|c| wanted(&c.name));
-        if contenders.is_empty() {
-            return Err("--only matched no row".into());
-        }
+    contenders.retain(|c| options.keeps(&c.name));
+    if contenders.is_empty() {
+        return Err("--only matched no row".into());
     }
     for c in contenders.iter().filter(|c| c.which.is_err()) {
         eprintln!(

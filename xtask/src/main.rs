@@ -21,7 +21,7 @@ commands:
                    (Debian; Go-module build), boringtun-cli, kernel WireGuard where present;
                    interleaved rounds, medians; report in target/bench-report/;
                    --only keeps the rows whose name contains one of the NAMEs
-  bench-tls [--quick] [--rounds N] [--seconds S]
+  bench-tls [--quick] [--rounds N] [--seconds S] [--only NAME,...]
                    TCP forwarded over TLS in namespaces: direct, stunnel4, tunneld's
                    [[tls.forward]]/[[tls.listen]]; throughput, proxy CPU, echo latency;
                    report in target/bench-report/tls-report.md

@@ -9,6 +9,7 @@
 //! TLS is 1.3 with TLS_AES_256_GCM_SHA384 for stunnel; the certificates (a throwaway CA and a
 //! server certificate for `tunneld-bench.test`) are made once per run with the openssl CLI.
 
+use crate::bench::{parse_options, Options};
 use crate::system;
 use crate::testbed::{cpu_seconds, json_number_after, Guard, Impl, Testbed};
 use std::fmt::Write as _;
@@ -56,44 +57,6 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 const READY_LIMIT: Duration = Duration::from_secs(10);
 /// Longest an iperf3 client may run beyond its `-t` seconds before it is stopped.
 const IPERF_GRACE: Duration = Duration::from_secs(20);
-
-struct Options {
-    quick: bool,
-    rounds: usize,
-    seconds: u32,
-}
-
-fn parse_options(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        quick: false,
-        rounds: 5,
-        seconds: 5,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| -> Result<usize, String> {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .filter(|v| *v > 0)
-                .ok_or_else(|| format!("{name} takes a positive number"))
-        };
-        match arg.as_str() {
-            "--quick" => o.quick = true,
-            "--rounds" => o.rounds = value("--rounds")?,
-            "--seconds" => o.seconds = value("--seconds")?.min(3600) as u32,
-            other => {
-                return Err(format!(
-                    "unknown bench-tls option {other} (--quick, --rounds N, --seconds S)"
-                ))
-            }
-        }
-    }
-    if o.quick {
-        o.rounds = 1;
-        o.seconds = 1;
-    }
-    Ok(o)
-}
 
 /// What carries the traffic from A to B.
 enum Route {
@@ -150,6 +113,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     ];
     if options.quick {
         eprintln!("--quick: one round, 1 s per iperf3 run");
+    }
+    contenders.retain(|c| options.keeps(c.name));
+    if contenders.is_empty() {
+        return Err("--only matched no row".into());
     }
     for c in contenders.iter().filter(|c| c.which.is_err()) {
         eprintln!(

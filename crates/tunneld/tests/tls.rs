@@ -265,6 +265,12 @@ fn round_trip(addr: SocketAddr, data: Vec<u8>) -> std::io::Result<Vec<u8>> {
     Ok(got)
 }
 
+/// A request through site A's forward gets nothing back (the connection is refused or closed).
+fn assert_nothing_passes(a: &NetNs) {
+    let got = a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"hello".to_vec()));
+    assert!(got.map_or(true, |g| g.is_empty()), "data passed");
+}
+
 struct Setup {
     dir: tempfile::TempDir,
     a: NetNs,
@@ -375,12 +381,7 @@ fn mtls_refuses_a_client_without_a_certificate_and_admits_one_with() {
     make_leaf(s.dir.path(), "ca", "client", "site-a.test");
     let (ga, gb) = start_pair(&s, "", "client_ca_file = \"ca.pem\"\n");
     step("a client without a certificate gets nothing through");
-    let got =
-        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"hello".to_vec()));
-    assert!(
-        got.map_or(true, |g| g.is_empty()),
-        "data passed without a client certificate"
-    );
+    assert_nothing_passes(&s.a);
     let log = gb.wait_log("TLS handshake failed");
     assert!(
         log.contains("no certificate")
@@ -428,9 +429,7 @@ fn a_wrong_ca_or_name_or_a_refused_target_fail_with_a_clear_error() {
         &forward_config("").replace("ca_file = \"ca.pem\"", "ca_file = \"other-ca.pem\""),
         &[A_PLAIN.parse().unwrap()],
     );
-    let got =
-        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"hello".to_vec()));
-    assert!(got.map_or(true, |g| g.is_empty()));
+    assert_nothing_passes(&s.a);
     let log = ga.wait_log("TLS handshake with 192.0.2.2:8443 (site-b.test) failed");
     assert!(log.contains("UnknownIssuer"), "{log}");
     drop(ga);
@@ -443,9 +442,7 @@ fn a_wrong_ca_or_name_or_a_refused_target_fail_with_a_clear_error() {
         &forward_config("").replace(SERVER_NAME, "elsewhere.test"),
         &[A_PLAIN.parse().unwrap()],
     );
-    let got =
-        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"hello".to_vec()));
-    assert!(got.map_or(true, |g| g.is_empty()));
+    assert_nothing_passes(&s.a);
     let log = ga.wait_log("failed");
     assert!(log.contains("not valid for name"), "{log}");
     drop(ga);
@@ -466,9 +463,7 @@ fn a_wrong_ca_or_name_or_a_refused_target_fail_with_a_clear_error() {
         &forward_config(""),
         &[A_PLAIN.parse().unwrap()],
     );
-    let got =
-        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"hello".to_vec()));
-    assert!(got.map_or(true, |g| g.is_empty()));
+    assert_nothing_passes(&s.a);
     let log = gb.wait_log("cannot connect to 127.0.0.1:7999");
     assert!(log.contains("refused"), "{log}");
     drop(ga);
@@ -503,12 +498,7 @@ fn sighup_reloads_certificates_without_dropping_live_connections() {
     gb.signal("HUP");
     gb.wait_log("TLS certificates and keys reloaded");
     step("new connections get the new certificate (which site A does not trust)");
-    let got =
-        s.a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"new".to_vec()));
-    assert!(
-        got.map_or(true, |g| g.is_empty()),
-        "the old certificate is still served"
-    );
+    assert_nothing_passes(&s.a);
     ga.wait_log("UnknownIssuer");
     step("the live connection still works");
     let mut live = live;

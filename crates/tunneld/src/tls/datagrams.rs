@@ -54,16 +54,7 @@ pub fn bridge(
     let mut datagram = vec![0u8; MAX_DATAGRAM].into_boxed_slice();
     let mut deframer = Deframer::new();
     loop {
-        let mut progress = false;
-        while conn.wants_write() {
-            match conn.write_tls(&mut tls) {
-                Ok(0) => bail!("the TLS socket accepts no more data"),
-                Ok(_) => progress = true,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e).context("TLS write"),
-            }
-        }
+        let mut progress = super::relay::flush_tls(&mut conn, &mut tls)?;
         // UDP → TLS, once the stream has taken what came before.
         if !conn.wants_write() {
             frames.clear();

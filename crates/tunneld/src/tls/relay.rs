@@ -112,16 +112,7 @@ pub fn relay(mut plain: TcpStream, mut tls: TcpStream, mut conn: Connection) -> 
     loop {
         let mut progress = false;
 
-        // TLS records out.
-        while conn.wants_write() {
-            match conn.write_tls(&mut tls) {
-                Ok(0) => bail!("the TLS socket accepts no more data"),
-                Ok(_) => progress = true,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e).context("TLS write"),
-            }
-        }
+        progress |= flush_tls(&mut conn, &mut tls)?;
         if plain_done && !conn.wants_write() && !tls_shut {
             // close_notify is out: half-close the TCP stream too.
             let _ = tls.shutdown(Shutdown::Write);
@@ -255,6 +246,22 @@ pub fn relay(mut plain: TcpStream, mut tls: TcpStream, mut conn: Connection) -> 
             }
         }
     }
+}
+
+/// Writes the TLS records rustls has ready to the non-blocking `tls` socket until it takes no
+/// more. Returns whether anything was written.
+pub fn flush_tls(conn: &mut Connection, tls: &mut TcpStream) -> anyhow::Result<bool> {
+    let mut wrote = false;
+    while conn.wants_write() {
+        match conn.write_tls(tls) {
+            Ok(0) => bail!("the TLS socket accepts no more data"),
+            Ok(_) => wrote = true,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("TLS write"),
+        }
+    }
+    Ok(wrote)
 }
 
 /// Moves decrypted plaintext from rustls into `out` (which is empty). Returns the bytes moved
