@@ -51,6 +51,7 @@ const PEER_FIELDS: &[&str] = &[
     "tls_ca_file",
     "tls_cert_file",
     "tls_key_file",
+    "tls_endpoint",
 ];
 
 mod tls;

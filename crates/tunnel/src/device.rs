@@ -415,6 +415,29 @@ impl Device {
         }
     }
 
+    /// Bytes sent to and authenticated from `peer` so far (tx, rx); `None` for an unknown peer.
+    pub fn peer_traffic(&self, peer: &PublicKey) -> Option<(u64, u64)> {
+        let slot = *self.by_key.get(peer)?;
+        let p = self.peers.get(slot)?.as_ref()?;
+        Some((p.tx_bytes, p.rx_bytes))
+    }
+
+    /// Sends `peer`'s datagrams to `endpoint` from now on and handshakes there at the next
+    /// tick: for a transport change (UDP to TLS). False for an unknown peer.
+    pub fn move_peer(&mut self, peer: &PublicKey, endpoint: SocketAddr) -> bool {
+        let Some(slot) = self.by_key.get(peer).copied() else {
+            return false;
+        };
+        match self.peers.get_mut(slot).and_then(Option::as_mut) {
+            Some(p) => {
+                p.endpoint = Some(endpoint);
+                p.handshake_requested = true;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Runs the protocol timers (handshake retries, rekeys, keepalives) of every peer.
     /// Call it every few hundred milliseconds.
     pub fn tick(&mut self, now: Instant, network: &mut impl DatagramSink) {

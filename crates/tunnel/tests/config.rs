@@ -806,11 +806,11 @@ fn a_peer_over_tls_names_its_server_and_ca() {
     assert!(ok(&peer("transport = \"udp\"\n")).peers[0].tls.is_none());
     assert_eq!(
         error(&peer("transport = \"quic\"\n")),
-        "peer[0].transport: `quic` is not a transport (expected \"udp\" or \"tls\")"
+        "peer[0].transport: `quic` is not a transport (expected \"udp\", \"tls\" or \"auto\")"
     );
     assert_eq!(
         error(&peer("tls_ca_file = \"ca.pem\"\n")),
-        "peer[0].tls_ca_file: is only used with transport = \"tls\""
+        "peer[0].tls_ca_file: is only used with transport = \"tls\" or \"auto\""
     );
     let e = errors(&peer("transport = \"tls\"\ntls_cert_file = \"c.pem\"\n"));
     for want in [
@@ -836,4 +836,38 @@ fn a_peer_over_tls_names_its_server_and_ca() {
         ok(&with_wg).tls.listens[0].forward_to,
         config::TlsTarget::WireGuard
     );
+}
+
+#[test]
+fn an_auto_peer_has_a_udp_endpoint_and_a_tls_one() {
+    let peer = |extra: &str| {
+        with_interface(&format!(
+            "[[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"10.0.0.2/32\"]\n\
+             tls_server_name = \"b.example\"\ntls_ca_file = \"ca.pem\"\n{extra}",
+            public(2)
+        ))
+    };
+    let c = ok(&peer(
+        "transport = \"auto\"\nendpoint = \"192.0.2.2:51820\"\ntls_endpoint = \"b.example:443\"\n",
+    ));
+    assert_eq!(
+        c.peers[0].endpoint.as_ref().unwrap().to_string(),
+        "192.0.2.2:51820"
+    );
+    let tls = c.peers[0].tls.as_ref().unwrap();
+    assert_eq!(tls.fallback.as_ref().unwrap().to_string(), "b.example:443");
+    assert!(error(&peer(
+        "transport = \"auto\"\nendpoint = \"192.0.2.2:51820\"\n"
+    ))
+    .starts_with("peer[0].tls_endpoint: missing"));
+    assert!(error(&peer(
+        "transport = \"auto\"\ntls_endpoint = \"b.example:443\"\n"
+    ))
+    .starts_with(
+        "peer[0].endpoint: missing: with transport = \"auto\" it is the peer's UDP address"
+    ));
+    assert!(error(&peer(
+        "transport = \"tls\"\nendpoint = \"b.example:443\"\ntls_endpoint = \"b.example:443\"\n"
+    ))
+    .starts_with("peer[0].tls_endpoint: is only used with transport = \"auto\""));
 }

@@ -700,3 +700,66 @@ fn hostile_connections_to_the_listener_do_not_disturb_a_transfer() {
     );
     drop(ga);
 }
+
+/// A peer with `transport = "auto"` runs over UDP while UDP works; when UDP between the
+/// sites starts being dropped, it moves to TLS on its own and traffic passes again.
+#[test]
+fn an_auto_peer_falls_back_to_tls_when_udp_stops_working() {
+    let test = "an_auto_peer_falls_back_to_tls_when_udp_stops_working";
+    if !require(test) || !require_tool(test, "nft") {
+        return;
+    }
+    let s = setup();
+    let certs = s.dir.path().display().to_string();
+    let (ka, kb) = (genkey(), genkey());
+    let (ia, ib) = (
+        tunneld_testnet::unique_name("wg"),
+        tunneld_testnet::unique_name("wg"),
+    );
+    let body_b = format!(
+        "listen_port = 51820\naddress = [\"10.77.0.2/24\"]\n\n\
+         [[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"10.77.0.1/32\"]\n\n\
+         [[tls.listen]]\nlisten = \"{B_TLS}\"\ncert_file = \"{certs}/server.pem\"\n\
+         key_file = \"{certs}/server.key\"\nforward_to = \"wireguard\"\n",
+        pubkey(&ka)
+    );
+    let body_a = format!(
+        "listen_port = 51820\naddress = [\"10.77.0.1/24\"]\n\n\
+         [[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"10.77.0.2/32\"]\n\
+         transport = \"auto\"\nendpoint = \"192.0.2.2:51820\"\ntls_endpoint = \"{B_TLS}\"\n\
+         tls_server_name = \"{SERVER_NAME}\"\ntls_ca_file = \"{certs}/ca.pem\"\n",
+        pubkey(&kb)
+    );
+    let _gb = Gateway::start(&s.b, &ib, &kb, &body_b);
+    let ga = Gateway::start(&s.a, &ia, &ka, &body_a);
+    step("over UDP while UDP works");
+    ping(&s.a, "10.77.0.2");
+    tcp_transfer(&s.a, &s.b, "10.77.0.2:5020".parse().unwrap(), 1 << 20);
+    assert!(!ga.log_text().contains("falling back"), "{}", ga.log_text());
+
+    step("UDP dropped: pings stop, then pass again over TLS");
+    block_udp(&s.a);
+    block_udp(&s.b);
+    let blocked = Instant::now();
+    let deadline = blocked + Duration::from_secs(45);
+    while !s
+        .a
+        .output(&["ping", "-c", "1", "-W", "1", "10.77.0.2"])
+        .status
+        .success()
+        || !ga.log_text().contains("falling back")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no ping over the TLS fallback 45 s after UDP was blocked\n{}",
+            ga.log_text()
+        );
+    }
+    eprintln!("UDP blocked to a ping over TLS: {:?}", blocked.elapsed());
+    assert!(
+        ga.log_text().contains("WireGuard over TLS connected"),
+        "{}",
+        ga.log_text()
+    );
+    tcp_transfer(&s.b, &s.a, "10.77.0.1:5021".parse().unwrap(), 4 << 20);
+}

@@ -85,6 +85,10 @@ pub struct PeerTls {
     pub server_name: String,
     pub ca_file: PathBuf,
     pub client_cert: Option<CertKey>,
+    /// `transport = "auto"`: start on UDP at `endpoint` and fall back to TLS at this address
+    /// when UDP handshakes go unanswered. `None` for `transport = "tls"`, whose `endpoint` is
+    /// the TLS address itself.
+    pub fallback: Option<Endpoint>,
 }
 
 /// A PEM certificate chain and its private key (the key file must be mode 0600 or stricter).
@@ -252,31 +256,32 @@ fn server_name(c: &mut Checker, t: &Table, path: &str, key: &str) -> Option<Stri
 
 /// The `tls_*` fields of a peer table: `Some` when `transport = "tls"` and they are complete.
 pub(super) fn check_peer_tls(c: &mut Checker, t: &Table, path: &str) -> Option<PeerTls> {
-    const FIELDS: [&str; 4] = [
+    const FIELDS: [&str; 5] = [
         "tls_server_name",
         "tls_ca_file",
         "tls_cert_file",
         "tls_key_file",
+        "tls_endpoint",
     ];
-    let tls = match c.string(t, path, "transport") {
-        None | Some("udp") => false,
-        Some("tls") => true,
+    let transport = match c.string(t, path, "transport") {
+        None => "udp",
+        Some(known @ ("udp" | "tls" | "auto")) => known,
         Some(other) => {
             c.error(
                 format!("{path}.transport"),
                 format!(
-                    "{} is not a transport (expected \"udp\" or \"tls\")",
+                    "{} is not a transport (expected \"udp\", \"tls\" or \"auto\")",
                     quote(other)
                 ),
             );
             return None;
         }
     };
-    if !tls {
+    if transport == "udp" {
         for key in FIELDS.iter().filter(|k| t.contains_key(**k)) {
             c.error(
                 format!("{path}.{key}"),
-                "is only used with transport = \"tls\"",
+                "is only used with transport = \"tls\" or \"auto\"",
             );
         }
         return None;
@@ -284,9 +289,34 @@ pub(super) fn check_peer_tls(c: &mut Checker, t: &Table, path: &str) -> Option<P
     if !t.contains_key("endpoint") {
         c.error(
             format!("{path}.endpoint"),
-            "missing: with transport = \"tls\" it is the other tunneld's [[tls.listen]] address (host:port)",
+            if transport == "tls" {
+                "missing: with transport = \"tls\" it is the other tunneld's [[tls.listen]] address (host:port)"
+            } else {
+                "missing: with transport = \"auto\" it is the peer's UDP address (host:port)"
+            },
         );
     }
+    let fallback = match transport {
+        "auto" => {
+            let e = endpoint(
+                c,
+                t,
+                path,
+                "tls_endpoint",
+                "the other tunneld's [[tls.listen]] address to fall back to",
+            );
+            Some(e)
+        }
+        _ => {
+            if t.contains_key("tls_endpoint") {
+                c.error(
+                    format!("{path}.tls_endpoint"),
+                    "is only used with transport = \"auto\" (with \"tls\", `endpoint` is the TLS address)",
+                );
+            }
+            None
+        }
+    };
     let server_name = server_name(c, t, path, "tls_server_name");
     let ca_file = file(
         c,
@@ -296,10 +326,15 @@ pub(super) fn check_peer_tls(c: &mut Checker, t: &Table, path: &str) -> Option<P
         Some("the CA certificates (PEM) to trust"),
     );
     let client_cert = cert_key(c, t, path, "tls_", false);
+    let fallback = match fallback {
+        Some(e) => Some(e?),
+        None => None,
+    };
     Some(PeerTls {
         server_name: server_name?,
         ca_file: ca_file?,
         client_cert: client_cert.ok()?,
+        fallback,
     })
 }
 

@@ -429,7 +429,8 @@ fn connection(side: &Side, accepted: TcpStream, peer: SocketAddr) -> anyhow::Res
 
 /// Starts the client side of every peer with `transport = "tls"`: a loopback bridge socket
 /// each, whose address becomes the peer's endpoint (returned by peer index), and a thread
-/// that keeps a TLS stream to the peer's `endpoint` up.
+/// that keeps a TLS stream to the peer's `endpoint` up. Peers with `transport = "auto"` get a
+/// watcher instead, which moves them to TLS if UDP goes unanswered (see `watch_udp`).
 pub fn start_peer_transports(
     config: &Config,
     base: &Path,
@@ -437,26 +438,77 @@ pub fn start_peer_transports(
 ) -> anyhow::Result<Vec<(usize, SocketAddr)>> {
     let mut endpoints = Vec::new();
     for (i, peer) in config.peers.iter().enumerate() {
-        let (Some(tls), Some(remote)) = (&peer.tls, &peer.endpoint) else {
+        let (Some(tls), Some(endpoint)) = (&peer.tls, &peer.endpoint) else {
             continue;
         };
         let name = format!("peer[{i}]");
         let client = client_config(&tls.ca_file, tls.client_cert.as_ref(), base)
             .with_context(|| format!("{name}: tls"))?;
+        let transport = TlsTransport {
+            name: name.clone(),
+            remote: tls.fallback.clone().unwrap_or_else(|| endpoint.clone()),
+            tls: tls.clone(),
+            client,
+            key: peer.public_key,
+            worker: worker.clone(),
+        };
+        if tls.fallback.is_some() {
+            tracing::info!(
+                "{name}: UDP to {endpoint}; WireGuard over TLS to {} if UDP goes unanswered for {FALLBACK_AFTER:?}",
+                transport.remote
+            );
+            std::thread::Builder::new()
+                .name(format!("{name}-watch"))
+                .spawn(move || watch_udp(transport))
+                .context("cannot start a transport watcher thread")?;
+            continue;
+        }
         let udp = datagrams::bridge_socket().context("cannot make a bridge socket")?;
         endpoints.push((i, udp.local_addr()?));
-        let (remote, tls): (Endpoint, PeerTls) = (remote.clone(), tls.clone());
-        let (worker, key) = (worker.clone(), peer.public_key);
+        tracing::info!(
+            "{name}: WireGuard over TLS to {} ({}) through {}",
+            transport.remote,
+            tls.server_name,
+            udp.local_addr()?
+        );
+        transport.start(udp)?;
+    }
+    Ok(endpoints)
+}
+
+/// How long a `transport = "auto"` peer may go without a byte back over UDP, while
+/// WireGuard keeps sending to it, before it moves to TLS (three handshake attempts).
+const FALLBACK_AFTER: Duration = Duration::from_secs(15);
+/// Bytes sent without an answer that show WireGuard was trying (two handshake initiations),
+/// so that an idle peer is not taken for an unreachable one.
+const UNANSWERED_BYTES: u64 = 2 * 148;
+
+/// One peer's WireGuard-over-TLS client side, ready to start.
+struct TlsTransport {
+    name: String,
+    remote: Endpoint,
+    tls: PeerTls,
+    client: Arc<ClientConfig>,
+    key: tunneld_crypto::PublicKey,
+    worker: Arc<OnceLock<WorkerHandle>>,
+}
+
+impl TlsTransport {
+    /// Starts the thread that keeps the stream up and bridges it to `udp`.
+    fn start(self, udp: std::net::UdpSocket) -> anyhow::Result<()> {
+        let TlsTransport {
+            name,
+            remote,
+            tls,
+            client,
+            key,
+            worker,
+        } = self;
         let connected = move || {
             if let Some(handle) = worker.get() {
                 handle.run(move |device, _| device.request_handshake(&key));
             }
         };
-        tracing::info!(
-            "{name}: WireGuard over TLS to {remote} ({}) through {}",
-            tls.server_name,
-            udp.local_addr()?
-        );
         let connect = move || -> anyhow::Result<(TcpStream, rustls::Connection)> {
             let stream = connect(&remote)?;
             let server = ServerName::try_from(tls.server_name.clone())
@@ -473,8 +525,60 @@ pub fn start_peer_transports(
             .name(format!("{name}-tls"))
             .spawn(move || datagrams::run_client(name, udp, connect, connected))
             .context("cannot start a TLS transport thread")?;
+        Ok(())
     }
-    Ok(endpoints)
+}
+
+/// Watches a `transport = "auto"` peer once a second. When nothing has come back from it for
+/// `FALLBACK_AFTER` while WireGuard sent it at least `UNANSWERED_BYTES`, UDP is taken to be
+/// blocked: the peer moves to a TLS bridge for good (until tunneld restarts) and handshakes
+/// there at once. Ends with the worker.
+fn watch_udp(transport: TlsTransport) {
+    let key = transport.key;
+    let mut answered_at = std::time::Instant::now();
+    let mut last: Option<(u64, u64)> = None;
+    let mut sent_since_answer = 0u64;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let Some(handle) = transport.worker.get().cloned() else {
+            continue;
+        };
+        let Some(Some((tx, rx))) = handle.run(move |device, _| device.peer_traffic(&key)) else {
+            return;
+        };
+        match last {
+            Some((_, last_rx)) if rx != last_rx => {
+                answered_at = std::time::Instant::now();
+                sent_since_answer = 0;
+            }
+            Some((last_tx, _)) => sent_since_answer += tx.saturating_sub(last_tx),
+            None => {}
+        }
+        last = Some((tx, rx));
+        if answered_at.elapsed() < FALLBACK_AFTER || sent_since_answer < UNANSWERED_BYTES {
+            continue;
+        }
+        let name = transport.name.clone();
+        let bridge = match datagrams::bridge_socket().and_then(|u| Ok((u.local_addr()?, u))) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!("{name}: cannot make a bridge socket for the TLS fallback: {e}");
+                return;
+            }
+        };
+        tracing::warn!(
+            "{name}: no answer over UDP for {:?}; falling back to WireGuard over TLS to {}",
+            answered_at.elapsed(),
+            transport.remote
+        );
+        let (addr, udp) = bridge;
+        if let Err(e) = transport.start(udp) {
+            tracing::error!("{name}: {e:#}");
+            return;
+        }
+        handle.run(move |device, _| device.move_peer(&key, addr));
+        return;
+    }
 }
 
 /// Connects to `to` (resolving a host name each time), trying each address it has.
