@@ -8,6 +8,7 @@ pub mod batch;
 pub mod io;
 pub mod offload;
 pub mod sim;
+pub mod steering;
 pub mod tun;
 pub mod udp;
 pub mod uring;

@@ -143,6 +143,26 @@ impl UdpSocket {
     /// Binds a given address. An IPv6 socket is made dual-stack as in [`UdpSocket::bind`]; an
     /// IPv4 socket can only reach IPv4 peers (datagrams to IPv6 addresses are dropped).
     pub fn bind_addr(addr: SocketAddr) -> io::Result<UdpSocket> {
+        UdpSocket::bind_with(addr, false)
+    }
+
+    /// Binds `workers` sockets to `addr` in one `SO_REUSEPORT` group, in worker order, with
+    /// the steering program attached (see [`crate::steering`]): each datagram naming a
+    /// session goes to the socket of the worker that owns it. Port 0: the first socket's.
+    pub fn bind_group(addr: SocketAddr, workers: usize) -> io::Result<Vec<UdpSocket>> {
+        let count = u32::try_from(workers.max(1))
+            .map_err(|_| io::Error::other("too many workers for one socket group"))?;
+        let first = UdpSocket::bind_with(addr, true)?;
+        let addr = SocketAddr::new(addr.ip(), first.local_addr().port());
+        let mut group = vec![first];
+        for _ in 1..count {
+            group.push(UdpSocket::bind_with(addr, true)?);
+        }
+        crate::steering::attach(&group[0].fd, count)?;
+        Ok(group)
+    }
+
+    fn bind_with(addr: SocketAddr, reuseport: bool) -> io::Result<UdpSocket> {
         let fail = |what: &str, e: io::Error| {
             io::Error::new(e.kind(), format!("cannot {what} UDP socket {addr}: {e}"))
         };
@@ -165,6 +185,10 @@ impl UdpSocket {
         if v6 {
             setsockopt(&fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)
                 .map_err(|e| fail("make dual-stack", e))?;
+        }
+        if reuseport {
+            setsockopt(&fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)
+                .map_err(|e| fail("share (SO_REUSEPORT)", e))?;
         }
         // Big buffers absorb bursts between worker turns. The FORCE variants ignore rmem_max
         // and wmem_max but need CAP_NET_ADMIN; without it, take what the plain ones give.
