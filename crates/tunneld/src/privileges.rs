@@ -2,7 +2,8 @@
 //!
 //! Creating the TUN device, binding the port, forcing socket buffer sizes and configuring links
 //! need root. Afterwards tunneld needs only `CAP_NET_ADMIN`: `wg set` changes routes through
-//! netlink. So every other capability leaves the effective, permitted, inheritable, ambient
+//! netlink; with no WireGuard interface (TLS forwarding only) it needs nothing at all. So every
+//! other capability leaves the effective, permitted, inheritable, ambient
 //! and bounding sets, and `no_new_privs` stops any later exec from regaining one. The process
 //! keeps uid 0 so that it can still remove its own UAPI socket from the root-owned
 //! `/var/run/wireguard` at exit; running as a dedicated user is future work.
@@ -12,18 +13,28 @@
 
 use caps::{CapSet, Capability, CapsHashSet};
 
-/// The one capability kept.
+/// The one capability a WireGuard interface needs after set-up.
 pub const KEPT: Capability = Capability::CAP_NET_ADMIN;
 
-/// Drops every capability but [`KEPT`]. A step the kernel refuses (tunneld started without
+/// Drops every capability but [`KEPT`].
+pub fn drop_to_net_admin() {
+    drop_privileges(Some(KEPT));
+}
+
+/// Drops every capability (TLS forwarding only: its listeners are bound).
+pub fn drop_all() {
+    drop_privileges(None);
+}
+
+/// Drops every capability but `kept`. A step the kernel refuses (tunneld started without
 /// `CAP_SETPCAP`, say) is logged and the rest still happen: dropping is best effort, never a
 /// reason to stop a working tunnel.
-pub fn drop_to_net_admin() {
-    let keep: CapsHashSet = [KEPT].into_iter().collect();
+fn drop_privileges(kept: Option<Capability>) {
+    let keep: CapsHashSet = kept.into_iter().collect();
     let mut failed: Vec<String> = Vec::new();
     let mut bounding_left = 0;
     for cap in caps::all() {
-        if cap != KEPT && caps::drop(None, CapSet::Bounding, cap).is_err() {
+        if Some(cap) != kept && caps::drop(None, CapSet::Bounding, cap).is_err() {
             bounding_left += 1;
         }
     }
@@ -49,7 +60,10 @@ pub fn drop_to_net_admin() {
         failed.push(format!("no_new_privs: {}", std::io::Error::last_os_error()));
     }
     if failed.is_empty() {
-        tracing::info!("privileges dropped: only CAP_NET_ADMIN kept, no_new_privs set");
+        match kept {
+            Some(cap) => tracing::info!("privileges dropped: only {cap} kept, no_new_privs set"),
+            None => tracing::info!("privileges dropped: no capabilities kept, no_new_privs set"),
+        }
     } else {
         tracing::warn!(
             "could not drop every privilege ({}); running with what remains",

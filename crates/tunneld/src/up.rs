@@ -40,37 +40,45 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
         None => false,
     };
     let wg_port = Arc::new(OnceLock::new());
-    let tls = if loaded.config.tls.is_empty() {
+    // Sockets are bound while tunneld still has its privileges; threads start only once
+    // they are dropped, since a thread keeps the capabilities of the one that started it.
+    let mut tls = if loaded.config.tls.is_empty() {
         None
     } else {
-        Some(crate::tls::TlsService::start(
+        Some(crate::tls::TlsService::bind(
             &loaded.config.tls,
             &loaded.base,
             wg_port.clone(),
         )?)
     };
-    let wireguard = match loaded.wireguard {
+    let (wireguard, starters) = match loaded.wireguard {
         Some(mut wg) => {
             // Peers with transport = "tls" are reached through a loopback bridge each.
             let worker = Arc::new(OnceLock::new());
-            let bridges =
-                crate::tls::start_peer_transports(&loaded.config, &loaded.base, worker.clone())?;
+            let (bridges, starters) =
+                crate::tls::prepare_peer_transports(&loaded.config, &loaded.base, worker.clone())?;
             for (i, bridge) in bridges {
                 if let Some(peer) = wg.peers.get_mut(i) {
                     peer.endpoint = Some(bridge);
                 }
             }
+            // Drops privileges (to CAP_NET_ADMIN) before its first thread.
             let running = start_wireguard(wg, &loaded.config.dataplane, use_uring)?;
             let _ = wg_port.set(running.port);
             let _ = worker.set(running.handle.clone());
-            Some(running)
+            (Some(running), starters)
         }
         None => {
-            // Nothing else needs root: listeners are bound.
-            crate::privileges::drop_to_net_admin();
-            None
+            crate::privileges::drop_all();
+            (None, Vec::new())
         }
     };
+    if let Some(tls) = tls.as_mut() {
+        tls.serve()?;
+    }
+    for start in starters {
+        start()?;
+    }
 
     let signals = wait_for_signal(wireguard.as_ref().map(|w| &w.worker_thread), tls.as_ref());
     let name = match wireguard {

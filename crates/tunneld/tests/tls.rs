@@ -177,6 +177,10 @@ impl TlsGateway {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
     fn signal(&self, signal: &str) {
         let pid = self.child.as_ref().unwrap().id().to_string();
         assert!(Command::new("kill")
@@ -269,6 +273,26 @@ fn round_trip(addr: SocketAddr, data: Vec<u8>) -> std::io::Result<Vec<u8>> {
 fn assert_nothing_passes(a: &NetNs) {
     let got = a.in_ns(|| round_trip(A_PLAIN.parse().unwrap(), b"hello".to_vec()));
     assert!(got.map_or(true, |g| g.is_empty()), "data passed");
+}
+
+/// Every thread's effective, permitted and bounding capability sets, and no_new_privs.
+fn thread_privileges(pid: u32) -> Vec<(u64, u64, u64, u64)> {
+    let mut out = Vec::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status = fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let field = |name: &str| -> u64 {
+            let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+            let value = line[name.len()..].trim();
+            u64::from_str_radix(value, 16).unwrap_or_else(|_| value.parse().unwrap())
+        };
+        out.push((
+            field("CapEff:"),
+            field("CapPrm:"),
+            field("CapBnd:"),
+            field("NoNewPrivs:"),
+        ));
+    }
+    out
 }
 
 struct Setup {
@@ -368,6 +392,25 @@ fn many_parallel_connections_carry_their_bytes_intact_both_ways() {
         "{}",
         ga.log_text()
     );
+    step("with only TLS to serve, no thread keeps any capability, connection threads included");
+    let live = s.a.in_ns(|| {
+        let mut c = TcpStream::connect_timeout(&A_PLAIN.parse().unwrap(), WAIT).unwrap();
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        c.write_all(b"ping").unwrap();
+        let mut buf = [0; 4];
+        c.read_exact(&mut buf).unwrap();
+        c
+    });
+    for gw in [&ga, &gb] {
+        let threads = thread_privileges(gw.pid());
+        // Main, a listener and the connection's thread at least.
+        assert!(threads.len() >= 3, "{threads:?}");
+        assert!(
+            threads.iter().all(|t| *t == (0, 0, 0, 1)),
+            "capabilities left: {threads:?}"
+        );
+    }
+    drop(live);
     let log = gb.log_text();
     assert!(!log.contains("WARN"), "warnings on the server side:\n{log}");
 }
@@ -601,6 +644,17 @@ fn a_wireguard_peer_over_tls_works_where_udp_is_dropped() {
         "{}",
         gb.log_text()
     );
+    step("every thread, the TLS ones included, keeps only CAP_NET_ADMIN");
+    const NET_ADMIN: u64 = 1 << 12;
+    for pid in [ga.pid(), gb.pid()] {
+        let threads = thread_privileges(pid);
+        assert!(
+            threads
+                .iter()
+                .all(|t| *t == (NET_ADMIN, NET_ADMIN, NET_ADMIN, 1)),
+            "{threads:?}"
+        );
+    }
 
     step("site B restarts: site A's transport reconnects and the tunnel comes back");
     drop(gb);

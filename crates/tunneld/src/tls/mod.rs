@@ -39,13 +39,31 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest private key file read (an RSA-8192 key in PEM is about 6 KiB).
 const MAX_KEY_FILE: u64 = 64 * 1024;
 
-/// The running TLS listeners and forwarders.
-#[derive(Debug)]
+/// The TLS listeners and forwarders: bound by [`TlsService::bind`], accepting once
+/// [`TlsService::serve`] has run.
 pub struct TlsService {
     forwards: Vec<(TlsForward, Arc<RwLock<Arc<ClientConfig>>>)>,
     listens: Vec<(TlsListen, Arc<RwLock<Arc<ServerConfig>>>)>,
     base: std::path::PathBuf,
+    /// Bound listeners whose accept threads have not started yet.
+    unstarted: Vec<(TcpListener, Side, String)>,
 }
+
+impl std::fmt::Debug for TlsService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsService")
+            .field("forwards", &self.forwards.len())
+            .field("listens", &self.listens.len())
+            .finish()
+    }
+}
+
+/// The bridge address of each peer on TLS (by peer index), and what starts their threads.
+pub type PeerTransports = (Vec<(usize, SocketAddr)>, Vec<Starter>);
+
+/// Work that starts a thread, held until privileges are dropped: threads inherit the
+/// capabilities of the thread that starts them.
+pub type Starter = Box<dyn FnOnce() -> anyhow::Result<()> + Send>;
 
 /// The crypto every TLS connection uses: aws-lc-rs, whose default key exchange groups lead
 /// with the post-quantum hybrid X25519MLKEM768 (classic X25519 and P-256 stay as fallbacks).
@@ -198,12 +216,11 @@ fn server_config(l: &TlsListen, base: &Path) -> anyhow::Result<Arc<ServerConfig>
 }
 
 impl TlsService {
-    /// Binds every listener (all or none: an address in use fails the start) and starts
-    /// accepting.
-    /// `wg_port` is this tunneld's WireGuard port, for `forward_to = "wireguard"` (set once
+    /// Binds every listener (all or none: an address in use fails the start); `serve` starts
+    /// accepting. `wg_port` is this tunneld's WireGuard port, for `forward_to = "wireguard"` (set once
     /// the interface is up; streams that arrive before wait for nothing: their datagrams
     /// are dropped, and WireGuard retries).
-    pub fn start(
+    pub fn bind(
         tls: &TlsConfig,
         base: &Path,
         wg_port: Arc<OnceLock<u16>>,
@@ -245,7 +262,18 @@ impl TlsService {
             ));
             listens.push((l.clone(), config));
         }
-        for (listener, side, name) in bound {
+        Ok(TlsService {
+            forwards,
+            listens,
+            base: base.to_path_buf(),
+            unstarted: bound,
+        })
+    }
+
+    /// Starts accepting on every bound listener: a thread each. Call it once privileges are
+    /// dropped.
+    pub fn serve(&mut self) -> anyhow::Result<()> {
+        for (listener, side, name) in self.unstarted.drain(..) {
             match &side {
                 Side::Client { forward, .. } => tracing::info!(
                     "{name}: accepting plaintext on {} for TLS to {} ({})",
@@ -269,11 +297,7 @@ impl TlsService {
                 .spawn(move || accept_loop(listener, side, name))
                 .context("cannot start a TLS listener thread")?;
         }
-        Ok(TlsService {
-            forwards,
-            listens,
-            base: base.to_path_buf(),
-        })
+        Ok(())
     }
 
     /// Reads every certificate, key and CA file again; new connections use them, live ones
@@ -427,16 +451,18 @@ fn connection(side: &Side, accepted: TcpStream, peer: SocketAddr) -> anyhow::Res
     }
 }
 
-/// Starts the client side of every peer with `transport = "tls"`: a loopback bridge socket
-/// each, whose address becomes the peer's endpoint (returned by peer index), and a thread
-/// that keeps a TLS stream to the peer's `endpoint` up. Peers with `transport = "auto"` get a
-/// watcher instead, which moves them to TLS if UDP goes unanswered (see `watch_udp`).
-pub fn start_peer_transports(
+/// Prepares the client side of every peer with `transport = "tls"`: a loopback bridge
+/// socket each, whose address becomes the peer's endpoint (returned by peer index), and a
+/// starter for the thread that keeps a TLS stream to the peer's `endpoint` up. Peers with
+/// `transport = "auto"` get a watcher instead, which moves them to TLS if UDP goes
+/// unanswered (see `watch_udp`). The starters run once privileges are dropped.
+pub fn prepare_peer_transports(
     config: &Config,
     base: &Path,
     worker: Arc<OnceLock<WorkerHandle>>,
-) -> anyhow::Result<Vec<(usize, SocketAddr)>> {
+) -> anyhow::Result<PeerTransports> {
     let mut endpoints = Vec::new();
+    let mut starters: Vec<Starter> = Vec::new();
     for (i, peer) in config.peers.iter().enumerate() {
         let (Some(tls), Some(endpoint)) = (&peer.tls, &peer.endpoint) else {
             continue;
@@ -457,10 +483,13 @@ pub fn start_peer_transports(
                 "{name}: UDP to {endpoint}; WireGuard over TLS to {} if UDP goes unanswered for {FALLBACK_AFTER:?}",
                 transport.remote
             );
-            std::thread::Builder::new()
-                .name(format!("{name}-watch"))
-                .spawn(move || watch_udp(transport))
-                .context("cannot start a transport watcher thread")?;
+            starters.push(Box::new(move || {
+                std::thread::Builder::new()
+                    .name(format!("{name}-watch"))
+                    .spawn(move || watch_udp(transport))
+                    .context("cannot start a transport watcher thread")?;
+                Ok(())
+            }));
             continue;
         }
         let udp = datagrams::bridge_socket().context("cannot make a bridge socket")?;
@@ -471,9 +500,9 @@ pub fn start_peer_transports(
             tls.server_name,
             udp.local_addr()?
         );
-        transport.start(udp)?;
+        starters.push(Box::new(move || transport.start(udp)));
     }
-    Ok(endpoints)
+    Ok((endpoints, starters))
 }
 
 /// How long a `transport = "auto"` peer may go without a byte back over UDP, while
