@@ -63,6 +63,10 @@ pub struct Device {
     /// Peer slots; a slot's index is the high 24 bits of its receiver indices.
     peers: Vec<Option<Peer>>,
     by_key: HashMap<PublicKey, usize>,
+    /// Peer `i` (its place in `peers`) uses slot `i * slot_stride + slot_offset` in its
+    /// receiver indices: see `for_worker`.
+    slot_stride: usize,
+    slot_offset: usize,
     routes: AllowedIps<usize>,
     rate_limiter: Arc<RateLimiter>,
     clock: Clock,
@@ -88,6 +92,21 @@ fn new_rate_limiter(public: &boringtun::x25519::PublicKey) -> Arc<RateLimiter> {
 
 impl Device {
     pub fn new(settings: DeviceSettings, peers: Vec<PeerSettings>, now: Instant) -> Self {
+        Device::for_worker(settings, peers, now, 0, 1)
+    }
+
+    /// A device for worker `worker` of `workers`: the receiver indices it hands out name a
+    /// slot `s` with `s % workers == worker`, so that a datagram's index says which worker
+    /// owns its session (the reuseport steering program reads exactly that), and indices of
+    /// other workers are unknown here.
+    pub fn for_worker(
+        settings: DeviceSettings,
+        peers: Vec<PeerSettings>,
+        now: Instant,
+        worker: usize,
+        workers: usize,
+    ) -> Self {
+        let workers = workers.max(1);
         let clock = Clock::new(now);
         let static_secret = settings.private_key.to_static_secret();
         let static_public = boringtun::x25519::PublicKey::from(&static_secret);
@@ -105,6 +124,8 @@ impl Device {
             clock,
             last_rate_reset: now,
             stats: Stats::default(),
+            slot_stride: workers,
+            slot_offset: worker % workers,
         };
         for p in peers {
             let update = PeerUpdate {
@@ -227,8 +248,8 @@ impl Device {
             },
             // The receiver index (ours) follows the type, except in a response, where the
             // responder's own index comes first.
-            MSG_RESPONSE if datagram.len() >= 12 => receiver_slot(&datagram[8..12]),
-            MSG_COOKIE | MSG_DATA if datagram.len() >= 8 => receiver_slot(&datagram[4..8]),
+            MSG_RESPONSE if datagram.len() >= 12 => self.local_slot(&datagram[8..12]),
+            MSG_COOKIE | MSG_DATA if datagram.len() >= 8 => self.local_slot(&datagram[4..8]),
             _ => {
                 self.stats.drop(DropReason::Malformed);
                 return;
@@ -617,6 +638,7 @@ impl Device {
             None if update.update_only => return Ok(()),
             None => self.add_peer(update.public_key)?,
         };
+        let wire_slot = self.wire_slot(slot);
         let Some(peer) = self.peers[slot].as_mut() else {
             return Ok(());
         };
@@ -627,7 +649,7 @@ impl Device {
                     &self.private_key,
                     &peer.public_key,
                     psk.as_ref(),
-                    slot as u32,
+                    wire_slot,
                     self.rate_limiter.clone(),
                 );
                 peer.preshared_key = psk;
@@ -667,10 +689,28 @@ impl Device {
         Ok(())
     }
 
+    /// The slot peer `local` writes into its receiver indices.
+    fn wire_slot(&self, local: usize) -> u32 {
+        // add_peer keeps local * stride + offset below MAX_PEERS (2^24).
+        u32::try_from(local * self.slot_stride + self.slot_offset).unwrap_or(u32::MAX)
+    }
+
+    /// The place in `peers` of the slot a receiver index names; out of range (unknown) when
+    /// the slot belongs to another worker.
+    fn local_slot(&self, index: &[u8]) -> usize {
+        let slot = receiver_slot(index);
+        if slot % self.slot_stride == self.slot_offset {
+            slot / self.slot_stride
+        } else {
+            usize::MAX
+        }
+    }
+
     fn add_peer(&mut self, key: PublicKey) -> Result<usize, UapiError> {
+        let capacity = (MAX_PEERS - self.slot_offset).div_ceil(self.slot_stride);
         let slot = match self.peers.iter().position(Option::is_none) {
             Some(free) => free,
-            None if self.peers.len() < MAX_PEERS => {
+            None if self.peers.len() < capacity => {
                 self.peers.push(None);
                 self.peers.len() - 1
             }
@@ -685,7 +725,7 @@ impl Device {
             &self.private_key,
             key,
             None,
-            slot as u32,
+            self.wire_slot(slot),
             self.rate_limiter.clone(),
         ));
         self.by_key.insert(key, slot);

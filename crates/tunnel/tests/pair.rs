@@ -112,6 +112,7 @@ struct Pair {
     sent_to: Vec<(Side, SocketAddr)>,
     /// What each device was built from, to restart it with its state lost.
     built_from: [(DeviceSettings, Vec<PeerSettings>); 2],
+    workers: [(usize, usize); 2],
 }
 
 struct PairConfig {
@@ -121,6 +122,8 @@ struct PairConfig {
     b_extra_peers: usize,
     a_keepalive: u16,
     b_knows_a_endpoint: bool,
+    /// Each side's (worker, workers): the slot space its receiver indices come from.
+    workers: [(usize, usize); 2],
 }
 
 impl Default for PairConfig {
@@ -131,6 +134,7 @@ impl Default for PairConfig {
             b_extra_peers: 3,
             a_keepalive: 0,
             b_knows_a_endpoint: true,
+            workers: [(0, 1), (0, 1)],
         }
     }
 }
@@ -173,8 +177,21 @@ impl Pair {
             fwmark: 0,
         };
         let built_from = [(settings(ka), a_peers), (settings(kb), b_peers)];
-        let a = Device::new(built_from[0].0.clone(), built_from[0].1.clone(), now);
-        let b = Device::new(built_from[1].0.clone(), built_from[1].1.clone(), now);
+        let [(wa, na), (wb, nb)] = cfg.workers;
+        let a = Device::for_worker(
+            built_from[0].0.clone(),
+            built_from[0].1.clone(),
+            now,
+            wa,
+            na,
+        );
+        let b = Device::for_worker(
+            built_from[1].0.clone(),
+            built_from[1].1.clone(),
+            now,
+            wb,
+            nb,
+        );
         Self {
             a,
             b,
@@ -187,6 +204,7 @@ impl Pair {
             src: [A_ADDR.parse().unwrap(), B_ADDR.parse().unwrap()],
             sent_to: Vec::new(),
             built_from,
+            workers: cfg.workers,
         }
     }
 
@@ -194,7 +212,8 @@ impl Pair {
     /// loses every session, counter and learned endpoint.
     fn restart(&mut self, side: Side) {
         let (settings, peers) = self.built_from[side as usize].clone();
-        *self.device(side) = Device::new(settings, peers, self.now);
+        let (worker, workers) = self.workers[side as usize];
+        *self.device(side) = Device::for_worker(settings, peers, self.now, worker, workers);
     }
 
     fn device(&mut self, side: Side) -> &mut Device {
@@ -851,4 +870,66 @@ fn a_requested_handshake_reconnects_a_restarted_peer_at_the_next_tick() {
         vec![numbered(1)],
         "within a second of virtual time"
     );
+}
+
+/// The slot a datagram's receiver index names (data and cookie reply: bytes 4..8, handshake
+/// response: 8..12), as the reuseport steering program reads it; `None` for initiations.
+fn named_slot(datagram: &[u8]) -> Option<u32> {
+    let at = match datagram[0] {
+        2 => 8,
+        3 | 4 => 4,
+        _ => return None,
+    };
+    let i = &datagram[at..at + 4];
+    Some(u32::from_le_bytes([i[1], i[2], i[3], 0]))
+}
+
+#[test]
+fn receiver_indices_name_the_owning_worker() {
+    let mut pair = Pair::new(PairConfig {
+        a_extra_peers: 5,
+        workers: [(1, 3), (2, 4)],
+        ..PairConfig::default()
+    });
+    for i in 0..20 {
+        pair.send(Side::A, &numbered(i));
+        pair.send(Side::B, &ip_packet("10.0.0.2", "10.0.0.1", &[i as u8; 100]));
+    }
+    pair.advance(Duration::from_secs(130));
+    pair.send(Side::A, &numbered(99));
+    assert!(
+        pair.to_b_tun.contains(&numbered(99)),
+        "traffic flows across a rekey"
+    );
+    let mut checked = 0;
+    for (from, d) in &pair.wire_log {
+        let Some(slot) = named_slot(d) else { continue };
+        // What A sends names B's session (worker 2 of 4), and the other way round.
+        let (worker, workers) = match from {
+            Side::A => (2, 4),
+            Side::B => (1, 3),
+        };
+        assert_eq!(
+            slot % workers,
+            worker,
+            "{from:?} sent an index of slot {slot}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 40, "only {checked} datagrams named a session");
+    // An index of another worker's slot space is unknown here, never another peer's.
+    let before = pair.b.stats().drops(DropReason::UnknownIndex);
+    let mut foreign = vec![4u8, 0, 0, 0, 0, 1, 0, 0];
+    foreign.resize(32, 0);
+    let mut out = Collect::new();
+    let mut tun = Collect::new();
+    let now = pair.now;
+    pair.b.decapsulate(
+        "192.0.2.1:51820".parse().unwrap(),
+        &foreign,
+        now,
+        &mut tun,
+        &mut out,
+    );
+    assert_eq!(pair.b.stats().drops(DropReason::UnknownIndex), before + 1);
 }
