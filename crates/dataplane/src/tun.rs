@@ -67,26 +67,49 @@ impl Tun {
     ///
     /// The interface is created down and without addresses; configure it with netlink.
     pub fn open(name: &str) -> io::Result<Tun> {
-        Tun::create(name, false)
+        Tun::create(name, false, false)
     }
 
     /// Like [`Tun::open`], with a `virtio_net_hdr` on every packet and as many offloads as the
     /// kernel accepts (checksum and TSO4/6, then USO4/6 on Linux 6.2 and later).
     /// [`Tun::offloads`] says which it got; with none, packets still carry the header.
     pub fn open_with_offloads(name: &str) -> io::Result<Tun> {
-        let mut tun = Tun::create(name, true)?;
+        let mut tun = Tun::create(name, true, false)?;
+        tun.enable_offloads();
+        Ok(tun)
+    }
+
+    /// Asks for checksum and TSO4/6 offloads, then USO4/6 too, keeping what the kernel gives.
+    fn enable_offloads(&mut self) {
         let tcp = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6;
         let udp = libc::TUN_F_USO4 | libc::TUN_F_USO6;
-        if tun.set_offload(tcp | udp).is_ok() {
-            tun.offloads = Offloads {
+        if self.set_offload(tcp | udp).is_ok() {
+            self.offloads = Offloads {
                 tcp: true,
                 udp: true,
             };
-        } else if tun.set_offload(tcp).is_ok() {
-            tun.offloads.tcp = true;
+        } else if self.set_offload(tcp).is_ok() {
+            self.offloads.tcp = true;
         }
-        tun.coalescer = Box::new(Coalescer::new(tun.offloads.udp));
-        Ok(tun)
+        *self.coalescer = Coalescer::new(self.offloads.udp);
+    }
+
+    /// Opens `queues` queues of one multi-queue TUN interface `name` (`IFF_MULTI_QUEUE`), one
+    /// per worker: each is a descriptor of its own, the kernel spreads the packets it routes
+    /// into the interface over them by flow (each flow to one queue), and a write on any
+    /// queue goes up the stack. With `offloads`, as [`Tun::open_with_offloads`] on each.
+    pub fn open_queues(name: &str, queues: usize, offloads: bool) -> io::Result<Vec<Tun>> {
+        let mut opened: Vec<Tun> = Vec::with_capacity(queues);
+        for _ in 0..queues.max(1) {
+            // The first queue fixes the name (the kernel may have chosen it).
+            let name = opened.first().map_or(name, |t| t.name.as_str()).to_string();
+            let mut tun = Tun::create(&name, offloads, true)?;
+            if offloads {
+                tun.enable_offloads();
+            }
+            opened.push(tun);
+        }
+        Ok(opened)
     }
 
     fn set_offload(&self, flags: libc::c_uint) -> io::Result<()> {
@@ -115,7 +138,7 @@ impl Tun {
         self.coalesced
     }
 
-    fn create(name: &str, vnet_hdr: bool) -> io::Result<Tun> {
+    fn create(name: &str, vnet_hdr: bool, multi_queue: bool) -> io::Result<Tun> {
         validate_name(name)?;
         let fail = |e: io::Error| {
             io::Error::new(e.kind(), format!("cannot create TUN device {name}: {e}"))
@@ -144,7 +167,10 @@ impl Tun {
         if vnet_hdr {
             flags |= libc::IFF_VNET_HDR;
         }
-        // IFF_TUN | IFF_NO_PI | IFF_VNET_HDR is 0x5001: fits a c_short.
+        if multi_queue {
+            flags |= libc::IFF_MULTI_QUEUE;
+        }
+        // IFF_TUN | IFF_NO_PI | IFF_VNET_HDR | IFF_MULTI_QUEUE is 0x5101: fits a c_short.
         ifr.ifr_ifru.ifru_flags = flags as libc::c_short;
         // SAFETY: TUNSETIFF reads and writes one `struct ifreq`, which `ifr` is and outlives the
         // call; the name is NUL-terminated because validate_name keeps it under IFNAMSIZ bytes.

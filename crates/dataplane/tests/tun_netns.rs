@@ -211,3 +211,91 @@ fn tun_goes_away_when_dropped_and_errors_name_it() {
     let out = ns.output(&["ip", "link", "show", &name]);
     assert!(!out.status.success(), "{name} still exists after drop");
 }
+
+/// A multi-queue TUN: the kernel spreads what it routes into the interface over the queues
+/// by flow, each flow staying on one queue, and a packet written on any queue goes up.
+#[test]
+fn a_multi_queue_tun_spreads_flows_and_keeps_each_on_one_queue() {
+    if !require_netns("a_multi_queue_tun_spreads_flows_and_keeps_each_on_one_queue") {
+        return;
+    }
+    let ns = NetNs::new();
+    let name = unique_name("tun");
+    let mut queues = {
+        let name = name.clone();
+        ns.in_ns(move || Tun::open_queues(&name, 4, false))
+            .unwrap_or_else(|e| panic!("open 4 queues: {e}"))
+    };
+    assert_eq!(queues.len(), 4);
+    assert!(queues.iter().all(|q| q.name() == name));
+    ns.run(&["ip", "addr", "add", "10.98.0.1/24", "dev", &name]);
+    ns.run(&["ip", "link", "set", &name, "up"]);
+
+    const FLOWS: u16 = 32;
+    const PER_FLOW: usize = 5;
+    ns.in_ns(|| {
+        let sockets: Vec<std::net::UdpSocket> = (0..FLOWS)
+            .map(|_| std::net::UdpSocket::bind("10.98.0.1:0").unwrap())
+            .collect();
+        for round in 0..PER_FLOW {
+            for s in &sockets {
+                s.send_to(&[round as u8; 20], "10.98.0.2:9").unwrap();
+            }
+        }
+    });
+    // Source port → the queues it was read from.
+    let mut seen: std::collections::HashMap<u16, Vec<usize>> = Default::default();
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut batch = Batch::new();
+    while seen.values().map(Vec::len).sum::<usize>() < usize::from(FLOWS) * PER_FLOW
+        && Instant::now() < until
+    {
+        for (q, tun) in queues.iter_mut().enumerate() {
+            batch.clear();
+            tun.recv_batch(&mut batch).expect("recv_batch");
+            for i in 0..batch.len() {
+                let p = batch.payload(i);
+                if p.len() >= 28 && p[0] == 0x45 && p[9] == 17 && p[16..20] == [10, 98, 0, 2] {
+                    seen.entry(u16::from_be_bytes([p[20], p[21]]))
+                        .or_default()
+                        .push(q);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(seen.len(), usize::from(FLOWS), "every flow arrived");
+    for (port, qs) in &seen {
+        assert_eq!(qs.len(), PER_FLOW, "flow {port}: {qs:?}");
+        assert!(
+            qs.iter().all(|q| *q == qs[0]),
+            "flow {port} crossed queues: {qs:?}"
+        );
+    }
+    let used: std::collections::HashSet<usize> = seen.values().map(|qs| qs[0]).collect();
+    assert!(used.len() > 1, "32 flows all on one queue: {used:?}");
+
+    // Written on the last queue, delivered by the stack to a socket.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let listener = ns.spawn_in_ns(move || {
+        let s = std::net::UdpSocket::bind("10.98.0.1:7777").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        tx.send(()).unwrap();
+        let mut buf = [0; 64];
+        s.recv(&mut buf).map(|n| buf[..n].to_vec()).ok()
+    });
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let packet = ipv4_udp(
+        "10.98.0.2:5000".parse().unwrap(),
+        "10.98.0.1:7777".parse().unwrap(),
+        b"via queue 3",
+    );
+    let mut out = Batch::new();
+    out.next_free().unwrap()[..packet.len()].copy_from_slice(&packet);
+    out.commit(packet.len(), "0.0.0.0:0".parse().unwrap());
+    assert_eq!(queues[3].send_batch(&mut out).unwrap(), 1);
+    assert_eq!(
+        listener.join().unwrap().as_deref(),
+        Some(&b"via queue 3"[..])
+    );
+}
