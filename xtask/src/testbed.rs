@@ -444,18 +444,7 @@ impl Testbed {
         if pids.is_empty() {
             return None;
         }
-        Some(
-            pids.iter()
-                .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/status")).ok())
-                .filter_map(|status| {
-                    status
-                        .lines()
-                        .find(|l| l.starts_with("VmHWM:"))
-                        .and_then(|l| l.split_whitespace().nth(1))
-                        .and_then(|v| v.parse::<u64>().ok())
-                })
-                .sum(),
-        )
+        Some(peak_rss_kib(&pids))
     }
 }
 
@@ -537,4 +526,18 @@ pub fn json_number_after(json: &str, anchor: &str, key: &str) -> Option<f64> {
         .trim()
         .parse()
         .ok()
+}
+
+/// Peak resident memory (VmHWM) of `pids`, summed, in KiB; processes already gone count 0.
+pub fn peak_rss_kib(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .filter_map(|status| {
+            status
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
 }

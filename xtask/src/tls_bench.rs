@@ -11,7 +11,7 @@
 
 use crate::bench::{parse_options, Options};
 use crate::system;
-use crate::testbed::{cpu_seconds, json_number_after, Guard, Impl, Testbed};
+use crate::testbed::{cpu_seconds, json_number_after, peak_rss_kib, Guard, Impl, Testbed};
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{Read, Write};
@@ -552,20 +552,6 @@ fn logs(proxies: &[Proxy]) -> String {
         }
     }
     text
-}
-
-/// Peak resident memory (VmHWM) of `pids`, summed, in KiB.
-fn peak_rss_kib(pids: &[u32]) -> u64 {
-    pids.iter()
-        .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/status")).ok())
-        .filter_map(|status| {
-            status
-                .lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
 }
 
 /// A one-shot iperf3 server in `ns` on `host`:5201, listening once this returns.

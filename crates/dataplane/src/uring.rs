@@ -614,6 +614,18 @@ impl CallRing {
             }
         }
     }
+
+    /// `run`, keeping each entry's result by its `user_data` (an index below `BATCH_SIZE`);
+    /// entries that never completed read as EAGAIN.
+    fn run_collect(&mut self, n: usize) -> io::Result<[i32; BATCH_SIZE]> {
+        let mut results = [-libc::EAGAIN; BATCH_SIZE];
+        self.run(n, |id, res| {
+            if let Some(r) = results.get_mut(id as usize) {
+                *r = res;
+            }
+        })?;
+        Ok(results)
+    }
 }
 
 /// The datagram size of a GRO-merged receive, from its control messages (0: one datagram).
@@ -1009,12 +1021,7 @@ impl UringTun {
                     pushed += 1;
                 }
             }
-            let mut results = [-libc::EAGAIN; BATCH_SIZE];
-            self.calls.run(pushed, |id, res| {
-                if let Some(r) = results.get_mut(id as usize) {
-                    *r = res;
-                }
-            })?;
+            let results = self.calls.run_collect(pushed)?;
             let mut filled = 0;
             let mut lens = [0; BATCH_SIZE];
             let mut drained = false;
@@ -1198,12 +1205,7 @@ impl PacketIo for UringTun {
                 pushed += 1;
             }
         }
-        let mut results = [-libc::EAGAIN; BATCH_SIZE];
-        self.calls.run(pushed, |id, res| {
-            if let Some(r) = results.get_mut(id as usize) {
-                *r = res;
-            }
-        })?;
+        let results = self.calls.run_collect(pushed)?;
 
         let mut sent = 0;
         let mut fatal = None;
