@@ -35,6 +35,7 @@ pub fn device(own: &PrivateKey, peer: PublicKey, allowed: IpNet, endpoint: Socke
             fwmark: 0,
         },
         vec![PeerSettings {
+            parallel: 1,
             public_key: peer,
             preshared_key: None,
             endpoint: Some(endpoint),

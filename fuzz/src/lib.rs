@@ -165,6 +165,7 @@ fn device_with_fixed_keys(own: u8, peer: u8, now: Instant) -> Device {
             fwmark: 0,
         },
         vec![PeerSettings {
+            parallel: 1,
             public_key: PrivateKey::from_bytes([peer; 32]).public_key(),
             preshared_key: None,
             endpoint: Some(SocketAddr::new(

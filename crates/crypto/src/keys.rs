@@ -165,6 +165,27 @@ impl PresharedKey {
     pub fn is_zero(&self) -> bool {
         self.0.iter().all(|b| *b == 0)
     }
+
+    /// The preshared key of sub-tunnel `sub` of a peer carried by several standard WireGuard
+    /// sessions (`parallel = K`). Sub-tunnel 0 keeps the configured key (`None`: none), so a
+    /// plain WireGuard peer still pairs with it; sub-tunnel `j > 0` gets
+    /// BLAKE2s-256(key = the configured key or zeros, "tunneld sub-tunnel" || j). The key binds
+    /// each session to its sub-tunnel: a handshake answered by the wrong sub-tunnel fails to
+    /// authenticate instead of pairing two different ones.
+    pub fn for_sub_tunnel(configured: Option<&PresharedKey>, sub: u8) -> Option<PresharedKey> {
+        use blake2::digest::Mac;
+        if sub == 0 {
+            return configured.cloned();
+        }
+        let key = configured.map_or([0; KEY_LEN], |k| k.0);
+        // BLAKE2s takes keys of 1 to 32 bytes, so a 32-byte key is always accepted.
+        #[allow(clippy::expect_used)]
+        let mut mac = <blake2::Blake2sMac256 as Mac>::new_from_slice(&key)
+            .expect("BLAKE2s accepts 32-byte keys");
+        mac.update(b"tunneld sub-tunnel");
+        mac.update(&[sub]);
+        Some(Self(mac.finalize().into_bytes().into()))
+    }
 }
 
 impl fmt::Debug for PresharedKey {
@@ -207,6 +228,31 @@ mod tests {
         "77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a";
     const ALICE_PUBLIC_HEX: &str =
         "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a";
+
+    #[test]
+    fn sub_tunnel_keys_match_python_blake2s_and_keep_sub_tunnel_zero_standard() {
+        // Vectors from Python's hashlib.blake2s(b"tunneld sub-tunnel" + bytes([j]), key=k).
+        let none_1 = PresharedKey::for_sub_tunnel(None, 1).unwrap();
+        assert_eq!(
+            hex(none_1.as_bytes()),
+            "2f1e91a46b63193611947610da28c6721079548925e3fe272a64382d3b406fa8"
+        );
+        let configured = PresharedKey::from_bytes(core::array::from_fn(|i| i as u8));
+        let counted_3 = PresharedKey::for_sub_tunnel(Some(&configured), 3).unwrap();
+        assert_eq!(
+            hex(counted_3.as_bytes()),
+            "f43d22f02624042bf9a985cb2eead54150a45d489b752b682327e902593b3b3a"
+        );
+        assert_eq!(PresharedKey::for_sub_tunnel(None, 0), None);
+        assert_eq!(
+            PresharedKey::for_sub_tunnel(Some(&configured), 0),
+            Some(configured.clone())
+        );
+        assert_ne!(
+            PresharedKey::for_sub_tunnel(Some(&configured), 1),
+            PresharedKey::for_sub_tunnel(Some(&configured), 2)
+        );
+    }
 
     #[test]
     fn public_key_matches_rfc7748_vector() {

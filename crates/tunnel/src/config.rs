@@ -39,6 +39,8 @@ const DATAPLANE_FIELDS: &[&str] = &[
     "tun_offload",
     "busy_poll_us",
 ];
+/// The most sub-tunnels one peer can be split into (`parallel`).
+pub const MAX_PARALLEL: u8 = 64;
 const PEER_FIELDS: &[&str] = &[
     "public_key",
     "preshared_key",
@@ -46,6 +48,7 @@ const PEER_FIELDS: &[&str] = &[
     "endpoint",
     "allowed_ips",
     "persistent_keepalive",
+    "parallel",
     "transport",
     "tls_server_name",
     "tls_ca_file",
@@ -168,6 +171,9 @@ pub struct PeerConfig {
     pub allowed_ips: Vec<IpNet>,
     /// Seconds, 0 = off.
     pub persistent_keepalive: u16,
+    /// `parallel = K`: the peer (another tunneld) is carried by K standard WireGuard
+    /// sessions, one per worker, with flows hashed onto them. 1 (the default) for any peer.
+    pub parallel: u8,
     /// `transport = "tls"`: datagrams go over TLS to `endpoint`, the other tunneld's
     /// `[[tls.listen]]` with `forward_to = "wireguard"`.
     pub tls: Option<PeerTls>,
@@ -984,6 +990,7 @@ struct PeerParts {
     /// With each prefix's index in the written list.
     allowed_ips: Vec<(usize, IpNet)>,
     persistent_keepalive: u16,
+    parallel: u8,
     tls: Option<PeerTls>,
 }
 
@@ -995,6 +1002,7 @@ impl PeerParts {
             endpoint: self.endpoint,
             allowed_ips: self.allowed_ips.into_iter().map(|(_, n)| n).collect(),
             persistent_keepalive: self.persistent_keepalive,
+            parallel: self.parallel,
             tls: self.tls,
         })
     }
@@ -1042,8 +1050,13 @@ fn check_peer(c: &mut Checker, t: &Table, path: &str) -> PeerParts {
         .integer(t, path, "persistent_keepalive", 0, 65535)
         .and_then(|n| u16::try_from(n).ok())
         .unwrap_or(0);
+    let parallel = c
+        .integer(t, path, "parallel", 1, i64::from(MAX_PARALLEL))
+        .and_then(|n| u8::try_from(n).ok())
+        .unwrap_or(1);
     let tls = tls::check_peer_tls(c, t, path);
     PeerParts {
+        parallel,
         public_key,
         preshared_key,
         endpoint,

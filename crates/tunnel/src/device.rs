@@ -6,7 +6,7 @@
 
 use crate::allowed_ips::AllowedIps;
 use crate::clock::Clock;
-use crate::packet::{self, padded_len};
+use crate::packet::{self, flow_hash, padded_len};
 use crate::peer::{new_tunn, Peer};
 use crate::sink::{DatagramSink, PacketSink};
 use crate::stats::{DropReason, Stats};
@@ -51,6 +51,33 @@ pub struct PeerSettings {
     pub endpoint: Option<SocketAddr>,
     pub allowed_ips: Vec<IpNet>,
     pub persistent_keepalive: u16,
+    /// How many standard WireGuard sessions carry this peer (`parallel = K`): sub-tunnel `j`
+    /// is carried by worker `j` (see [`owner_of`]). 1 for a plain peer.
+    pub parallel: u8,
+}
+
+/// What became of a packet or datagram given to the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Handled here: sent, delivered, answered, or counted as a drop.
+    Done,
+    /// It belongs to a session that another worker carries: hand it, unchanged, to that
+    /// worker. A device made with [`Device::new`] (one worker) never says this.
+    HandOff(usize),
+}
+
+/// The worker of `workers` that carries sub-tunnel `sub` of a peer split into `parallel`
+/// sub-tunnels. A plain peer's worker comes from its public key (which is uniformly
+/// random), spreading many peers over the workers; sub-tunnel `j` of a split peer is on
+/// worker `j`, so a link's K sub-tunnels use K different workers.
+pub fn owner_of(key: &PublicKey, parallel: u8, sub: u8, workers: usize) -> usize {
+    let workers = workers.max(1);
+    if parallel <= 1 {
+        let b = key.as_bytes();
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize % workers
+    } else {
+        usize::from(sub) % workers
+    }
 }
 
 pub struct Device {
@@ -128,6 +155,10 @@ impl Device {
             slot_offset: worker % workers,
         };
         for p in peers {
+            // Added first so that the peer gets its share of sub-tunnels.
+            if device.add_peer(p.public_key, p.parallel).is_err() {
+                continue;
+            }
             let update = PeerUpdate {
                 public_key: p.public_key,
                 remove: false,
@@ -163,6 +194,25 @@ impl Device {
     pub fn peer_count(&self) -> usize {
         self.by_key.len()
     }
+    /// This device's worker and how many workers there are.
+    pub fn worker(&self) -> (usize, usize) {
+        (self.slot_offset, self.slot_stride)
+    }
+
+    /// The worker that must handle `peer`'s sub-tunnel `sub` when it is not this one.
+    fn elsewhere(&self, peer: &Peer, sub: usize) -> Option<usize> {
+        let owner = if peer.parallel > 1 {
+            owner_of(
+                &peer.public_key,
+                peer.parallel,
+                (sub % usize::from(peer.parallel)) as u8,
+                self.slot_stride,
+            )
+        } else {
+            peer.owner
+        };
+        (owner != self.slot_offset).then_some(owner)
+    }
 
     /// Every prefix some peer is allowed, i.e. the routes the interface needs.
     pub fn routes(&self) -> Vec<IpNet> {
@@ -179,28 +229,40 @@ impl Device {
         len: usize,
         now: Instant,
         out: &mut impl DatagramSink,
-    ) {
+    ) -> Disposition {
         let Some(dst) = packet::destination(&frame[..len]) else {
             self.stats.drop(DropReason::NotIp);
-            return;
+            return Disposition::Done;
         };
         let Some(slot) = self.routes.lookup_cached(dst) else {
             self.stats.drop(DropReason::NoRoute);
-            return;
+            return Disposition::Done;
         };
-        let Some(peer) = self.peers[slot].as_mut() else {
+        let Some(peer) = self.peers[slot].as_ref() else {
             self.stats.drop(DropReason::NoRoute);
-            return;
+            return Disposition::Done;
+        };
+        // A flow keeps to one sub-tunnel, so its packets stay in order.
+        let sub = if peer.parallel > 1 {
+            flow_hash(&frame[..len]) as usize
+        } else {
+            0
+        };
+        if let Some(worker) = self.elsewhere(peer, sub) {
+            return Disposition::HandOff(worker);
+        }
+        let Some(peer) = self.peers[slot].as_mut() else {
+            return Disposition::Done;
         };
         let Some(endpoint) = peer.endpoint else {
             self.stats.drop(DropReason::NoEndpoint);
-            return;
+            return Disposition::Done;
         };
         let padded = padded_len(len, usize::from(self.mtu)).min(frame.len());
         frame[len..padded].fill(0);
         let Some(buf) = out.slot() else {
             self.stats.drop(DropReason::NetworkBatchFull);
-            return;
+            return Disposition::Done;
         };
         self.clock.sync(now);
         match peer.tunn.encapsulate(&frame[..padded], buf) {
@@ -224,6 +286,7 @@ impl Device {
                 self.stats.drop(DropReason::Other)
             }
         }
+        Disposition::Done
     }
 
     /// Handles one datagram received from `from`: decrypted packets go to `tunnel`, replies
@@ -235,16 +298,16 @@ impl Device {
         now: Instant,
         tunnel: &mut impl PacketSink,
         network: &mut impl DatagramSink,
-    ) {
+    ) -> Disposition {
         if datagram.len() < 4 || datagram[1..4] != [0, 0, 0] {
             self.stats.drop(DropReason::Malformed);
-            return;
+            return Disposition::Done;
         }
         self.clock.sync(now);
         let slot = match datagram[0] {
             MSG_INITIATION => match self.initiator_slot(from, datagram, network) {
                 Some(slot) => slot,
-                None => return,
+                None => return Disposition::Done,
             },
             // The receiver index (ours) follows the type, except in a response, where the
             // responder's own index comes first.
@@ -252,18 +315,29 @@ impl Device {
             MSG_COOKIE | MSG_DATA if datagram.len() >= 8 => self.local_slot(&datagram[4..8]),
             _ => {
                 self.stats.drop(DropReason::Malformed);
-                return;
+                return Disposition::Done;
             }
         };
+        if datagram[0] == MSG_INITIATION {
+            // Initiations arrive at any worker: the one carrying the session answers. A
+            // split peer's initiator names its sub-tunnel by its own index (`add_peer`).
+            let Some(Some(peer)) = self.peers.get(slot) else {
+                self.stats.drop(DropReason::UnknownPeer);
+                return Disposition::Done;
+            };
+            if let Some(worker) = self.elsewhere(peer, receiver_slot(&datagram[4..8])) {
+                return Disposition::HandOff(worker);
+            }
+        }
         let Some(Some(peer)) = self.peers.get_mut(slot) else {
             self.stats.drop(DropReason::UnknownIndex);
-            return;
+            return Disposition::Done;
         };
 
         if datagram[0] == MSG_DATA {
             let Some(buf) = tunnel.slot() else {
                 self.stats.drop(DropReason::TunnelBatchFull);
-                return;
+                return Disposition::Done;
             };
             match peer.tunn.decapsulate(Some(from.ip()), datagram, buf) {
                 TunnResult::WriteToTunnelV4(p, src) => {
@@ -287,17 +361,17 @@ impl Device {
                 TunnResult::Done => {} // a keepalive
                 TunnResult::Err(e) => {
                     self.stats.drop(DropReason::from(&e));
-                    return;
+                    return Disposition::Done;
                 }
                 TunnResult::WriteToNetwork(_) => {
                     self.stats.drop(DropReason::Other);
-                    return;
+                    return Disposition::Done;
                 }
             }
         } else {
             let Some(buf) = network.slot() else {
                 self.stats.drop(DropReason::NetworkBatchFull);
-                return;
+                return Disposition::Done;
             };
             match peer.tunn.decapsulate(Some(from.ip()), datagram, buf) {
                 TunnResult::WriteToNetwork(reply) => {
@@ -310,11 +384,11 @@ impl Device {
                 TunnResult::Done => {}
                 TunnResult::Err(e) => {
                     self.stats.drop(DropReason::from(&e));
-                    return;
+                    return Disposition::Done;
                 }
                 TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => {
                     self.stats.drop(DropReason::Other);
-                    return;
+                    return Disposition::Done;
                 }
             }
             peer.maybe_queued = true;
@@ -334,6 +408,7 @@ impl Device {
         if peer.maybe_queued {
             Self::flush_queued(peer, now, network, &mut self.stats);
         }
+        Disposition::Done
     }
 
     /// For a handshake initiation: checks MACs and load (answering with a cookie when under
@@ -467,7 +542,8 @@ impl Device {
             self.rate_limiter.reset_count();
             self.last_rate_reset = now;
         }
-        for peer in self.peers.iter_mut().flatten() {
+        // Another worker runs the timers of the sessions it carries.
+        for peer in self.peers.iter_mut().flatten().filter(|p| p.owned) {
             let Some(buf) = network.slot() else {
                 self.stats.drop(DropReason::NetworkBatchFull);
                 return;
@@ -536,6 +612,7 @@ impl Device {
             .peers
             .iter()
             .flatten()
+            .filter(|p| p.owned)
             .map(|peer| PeerSnapshot {
                 public_key: peer.public_key,
                 preshared_key: peer.preshared_key.clone(),
@@ -636,7 +713,7 @@ impl Device {
         let slot = match self.by_key.get(&update.public_key) {
             Some(&slot) => slot,
             None if update.update_only => return Ok(()),
-            None => self.add_peer(update.public_key)?,
+            None => self.add_peer(update.public_key, 1)?,
         };
         let wire_slot = self.wire_slot(slot);
         let Some(peer) = self.peers[slot].as_mut() else {
@@ -645,10 +722,15 @@ impl Device {
         if let Some(psk) = update.preshared_key {
             let psk = psk.filter(|k| !k.is_zero());
             if psk != peer.preshared_key {
+                let session_psk = if peer.parallel > 1 {
+                    PresharedKey::for_sub_tunnel(psk.as_ref(), peer.sub)
+                } else {
+                    psk.clone()
+                };
                 peer.tunn = new_tunn(
                     &self.private_key,
                     &peer.public_key,
-                    psk.as_ref(),
+                    session_psk.as_ref(),
                     wire_slot,
                     self.rate_limiter.clone(),
                 );
@@ -706,28 +788,69 @@ impl Device {
         }
     }
 
-    fn add_peer(&mut self, key: PublicKey) -> Result<usize, UapiError> {
-        let capacity = (MAX_PEERS - self.slot_offset).div_ceil(self.slot_stride);
-        let slot = match self.peers.iter().position(Option::is_none) {
-            Some(free) => free,
-            None if self.peers.len() < capacity => {
-                self.peers.push(None);
-                self.peers.len() - 1
+    /// Adds `key` split into `parallel` sub-tunnels (at most one per worker). Every worker's
+    /// device holds every peer, so that each can route and recognise it, but only the
+    /// worker carrying a session runs it. That worker takes a slot whose number is `sub`
+    /// modulo `parallel`: the receiver index of its handshake initiations then tells the
+    /// other side's workers which sub-tunnel the initiation is for.
+    fn add_peer(&mut self, key: PublicKey, parallel: u8) -> Result<usize, UapiError> {
+        let (worker, workers) = (self.slot_offset, self.slot_stride);
+        let parallel = parallel.clamp(1, u8::try_from(workers).unwrap_or(u8::MAX));
+        let owned_sub = if parallel > 1 {
+            (worker < usize::from(parallel)).then_some(worker as u8)
+        } else {
+            (owner_of(&key, 1, 0, workers) == worker).then_some(0)
+        };
+        let capacity = (MAX_PEERS - worker).div_ceil(workers);
+        let fits = |place: usize| match owned_sub {
+            Some(sub) if parallel > 1 => {
+                (place * workers + worker) % usize::from(parallel) == usize::from(sub)
             }
+            _ => true,
+        };
+        let free = (0..self.peers.len()).find(|&p| self.peers[p].is_none() && fits(p));
+        let slot = match free {
+            Some(free) => free,
             None => {
-                return Err(UapiError {
-                    errno: libc_errno::ENOSPC,
-                    message: format!("public_key: cannot add more than {MAX_PEERS} peers"),
-                })
+                // Places that do not fit stay free for plain peers.
+                let next = (self.peers.len()..capacity).find(|&p| fits(p));
+                match next {
+                    Some(place) => {
+                        self.peers.resize_with(place + 1, || None);
+                        place
+                    }
+                    None => {
+                        return Err(UapiError {
+                            errno: libc_errno::ENOSPC,
+                            message: format!("public_key: cannot add more than {MAX_PEERS} peers"),
+                        })
+                    }
+                }
             }
         };
-        self.peers[slot] = Some(Peer::new(
+        let mut peer = Peer::new(
             &self.private_key,
             key,
             None,
             self.wire_slot(slot),
             self.rate_limiter.clone(),
-        ));
+        );
+        peer.parallel = parallel;
+        peer.sub = owned_sub.unwrap_or(0);
+        peer.owned = owned_sub.is_some();
+        peer.owner = owner_of(&key, parallel, peer.sub, workers);
+        if parallel > 1 {
+            // Sub-tunnels past the first use a key of their own, also without a configured one.
+            peer.preshared_key = None;
+            peer.tunn = new_tunn(
+                &self.private_key,
+                &key,
+                PresharedKey::for_sub_tunnel(None, peer.sub).as_ref(),
+                self.wire_slot(slot),
+                self.rate_limiter.clone(),
+            );
+        }
+        self.peers[slot] = Some(peer);
         self.by_key.insert(key, slot);
         Ok(slot)
     }

@@ -26,6 +26,13 @@ pub(crate) struct Peer {
     pub handshake_requested: bool,
     /// Whether a session is up, for logging its start and end once (not every rekey).
     pub connected: bool,
+    /// Sub-tunnels the peer is split into (`parallel`), and which one this copy carries.
+    pub parallel: u8,
+    pub sub: u8,
+    /// Whether this worker carries the session; other workers keep the peer only to route
+    /// to it and recognise it. `owner` is the worker of a plain peer.
+    pub owned: bool,
+    pub owner: usize,
 }
 
 impl std::fmt::Debug for Peer {
@@ -66,6 +73,10 @@ impl Peer {
             maybe_queued: false,
             handshake_requested: false,
             connected: false,
+            parallel: 1,
+            sub: 0,
+            owned: true,
+            owner: 0,
         }
     }
 

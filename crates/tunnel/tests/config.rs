@@ -64,6 +64,7 @@ preshared_key = "{}"
 endpoint = "[2001:db8::2]:51820"
 allowed_ips = ["10.77.0.2/32", "10.20.0.9/16", "fd20::1/48"]
 persistent_keepalive = 25
+parallel = 2
 "#,
         public(2),
         PresharedKey::from_bytes([9; 32]).to_base64().as_str()
@@ -93,6 +94,7 @@ persistent_keepalive = 25
     );
     let nets: Vec<String> = peer.allowed_ips.iter().map(ToString::to_string).collect();
     assert_eq!(nets, ["10.77.0.2/32", "10.20.0.0/16", "fd20::/48"]);
+    assert_eq!(peer.parallel, 2);
     // The model compares whole: parsing twice gives the same config.
     assert_eq!(ok(&text), c);
 }
@@ -176,6 +178,10 @@ fn each_bad_field_gives_one_line_naming_it() {
         (
             &format!("[[peer]]\npublic_key = \"{key}\"\npersistent_keepalive = 65536\n"),
             "peer[0].persistent_keepalive: 65536 is out of range 0-65535",
+        ),
+        (
+            &format!("[[peer]]\npublic_key = \"{key}\"\nparallel = 0\n"),
+            "peer[0].parallel: 0 is out of range 1-64",
         ),
         (
             "[[peer]]\nendpoint = \"192.0.2.1:1\"\n",

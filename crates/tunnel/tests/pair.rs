@@ -142,10 +142,20 @@ impl Default for PairConfig {
 impl Pair {
     fn new(cfg: PairConfig) -> Self {
         let now = Instant::now();
-        let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+        // Each side plays one worker of several: it must be the worker that carries the
+        // other side (chosen by the other side's key).
+        let key_for = |(worker, workers): (usize, usize)| loop {
+            let key = PrivateKey::generate();
+            if tunneld_tunnel::owner_of(&key.public_key(), 1, 0, workers) == worker {
+                break key;
+            }
+        };
+        let [wa, wb] = cfg.workers;
+        let (ka, kb) = (key_for(wb), key_for(wa));
         let extra = |n: usize, base: u8| -> Vec<PeerSettings> {
             (0..n)
                 .map(|i| PeerSettings {
+                    parallel: 1,
                     public_key: PrivateKey::generate().public_key(),
                     preshared_key: None,
                     endpoint: None,
@@ -157,6 +167,7 @@ impl Pair {
         let mut a_peers = extra(cfg.a_extra_peers, 100);
         let mut b_peers = extra(cfg.b_extra_peers, 200);
         a_peers.push(PeerSettings {
+            parallel: 1,
             public_key: kb.public_key(),
             preshared_key: cfg.psk.clone(),
             endpoint: Some(B_ADDR.parse().unwrap()),
@@ -164,6 +175,7 @@ impl Pair {
             persistent_keepalive: cfg.a_keepalive,
         });
         b_peers.push(PeerSettings {
+            parallel: 1,
             public_key: ka.public_key(),
             preshared_key: cfg.psk,
             endpoint: cfg.b_knows_a_endpoint.then(|| A_ADDR.parse().unwrap()),
@@ -752,6 +764,7 @@ fn a_handshake_flood_gets_cookies_and_the_real_peer_still_connects() {
                     fwmark: 0,
                 },
                 vec![PeerSettings {
+                    parallel: 1,
                     public_key: b_public,
                     preshared_key: None,
                     endpoint: Some(B_ADDR.parse().unwrap()),

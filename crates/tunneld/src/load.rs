@@ -102,6 +102,7 @@ pub fn load(path: &Path, resolve: Resolve) -> Result<Loaded, Vec<String>> {
             endpoint,
             allowed_ips: peer.allowed_ips.clone(),
             persistent_keepalive: peer.persistent_keepalive,
+            parallel: peer.parallel,
         });
     }
 

@@ -1009,6 +1009,7 @@ fn a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out() {
                     fwmark: 0,
                 },
                 vec![PeerSettings {
+                    parallel: 1,
                     public_key: b_public,
                     preshared_key: None,
                     endpoint: Some("192.0.2.2:51820".parse().unwrap()),

@@ -1,0 +1,350 @@
+//! Several workers per gateway, in memory: every worker's device holds every peer, the one
+//! carrying a session answers, and the others hand packets and initiations to it. Datagrams
+//! reach workers by the rule of the reuseport steering program (`dataplane/src/steering.rs`):
+//! by the receiver index for everything that names one, anywhere for initiations.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+use tunneld_crypto::{PresharedKey, PrivateKey};
+use tunneld_tunnel::packet::MAX_DATAGRAM;
+use tunneld_tunnel::{DatagramSink, Device, DeviceSettings, Disposition, PacketSink, PeerSettings};
+
+#[derive(Default)]
+struct Collect {
+    scratch: Vec<u8>,
+    datagrams: Vec<(SocketAddr, Vec<u8>)>,
+    packets: Vec<Vec<u8>>,
+}
+
+impl Collect {
+    fn new() -> Self {
+        Self {
+            scratch: vec![0; MAX_DATAGRAM],
+            ..Self::default()
+        }
+    }
+}
+
+impl DatagramSink for Collect {
+    fn slot(&mut self) -> Option<&mut [u8]> {
+        Some(&mut self.scratch)
+    }
+    fn push(&mut self, len: usize, to: SocketAddr) {
+        self.datagrams.push((to, self.scratch[..len].to_vec()));
+    }
+}
+
+impl PacketSink for Collect {
+    fn slot(&mut self) -> Option<&mut [u8]> {
+        Some(&mut self.scratch)
+    }
+    fn push(&mut self, len: usize) {
+        self.packets.push(self.scratch[..len].to_vec());
+    }
+}
+
+/// An IPv4 UDP packet whose payload is `seq`.
+fn udp_packet(src: [u8; 4], dst: [u8; 4], sport: u16, seq: u32) -> Vec<u8> {
+    let mut p = vec![0u8; 32];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&32u16.to_be_bytes());
+    p[8] = 64;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&src);
+    p[16..20].copy_from_slice(&dst);
+    p[20..22].copy_from_slice(&sport.to_be_bytes());
+    p[22..24].copy_from_slice(&9000u16.to_be_bytes());
+    p[24..26].copy_from_slice(&12u16.to_be_bytes());
+    p[28..32].copy_from_slice(&seq.to_be_bytes());
+    p
+}
+
+/// One gateway: a device per worker, all at one address (the reuseport group).
+struct Gateway {
+    addr: SocketAddr,
+    workers: Vec<Device>,
+    delivered: Vec<Vec<u8>>,
+    /// Hand-offs received, per worker.
+    handed: Vec<usize>,
+}
+
+impl Gateway {
+    fn new(
+        addr: &str,
+        key: &PrivateKey,
+        peer: PeerSettings,
+        workers: usize,
+        now: Instant,
+    ) -> Gateway {
+        let addr: SocketAddr = addr.parse().unwrap();
+        let settings = DeviceSettings {
+            private_key: key.clone(),
+            listen_port: addr.port(),
+            mtu: 1420,
+            fwmark: 0,
+        };
+        Gateway {
+            addr,
+            workers: (0..workers)
+                .map(|w| Device::for_worker(settings.clone(), vec![peer.clone()], now, w, workers))
+                .collect(),
+            delivered: Vec::new(),
+            handed: vec![0; workers],
+        }
+    }
+
+    /// The worker a datagram reaches: the one its receiver index names, or `landing` for an
+    /// initiation (the kernel's hash of the source).
+    fn steer(&self, datagram: &[u8], landing: usize) -> usize {
+        let at = match datagram[0] {
+            2 => 8,
+            3 | 4 => 4,
+            _ => return landing % self.workers.len(),
+        };
+        let index = u32::from_le_bytes(datagram[at..at + 4].try_into().unwrap());
+        (index >> 8) as usize % self.workers.len()
+    }
+
+    /// A packet read from the TUN queue of worker `first`: encrypted there or handed to the
+    /// worker carrying its flow. Returns the datagrams to send.
+    fn send(&mut self, packet: &[u8], first: usize, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut out = Collect::new();
+        let mut frame = packet.to_vec();
+        frame.resize(packet.len() + 64, 0);
+        let w = first % self.workers.len();
+        match self.workers[w].encapsulate(&mut frame, packet.len(), now, &mut out) {
+            Disposition::Done => {}
+            Disposition::HandOff(owner) => {
+                assert_ne!(owner, w, "a worker handed a packet to itself");
+                self.handed[owner] += 1;
+                let again =
+                    self.workers[owner].encapsulate(&mut frame, packet.len(), now, &mut out);
+                assert_eq!(again, Disposition::Done, "a hand-off was handed on");
+            }
+        }
+        out.datagrams
+    }
+
+    fn receive(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        landing: usize,
+        now: Instant,
+    ) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut tunnel = Collect::new();
+        let mut network = Collect::new();
+        let w = self.steer(datagram, landing);
+        match self.workers[w].decapsulate(from, datagram, now, &mut tunnel, &mut network) {
+            Disposition::Done => {}
+            Disposition::HandOff(owner) => {
+                assert_eq!(datagram[0], 1, "only initiations are handed off");
+                self.handed[owner] += 1;
+                let again =
+                    self.workers[owner].decapsulate(from, datagram, now, &mut tunnel, &mut network);
+                assert_eq!(again, Disposition::Done, "a hand-off was handed on");
+            }
+        }
+        self.delivered.extend(tunnel.packets);
+        network.datagrams
+    }
+
+    fn rx_packets(&self) -> Vec<u64> {
+        self.workers.iter().map(|d| d.stats().rx_packets).collect()
+    }
+}
+
+/// Delivers datagrams between `a` and `b` until none are left; initiations land on the
+/// worker `landing` says (rotating, so some land away from their owner).
+fn pump(a: &mut Gateway, b: &mut Gateway, mut queue: Vec<(bool, Vec<u8>)>, now: Instant) {
+    let mut landing = 0;
+    let mut rounds = 0;
+    while let Some((to_b, datagram)) = queue.pop() {
+        rounds += 1;
+        assert!(rounds < 100_000, "datagrams kept bouncing");
+        landing += 1;
+        let replies = if to_b {
+            b.receive(a.addr, &datagram, landing, now)
+        } else {
+            a.receive(b.addr, &datagram, landing, now)
+        };
+        queue.extend(replies.into_iter().map(|(_, d)| (!to_b, d)));
+    }
+}
+
+fn peer(
+    key: &PrivateKey,
+    endpoint: &str,
+    net: &str,
+    parallel: u8,
+    psk: Option<PresharedKey>,
+) -> PeerSettings {
+    PeerSettings {
+        parallel,
+        public_key: key.public_key(),
+        preshared_key: psk,
+        endpoint: Some(endpoint.parse().unwrap()),
+        allowed_ips: vec![net.parse().unwrap()],
+        persistent_keepalive: 0,
+    }
+}
+
+/// Sends `flows` flows of `per_flow` sequence-numbered packets from a to b, reading them on
+/// rotating workers, and checks every packet arrived with each flow in order.
+fn flows_cross_in_order(a: &mut Gateway, b: &mut Gateway, flows: u16, per_flow: u32, now: Instant) {
+    let mut reader = 0;
+    // The first packets start the handshakes; the queued packets follow them.
+    for seq in 0..per_flow {
+        for flow in 0..flows {
+            reader += 1;
+            let packet = udp_packet([10, 1, 0, 1], [10, 2, 0, 1], 40000 + flow, seq);
+            let out = a.send(&packet, reader, now);
+            pump(a, b, out.into_iter().map(|(_, d)| (true, d)).collect(), now);
+        }
+    }
+    assert_eq!(
+        b.delivered.len(),
+        usize::from(flows) * per_flow as usize,
+        "every packet arrives"
+    );
+    for flow in 0..flows {
+        let seqs: Vec<u32> = b
+            .delivered
+            .iter()
+            .filter(|p| u16::from_be_bytes([p[20], p[21]]) == 40000 + flow)
+            .map(|p| u32::from_be_bytes(p[28..32].try_into().unwrap()))
+            .collect();
+        assert_eq!(
+            seqs,
+            (0..per_flow).collect::<Vec<_>>(),
+            "flow {flow} in order"
+        );
+    }
+}
+
+#[test]
+fn a_split_peer_spreads_flows_over_both_workers_in_order() {
+    let now = Instant::now();
+    let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+    let psk = Some(PresharedKey::generate());
+    let mut a = Gateway::new(
+        "192.0.2.1:51820",
+        &ka,
+        peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 2, psk.clone()),
+        2,
+        now,
+    );
+    let mut b = Gateway::new(
+        "192.0.2.2:51820",
+        &kb,
+        peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 2, psk),
+        2,
+        now,
+    );
+    flows_cross_in_order(&mut a, &mut b, 16, 20, now);
+    let rx = b.rx_packets();
+    assert!(
+        rx.iter().all(|n| *n > 0),
+        "both sub-tunnels carried flows: {rx:?}"
+    );
+    assert_eq!(rx.iter().sum::<u64>(), 16 * 20);
+    assert!(
+        a.handed.iter().sum::<usize>() > 0,
+        "packets read on the wrong worker were handed over: {:?} {:?}",
+        a.handed,
+        b.handed
+    );
+    // Each worker lists the peer once, for the sub-tunnel it carries.
+    for device in &b.workers {
+        let snapshot = device.snapshot(now, std::time::Duration::ZERO);
+        assert_eq!(snapshot.peers.len(), 1);
+        assert!(snapshot.peers[0].last_handshake.is_some());
+    }
+}
+
+#[test]
+fn a_plain_wireguard_peer_works_with_any_worker_count() {
+    let now = Instant::now();
+    let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+    // a is one plain device (like wireguard-go); b has three workers.
+    let mut a = Gateway::new(
+        "192.0.2.1:51820",
+        &ka,
+        peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 1, None),
+        1,
+        now,
+    );
+    let mut b = Gateway::new(
+        "192.0.2.2:51820",
+        &kb,
+        peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 1, None),
+        3,
+        now,
+    );
+    flows_cross_in_order(&mut a, &mut b, 8, 10, now);
+    let carrying: Vec<usize> = (0..3).filter(|w| b.rx_packets()[*w] > 0).collect();
+    assert_eq!(carrying.len(), 1, "one worker carries a plain peer");
+    // And back: packets read on every worker of b reach a.
+    let mut reader = 0;
+    for seq in 0..30 {
+        reader += 1;
+        let packet = udp_packet([10, 2, 0, 1], [10, 1, 0, 1], 7000, seq);
+        let out = b.send(&packet, reader, now);
+        pump(
+            &mut b,
+            &mut a,
+            out.into_iter().map(|(_, d)| (true, d)).collect(),
+            now,
+        );
+    }
+    assert_eq!(a.delivered.len(), 30);
+}
+
+#[test]
+fn sub_tunnels_pair_only_with_their_own_number() {
+    let now = Instant::now();
+    let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+    // a splits the peer in two, b (one worker) does not: sub-tunnel 0 is standard WireGuard
+    // and comes up; sub-tunnel 1's key differs, so its handshake never completes.
+    let mut a = Gateway::new(
+        "192.0.2.1:51820",
+        &ka,
+        peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 2, None),
+        2,
+        now,
+    );
+    let mut b = Gateway::new(
+        "192.0.2.2:51820",
+        &kb,
+        peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 1, None),
+        1,
+        now,
+    );
+    let mut reader = 0;
+    for flow in 0..16 {
+        reader += 1;
+        let packet = udp_packet([10, 1, 0, 1], [10, 2, 0, 1], 40000 + flow, 0);
+        let out = a.send(&packet, reader, now);
+        pump(
+            &mut a,
+            &mut b,
+            out.into_iter().map(|(_, d)| (true, d)).collect(),
+            now,
+        );
+    }
+    let sessions: Vec<bool> = a
+        .workers
+        .iter()
+        .map(|d| {
+            d.snapshot(now, std::time::Duration::ZERO).peers[0]
+                .last_handshake
+                .is_some()
+        })
+        .collect();
+    assert_eq!(
+        sessions,
+        [true, false],
+        "sub-tunnel 0 up, sub-tunnel 1 refused"
+    );
+    assert!(!b.delivered.is_empty() && b.delivered.len() < 16);
+}
