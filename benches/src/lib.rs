@@ -210,6 +210,110 @@ impl SimPair {
     }
 }
 
+/// Sites A and B of `workers` workers each over the in-memory backends, their peer split
+/// into `workers` sub-tunnels. Lane `i` is A's worker `i` and B's worker `i`, joined by a
+/// simulated link of their own: on real sockets the reuseport steering does the same, as
+/// every datagram of sub-tunnel `i` names worker `i` on both sides. Workers of a site are
+/// joined by their hand-off rings.
+#[derive(Debug)]
+pub struct SimLanes {
+    pub lanes: Vec<(SimSite, SimSite)>,
+}
+
+impl SimLanes {
+    /// New keys and links, and every sub-tunnel's handshake completed.
+    pub fn handshaken(workers: usize) -> SimLanes {
+        let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+        let site_device = |own: &PrivateKey, peer: PublicKey, allowed, endpoint, w| {
+            let settings = DeviceSettings {
+                private_key: own.clone(),
+                listen_port: 51820,
+                mtu: MTU,
+                fwmark: 0,
+            };
+            let peer = PeerSettings {
+                parallel: u8::try_from(workers).expect("at most 255 workers"),
+                public_key: peer,
+                preshared_key: None,
+                endpoint: Some(endpoint),
+                allowed_ips: vec![allowed],
+                persistent_keepalive: 0,
+            };
+            Device::for_worker(settings, vec![peer], Instant::now(), w, workers)
+        };
+        let mut a_workers = Vec::new();
+        let mut b_workers = Vec::new();
+        let mut tuns = Vec::new();
+        for w in 0..workers {
+            let (udp_a, udp_b) = sim::link(A_ADDR, B_ADDR);
+            let da = site_device(&ka, kb.public_key(), host_prefix(B_IP), B_ADDR, w);
+            let db = site_device(&kb, ka.public_key(), host_prefix(A_IP), A_ADDR, w);
+            let (ta, tb) = (SimTun::new(), SimTun::new());
+            let (wa, ha) = Worker::new(da, ta.clone(), udp_a).expect("creating a worker's eventfd");
+            let (wb, hb) = Worker::new(db, tb.clone(), udp_b).expect("creating a worker's eventfd");
+            a_workers.push((wa, ha));
+            b_workers.push((wb, hb));
+            tuns.push((ta, tb));
+        }
+        let split = |pairs: Vec<(Worker<SimTun, SimSocket>, WorkerHandle)>| {
+            let (mut workers, handles): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
+            Worker::connect(&mut workers, usize::from(MTU));
+            workers.into_iter().zip(handles)
+        };
+        let lanes = split(a_workers)
+            .zip(split(b_workers))
+            .zip(tuns)
+            .map(|(((wa, ha), (wb, hb)), (ta, tb))| {
+                let site = |worker, tun, handle| SimSite {
+                    worker,
+                    tun,
+                    _handle: handle,
+                };
+                (site(wa, ta, ha), site(wb, tb, hb))
+            })
+            .collect();
+        let mut lanes = SimLanes { lanes };
+        for (i, (a, _)) in lanes.lanes.iter().enumerate() {
+            assert!(a.tun.inject(&flow_packet(64, i, workers)));
+        }
+        for _ in 0..6 {
+            lanes.turn_all();
+        }
+        for (i, (_, b)) in lanes.lanes.iter().enumerate() {
+            assert!(
+                b.tun.take().is_some(),
+                "sub-tunnel {i}'s handshake did not complete in the bench set-up"
+            );
+        }
+        lanes
+    }
+
+    /// One turn of every worker, on this thread.
+    pub fn turn_all(&mut self) {
+        let now = Instant::now();
+        for (a, b) in &mut self.lanes {
+            a.worker.turn(now);
+            b.worker.turn(now);
+        }
+    }
+}
+
+/// A UDP/IPv4 packet of `len` bytes (at least 28) from A's overlay address to B's whose
+/// flow hashes to sub-tunnel `sub` of `subs`: what a TUN queue of worker `sub` reads once the
+/// kernel has learnt where the flow's replies come from.
+pub fn flow_packet(len: usize, sub: usize, subs: usize) -> Vec<u8> {
+    let mut p = ipv4_packet(len.max(28));
+    p[9] = 17;
+    p[22..24].copy_from_slice(&5201u16.to_be_bytes());
+    for port in 10_000u16.. {
+        p[20..22].copy_from_slice(&port.to_be_bytes());
+        if tunneld_tunnel::packet::flow_hash(&p) as usize % subs == sub {
+            break;
+        }
+    }
+    p
+}
+
 /// SplitMix64: a tiny deterministic PRNG, so every run benchmarks the same tables.
 #[derive(Debug, Clone)]
 pub struct SplitMix64(u64);

@@ -156,3 +156,49 @@ impl Traffic {
         allocations
     }
 }
+
+#[test]
+fn hand_offs_between_workers_do_not_allocate() {
+    let mut lanes = tunneld_benches::SimLanes::handshaken(2);
+    // Each worker reads packets of both sub-tunnels: half of them cross to the other worker.
+    let packets: Vec<Vec<u8>> = (0..2)
+        .map(|sub| tunneld_benches::flow_packet(1000, sub, 2))
+        .collect();
+    let mut got = Vec::with_capacity(2048);
+    let mut round = |lanes: &mut tunneld_benches::SimLanes, count: bool| {
+        for (a, _) in &lanes.lanes {
+            for _ in 0..50 {
+                for p in &packets {
+                    assert!(a.tun.inject(p));
+                }
+            }
+        }
+        let mut allocations = 0;
+        for _ in 0..3 {
+            if count {
+                allocations += allocations_in(|| lanes.turn_all());
+            } else {
+                lanes.turn_all();
+            }
+        }
+        let mut delivered = 0;
+        for (_, b) in &lanes.lanes {
+            while b.tun.take_into(&mut got) {
+                delivered += 1;
+            }
+        }
+        assert_eq!(delivered, 200, "every packet crossed");
+        allocations
+    };
+    for _ in 0..20 {
+        round(&mut lanes, false);
+    }
+    let allocations: u64 = (0..100).map(|_| round(&mut lanes, true)).sum();
+    let handed: u64 = lanes
+        .lanes
+        .iter()
+        .map(|(a, _)| a.worker.device().stats().handoffs_out)
+        .sum();
+    assert_eq!(handed, 120 * 100, "half the packets were handed over");
+    assert_eq!(allocations, 0, "allocations while handing off");
+}

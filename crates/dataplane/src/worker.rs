@@ -1,10 +1,12 @@
 //! The worker: one thread that owns a device, its TUN queue and its UDP socket, and runs each
-//! batch to completion (read a batch, process it inline, write the results) with no queues
-//! between threads on the data path.
+//! batch to completion (read a batch, process it inline, write the results). With several
+//! workers ([`Worker::connect`]), what one reads for a session another carries goes to that
+//! worker over a bounded single-producer ring (`handoff.rs`): the only crossing between cores.
 //!
 //! The control plane reaches the worker only through [`WorkerHandle::run`], which sends a
 //! closure to run between batches on the worker's own thread: the device is never shared.
 
+use crate::handoff::{self, Cargo, Inbox, Outbox};
 use crate::offload::{self, OffloadError};
 use crate::{Batch, DatagramIo, PacketIo, FRAME_PAYLOAD};
 use std::io;
@@ -12,7 +14,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tunneld_tunnel::Device;
+use tunneld_tunnel::{Device, Disposition, DropReason, Stats};
 
 /// How often protocol timers run (boringtun's own device uses 250 ms).
 const TICK: Duration = Duration::from_millis(250);
@@ -31,7 +33,7 @@ enum Control {
 
 /// Wakes a worker blocked in `poll`.
 #[derive(Debug)]
-struct Waker {
+pub(crate) struct Waker {
     fd: OwnedFd,
 }
 
@@ -48,7 +50,7 @@ impl Waker {
         })
     }
 
-    fn wake(&self) {
+    pub(crate) fn wake(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a valid u64 to an eventfd we own. A full counter
         // (EAGAIN) still leaves the worker woken, so the result needs no handling.
@@ -111,6 +113,9 @@ pub struct Worker<P, D> {
     offload_errors: u64,
     /// How long to keep polling without sleeping after a sparse turn (0: never).
     busy_poll: Duration,
+    /// Rings to each other worker (`None` for this one) and from each: empty with one worker.
+    outboxes: Vec<Option<Outbox>>,
+    inboxes: Vec<Inbox>,
 }
 
 impl<P, D> std::fmt::Debug for Worker<P, D> {
@@ -143,8 +148,22 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             send_shortfall: 0,
             offload_errors: 0,
             busy_poll: Duration::ZERO,
+            outboxes: Vec::new(),
+            inboxes: Vec::new(),
         };
         Ok((worker, handle))
+    }
+
+    /// Joins workers into one interface: worker `i` must hold the device made by
+    /// `Device::for_worker(.., i, workers.len())`. Each gets rings to and from every other,
+    /// carrying parcels of `mtu` bytes at most.
+    pub fn connect(workers: &mut [Self], mtu: usize) {
+        let wakers: Vec<Arc<Waker>> = workers.iter().map(|w| w.waker.clone()).collect();
+        let ends = handoff::mesh(&wakers, mtu.max(1280) + 32);
+        for (worker, (outboxes, inboxes)) in workers.iter_mut().zip(ends) {
+            worker.outboxes = outboxes;
+            worker.inboxes = inboxes;
+        }
     }
 
     /// After a turn that moved only a few packets, keep polling (without sleeping) for up to
@@ -201,7 +220,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     /// A turn over the sides `ready` names (a side whose backend has no descriptor is always
     /// tried). Returns how many packets and datagrams were received.
     fn turn_ready(&mut self, now: Instant, ready: Ready) -> usize {
-        let mut moved = 0;
+        let mut moved = self.take_handoffs(now);
         if ready.tun || self.tun.fd().is_none() {
             for _ in 0..BATCHES_PER_TURN {
                 match self.overlay_to_underlay(now) {
@@ -238,12 +257,20 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             let hdr = self.tun_rx.offload(i);
             let (frame, len) = self.tun_rx.frame_mut(i);
             let (device, net_tx, udp) = (&mut self.device, &mut self.net_tx, &mut self.udp);
-            let shortfall = &mut self.send_shortfall;
+            let (shortfall, outboxes) = (&mut self.send_shortfall, &mut self.outboxes);
             let mut encapsulate = |packet: &mut [u8], len: usize| {
                 if net_tx.is_full() {
                     *shortfall += flush(udp, net_tx);
                 }
-                device.encapsulate(packet, len, now, net_tx);
+                if let Disposition::HandOff(owner) = device.encapsulate(packet, len, now, net_tx) {
+                    hand_off(
+                        outboxes,
+                        device.stats_mut(),
+                        owner,
+                        Cargo::Packet,
+                        &packet[..len],
+                    );
+                }
             };
             if hdr.is_plain() {
                 encapsulate(frame, len);
@@ -256,6 +283,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             }
         }
         self.flush_network();
+        self.wake_receivers();
         packets
     }
 
@@ -293,13 +321,77 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                 if self.net_tx.len() + 8 > crate::BATCH_SIZE {
                     self.send_shortfall += flush(&mut self.udp, &mut self.net_tx);
                 }
-                self.device
-                    .decapsulate(from, datagram, now, &mut self.tun_tx, &mut self.net_tx);
+                let disposition = self.device.decapsulate(
+                    from,
+                    datagram,
+                    now,
+                    &mut self.tun_tx,
+                    &mut self.net_tx,
+                );
+                if let Disposition::HandOff(owner) = disposition {
+                    let stats = self.device.stats_mut();
+                    hand_off(
+                        &mut self.outboxes,
+                        stats,
+                        owner,
+                        Cargo::Datagram(from),
+                        datagram,
+                    );
+                }
             }
         }
         self.flush_tunnel();
         self.flush_network();
+        self.wake_receivers();
         datagrams
+    }
+
+    /// Runs what other workers handed over: packets to encrypt, initiations to answer.
+    /// Returns how many parcels there were.
+    fn take_handoffs(&mut self, now: Instant) -> usize {
+        let mut taken = 0;
+        for inbox in &mut self.inboxes {
+            while let Some(mut parcel) = inbox.take() {
+                taken += 1;
+                if self.net_tx.len() + 8 > crate::BATCH_SIZE {
+                    self.send_shortfall += flush(&mut self.udp, &mut self.net_tx);
+                }
+                if self.tun_tx.is_full() {
+                    self.send_shortfall += write(&mut self.tun, &mut self.tun_tx);
+                }
+                let disposition = match parcel.cargo {
+                    Cargo::Packet => {
+                        self.device
+                            .encapsulate(&mut parcel.buf, parcel.len, now, &mut self.net_tx)
+                    }
+                    Cargo::Datagram(from) => self.device.decapsulate(
+                        from,
+                        &parcel.buf[..parcel.len],
+                        now,
+                        &mut self.tun_tx,
+                        &mut self.net_tx,
+                    ),
+                };
+                // Workers agree on owners; only a peer changing under a `set` can disagree.
+                if let Disposition::HandOff(_) = disposition {
+                    self.device.stats_mut().drop(DropReason::Other);
+                }
+                inbox.give_back(parcel);
+            }
+        }
+        if taken > 0 {
+            self.device.stats_mut().handoffs_in += taken as u64;
+            self.flush_tunnel();
+            self.flush_network();
+        }
+        taken
+    }
+
+    /// Wakes the workers this batch handed something to.
+    fn wake_receivers(&mut self) {
+        for outbox in self.outboxes.iter_mut().flatten() {
+            outbox.wake_if_sent();
+        }
     }
 
     fn flush_network(&mut self) {
@@ -374,6 +466,26 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+}
+
+/// Copies a packet or datagram to worker `owner`'s ring, counting it (or its drop when the
+/// ring is full: the owner is behind, and waiting would stall this core too).
+fn hand_off(
+    outboxes: &mut [Option<Outbox>],
+    stats: &mut Stats,
+    owner: usize,
+    cargo: Cargo,
+    data: &[u8],
+) {
+    let sent = outboxes
+        .get_mut(owner)
+        .and_then(Option::as_mut)
+        .is_some_and(|outbox| outbox.send(cargo, data));
+    if sent {
+        stats.handoffs_out += 1;
+    } else {
+        stats.drop(DropReason::HandOffFull);
     }
 }
 

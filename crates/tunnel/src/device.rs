@@ -191,6 +191,10 @@ impl Device {
     pub fn stats(&self) -> &Stats {
         &self.stats
     }
+    /// For the worker, which counts its hand-offs with the device's counters.
+    pub fn stats_mut(&mut self) -> &mut Stats {
+        &mut self.stats
+    }
     pub fn peer_count(&self) -> usize {
         self.by_key.len()
     }

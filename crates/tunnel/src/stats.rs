@@ -37,6 +37,7 @@ drop_reasons! {
     NoSession => "no_session",
     Expired => "expired",
     UnderLoad => "under_load",
+    HandOffFull => "handoff_full",
     Other => "other",
 }
 
@@ -69,7 +70,7 @@ impl From<&WireGuardError> for DropReason {
     }
 }
 
-/// Counters of one device (later: of one worker; summed for display).
+/// Counters of one worker (its device and its hand-offs).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
     pub tx_packets: u64,
@@ -78,6 +79,9 @@ pub struct Stats {
     pub rx_bytes: u64,
     pub handshakes_sent: u64,
     pub cookie_replies_sent: u64,
+    /// Packets and initiations passed to / taken from other workers (see `Disposition`).
+    pub handoffs_out: u64,
+    pub handoffs_in: u64,
     drops: [u64; DropReason::ALL.len()],
 }
 
@@ -111,6 +115,8 @@ impl Stats {
         self.rx_bytes += other.rx_bytes;
         self.handshakes_sent += other.handshakes_sent;
         self.cookie_replies_sent += other.cookie_replies_sent;
+        self.handoffs_out += other.handoffs_out;
+        self.handoffs_in += other.handoffs_in;
         for (a, b) in self.drops.iter_mut().zip(other.drops.iter()) {
             *a += b;
         }

@@ -396,6 +396,8 @@ pub fn format_stats(workers: &[crate::Stats]) -> String {
         let _ = writeln!(out, "rx_bytes={}", s.rx_bytes);
         let _ = writeln!(out, "handshakes_sent={}", s.handshakes_sent);
         let _ = writeln!(out, "cookie_replies_sent={}", s.cookie_replies_sent);
+        let _ = writeln!(out, "handoffs_out={}", s.handoffs_out);
+        let _ = writeln!(out, "handoffs_in={}", s.handoffs_in);
         for reason in crate::DropReason::ALL {
             let _ = writeln!(out, "drop_{}={}", reason.name(), s.drops(*reason));
         }

@@ -158,6 +158,13 @@ fn show_one(interface: &str) -> anyhow::Result<()> {
                     bytes(value.parse().unwrap_or(0))
                 )),
                 "handshakes_sent" => line.push_str(&format!(", handshakes sent {value}")),
+                // Only with several workers: how much crossed between cores.
+                "handoffs_out" if value != "0" => {
+                    line.push_str(&format!(", handed to other workers {value}"))
+                }
+                "handoffs_in" if value != "0" => {
+                    line.push_str(&format!(", taken from other workers {value}"))
+                }
                 // Non-zero only while under load (a handshake flood, say): worth a look.
                 "cookie_replies_sent" if value != "0" => {
                     line.push_str(&format!(", cookie replies {value}"))
