@@ -94,6 +94,42 @@ impl WorkerHandle {
     }
 }
 
+/// The control plane's end of all the workers of one interface.
+#[derive(Debug, Clone)]
+pub struct Workers {
+    handles: Vec<WorkerHandle>,
+}
+
+impl Workers {
+    pub fn new(handles: Vec<WorkerHandle>) -> Workers {
+        Workers { handles }
+    }
+
+    /// Runs `f` on each worker in turn (each between its batches) and returns the results
+    /// in worker order; `None` if a worker has stopped.
+    pub fn run_each<T: Send + 'static>(
+        &self,
+        f: impl Fn(&mut Device, Instant) -> T + Clone + Send + 'static,
+    ) -> Option<Vec<T>> {
+        self.handles.iter().map(|h| h.run(f.clone())).collect()
+    }
+
+    /// Asks every worker to stop after its current batch.
+    pub fn shutdown(&self) {
+        for handle in &self.handles {
+            handle.shutdown();
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+}
+
 /// A worker ready to run on its own thread.
 pub struct Worker<P, D> {
     device: Device,

@@ -262,6 +262,10 @@ impl Device {
             self.stats.drop(DropReason::NoEndpoint);
             return Disposition::Done;
         };
+        // Packets queued during a handshake go first, or they would arrive after this one.
+        if peer.maybe_queued {
+            Self::flush_queued(peer, now, out, &mut self.stats);
+        }
         let padded = padded_len(len, usize::from(self.mtu)).min(frame.len());
         frame[len..padded].fill(0);
         let Some(buf) = out.slot() else {
@@ -479,6 +483,11 @@ impl Device {
         let Some(endpoint) = peer.endpoint else {
             return;
         };
+        // Without a session, `Tunn` would take each queued packet off the front and queue it
+        // again at the back, turning the queue round: they wait for the session instead.
+        if peer.tunn.time_since_last_handshake().is_none() {
+            return;
+        }
         loop {
             let Some(buf) = network.slot() else {
                 // Try again on the next datagram or tick.

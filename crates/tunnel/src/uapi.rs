@@ -341,6 +341,35 @@ pub struct PeerSnapshot {
     pub allowed_ips: Vec<IpNet>,
 }
 
+impl DeviceSnapshot {
+    /// The interface as a whole from its workers' snapshots, each of which lists the peers
+    /// (or sub-tunnels) that worker carries: each peer once, in order of first appearance,
+    /// with its sub-tunnels' bytes added up, the latest of their handshakes, and the first
+    /// endpoint known.
+    pub fn merge(parts: Vec<DeviceSnapshot>) -> DeviceSnapshot {
+        let mut parts = parts.into_iter();
+        let mut merged = parts.next().unwrap_or_default();
+        for part in parts {
+            for peer in part.peers {
+                match merged
+                    .peers
+                    .iter_mut()
+                    .find(|p| p.public_key == peer.public_key)
+                {
+                    Some(seen) => {
+                        seen.tx_bytes += peer.tx_bytes;
+                        seen.rx_bytes += peer.rx_bytes;
+                        seen.last_handshake = seen.last_handshake.max(peer.last_handshake);
+                        seen.endpoint = seen.endpoint.or(peer.endpoint);
+                    }
+                    None => merged.peers.push(peer),
+                }
+            }
+        }
+        merged
+    }
+}
+
 /// The reply to `get`, ending in `errno=0` and an empty line. Device values that are unset
 /// (no private key, port 0, fwmark 0) are left out, as wireguard-go leaves them out.
 pub fn format_get(snapshot: &DeviceSnapshot) -> String {

@@ -14,12 +14,19 @@ struct Collect {
     scratch: Vec<u8>,
     datagrams: Vec<(SocketAddr, Vec<u8>)>,
     packets: Vec<Vec<u8>>,
+    /// How many datagrams fit (a batch's room); `usize::MAX`: unbounded.
+    room: usize,
 }
 
 impl Collect {
     fn new() -> Self {
+        Self::with_room(usize::MAX)
+    }
+
+    fn with_room(room: usize) -> Self {
         Self {
             scratch: vec![0; MAX_DATAGRAM],
+            room,
             ..Self::default()
         }
     }
@@ -27,7 +34,7 @@ impl Collect {
 
 impl DatagramSink for Collect {
     fn slot(&mut self) -> Option<&mut [u8]> {
-        Some(&mut self.scratch)
+        (self.datagrams.len() < self.room).then_some(&mut self.scratch[..])
     }
     fn push(&mut self, len: usize, to: SocketAddr) {
         self.datagrams.push((to, self.scratch[..len].to_vec()));
@@ -347,4 +354,48 @@ fn sub_tunnels_pair_only_with_their_own_number() {
         "sub-tunnel 0 up, sub-tunnel 1 refused"
     );
     assert!(!b.delivered.is_empty() && b.delivered.len() < 16);
+}
+
+#[test]
+fn packets_queued_during_a_handshake_keep_their_order() {
+    let now = Instant::now();
+    let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+    let mut a = Gateway::new(
+        "192.0.2.1:51820",
+        &ka,
+        peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 1, None),
+        1,
+        now,
+    );
+    let mut b = Gateway::new(
+        "192.0.2.2:51820",
+        &kb,
+        peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 1, None),
+        1,
+        now,
+    );
+    // Packets 0..50 wait in A's `Tunn` while the handshake runs.
+    let mut initiation = Vec::new();
+    for seq in 0..50 {
+        initiation.extend(a.send(&udp_packet([10, 1, 0, 1], [10, 2, 0, 1], 7000, seq), 0, now));
+    }
+    assert_eq!(initiation.len(), 1, "one initiation, the packets queued");
+    let response = b.receive(a.addr, &initiation[0].1, 0, now);
+    // The response arrives when A's batch has room for only five datagrams: the keepalive
+    // and a few queued packets go out, the rest stay queued...
+    let mut tunnel = Collect::new();
+    let mut cramped = Collect::with_room(5);
+    let _ = a.workers[0].decapsulate(b.addr, &response[0].1, now, &mut tunnel, &mut cramped);
+    let mut wire = cramped.datagrams;
+    // ...and must still leave before the next packet.
+    wire.extend(a.send(&udp_packet([10, 1, 0, 1], [10, 2, 0, 1], 7000, 50), 0, now));
+    for (_, d) in wire {
+        b.receive(a.addr, &d, 0, now);
+    }
+    let seqs: Vec<u32> = b
+        .delivered
+        .iter()
+        .map(|p| u32::from_be_bytes(p[28..32].try_into().unwrap()))
+        .collect();
+    assert_eq!(seqs, (0..=50).collect::<Vec<u32>>());
 }

@@ -5,6 +5,7 @@ mod netlink;
 mod privileges;
 mod show;
 mod tls;
+mod topology;
 mod uapi_server;
 mod up;
 

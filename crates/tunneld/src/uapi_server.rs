@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tunneld_dataplane::worker::WorkerHandle;
-use tunneld_tunnel::uapi::{self, Request};
+use tunneld_dataplane::worker::Workers;
+use tunneld_tunnel::uapi::{self, DeviceSnapshot, Request};
 
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
 /// A request larger than this is refused (a config with tens of thousands of peers fits).
@@ -71,7 +71,7 @@ impl UapiServer {
 
     pub fn serve(
         self,
-        worker: WorkerHandle,
+        worker: Workers,
         mut netlink: Netlink,
         link: u32,
     ) -> anyhow::Result<Serving> {
@@ -105,7 +105,7 @@ impl UapiServer {
 
 fn serve_client(
     mut stream: UnixStream,
-    worker: &WorkerHandle,
+    worker: &Workers,
     netlink: &mut Netlink,
     link: u32,
 ) -> io::Result<()> {
@@ -138,7 +138,7 @@ fn serve_client(
     }
 }
 
-fn handle(text: &str, worker: &WorkerHandle, netlink: &mut Netlink, link: u32) -> String {
+fn handle(text: &str, worker: &Workers, netlink: &mut Netlink, link: u32) -> String {
     let request = match uapi::parse_request(text) {
         Ok(r) => r,
         Err(e) => {
@@ -151,22 +151,24 @@ fn handle(text: &str, worker: &WorkerHandle, netlink: &mut Netlink, link: u32) -
             let unix_now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
-            match worker.run(move |device, now| device.snapshot(now, unix_now)) {
-                Some(snapshot) => uapi::format_get(&snapshot),
+            match worker.run_each(move |device, now| device.snapshot(now, unix_now)) {
+                Some(parts) => uapi::format_get(&DeviceSnapshot::merge(parts)),
                 None => uapi::format_errno(libc::ESHUTDOWN),
             }
         }
-        Request::Stats => match worker.run(|device, _| device.stats().clone()) {
-            Some(stats) => uapi::format_stats(&[stats]),
+        Request::Stats => match worker.run_each(|device, _| device.stats().clone()) {
+            Some(stats) => uapi::format_stats(&stats),
             None => uapi::format_errno(libc::ESHUTDOWN),
         },
         Request::Set(set) => {
-            let outcome = worker.run(move |device, now| {
+            // Every worker applies the same request (each holds every peer); they decide
+            // alike, so the first worker's outcome is the interface's.
+            let outcome = worker.run_each(move |device, now| {
                 let before = device.routes();
-                let result = device.apply(set, now);
+                let result = device.apply(set.clone(), now);
                 (result, before, device.routes())
             });
-            let Some((result, before, after)) = outcome else {
+            let Some((result, before, after)) = outcome.and_then(|o| o.into_iter().next()) else {
                 return uapi::format_errno(libc::ESHUTDOWN);
             };
             sync_routes(netlink, link, &before, &after);

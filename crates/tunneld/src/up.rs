@@ -1,8 +1,8 @@
-//! `tunneld up`: bring the interface up, run the worker, serve UAPI, tear down on a signal.
+//! `tunneld up`: bring the interface up, run its workers, serve UAPI, tear down on a signal.
 //!
-//! Teardown is by ownership: the TUN device is not persistent, so when the worker (which owns
-//! it) is dropped the kernel removes the interface with its addresses and routes; the UAPI
-//! socket file is removed by a guard. Every exit path, error or signal, runs both.
+//! Teardown is by ownership: the TUN device is not persistent, so when the workers (which own
+//! its queues) are dropped the kernel removes the interface with its addresses and routes;
+//! the UAPI socket file is removed by a guard. Every exit path, error or signal, runs both.
 
 use crate::load::{self, Resolve};
 use crate::netlink::Netlink;
@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use tunneld_dataplane::tun::Tun;
 use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::uring::{self, UringTun, UringUdp};
-use tunneld_dataplane::worker::{Worker, WorkerHandle};
+use tunneld_dataplane::worker::{Worker, Workers};
 use tunneld_dataplane::{DatagramIo, PacketIo};
-use tunneld_tunnel::config::{Backend, DataplaneConfig, Workers};
+use tunneld_tunnel::config::{self, Backend, DataplaneConfig};
 use tunneld_tunnel::Device;
 
 pub fn run(config_path: &Path) -> anyhow::Result<()> {
@@ -30,9 +30,10 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
             errors.join(&format!("\n{}: ", config_path.display()))
         )
     })?;
+    let workers = worker_count(&loaded.config.dataplane);
     let use_uring = match &loaded.wireguard {
-        Some(_) => {
-            check_dataplane(&loaded.config.dataplane)
+        Some(wg) => {
+            check_dataplane(&loaded.config.dataplane, workers, &wg.peers)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
             choose_uring(loaded.config.dataplane.backend)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?
@@ -63,9 +64,9 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
                 }
             }
             // Drops privileges (to CAP_NET_ADMIN) before its first thread.
-            let running = start_wireguard(wg, &loaded.config.dataplane, use_uring)?;
+            let running = start_wireguard(wg, &loaded.config.dataplane, workers, use_uring)?;
             let _ = wg_port.set(running.port);
-            let _ = worker.set(running.handle.clone());
+            let _ = worker.set(running.workers.clone());
             (Some(running), starters)
         }
         None => {
@@ -80,12 +81,14 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
         start()?;
     }
 
-    let signals = wait_for_signal(wireguard.as_ref().map(|w| &w.worker_thread), tls.as_ref());
+    let threads = wireguard.as_ref().map_or(&[][..], |w| &w.threads[..]);
+    let signals = wait_for_signal(threads, tls.as_ref());
     let name = match wireguard {
         Some(wg) => {
-            wg.handle.shutdown();
-            if wg.worker_thread.join().is_err() {
-                bail!("the worker thread failed; the interface has been removed");
+            wg.workers.shutdown();
+            let failed = wg.threads.into_iter().map(|t| t.join()).any(|r| r.is_err());
+            if failed {
+                bail!("a worker thread failed; the interface has been removed");
             }
             drop(wg.uapi_thread);
             Some(wg.name)
@@ -107,14 +110,42 @@ struct RunningWireGuard {
     name: String,
     /// The UDP port the interface listens on.
     port: u16,
-    handle: WorkerHandle,
-    worker_thread: std::thread::JoinHandle<()>,
+    workers: Workers,
+    threads: Vec<std::thread::JoinHandle<()>>,
     uapi_thread: crate::uapi_server::Serving,
+}
+
+/// The kernel's limit on the queues of one TUN device.
+const MAX_WORKERS: usize = 256;
+
+/// How many workers: as configured, or one per CPU tunneld may run on (`cpus` if given).
+fn worker_count(dataplane: &DataplaneConfig) -> usize {
+    match (dataplane.workers, &dataplane.cpus) {
+        (config::Workers::Count(n), _) => n,
+        (config::Workers::Auto, Some(cpus)) => cpus.len(),
+        (config::Workers::Auto, None) => {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
+    }
+    .clamp(1, MAX_WORKERS)
+}
+
+/// The CPU each worker is pinned to: `cpus` in turn, or the CPUs this process may use, in
+/// order, so that workers land on different cores.
+fn worker_cpus(dataplane: &DataplaneConfig, workers: usize) -> Vec<Option<usize>> {
+    let cpus = dataplane
+        .cpus
+        .clone()
+        .unwrap_or_else(crate::topology::allowed_cpus);
+    (0..workers)
+        .map(|i| (!cpus.is_empty()).then(|| cpus[i % cpus.len()]))
+        .collect()
 }
 
 fn start_wireguard(
     wg: load::WireGuard,
     dataplane: &DataplaneConfig,
+    workers: usize,
     use_uring: bool,
 ) -> anyhow::Result<RunningWireGuard> {
     let name = wg.interface.name.clone();
@@ -122,18 +153,22 @@ fn start_wireguard(
     // The socket first: it refuses to start a second tunneld for the same interface before
     // anything else is touched.
     let uapi = UapiServer::bind(&name)?;
-    let tun = if dataplane.tun_offload {
-        Tun::open_with_offloads(&name)?
+    let tuns = if workers > 1 {
+        Tun::open_queues(&name, workers, dataplane.tun_offload)?
+    } else if dataplane.tun_offload {
+        vec![Tun::open_with_offloads(&name)?]
     } else {
-        Tun::open(&name)?
+        vec![Tun::open(&name)?]
     };
-    let mut udp = UdpSocket::bind(wg.device.listen_port)
-        .with_context(|| format!("cannot listen on UDP port {}", wg.device.listen_port))?;
-    if wg.device.fwmark != 0 {
-        udp.set_mark(wg.device.fwmark)?;
+    let mut sockets = bind_sockets(wg.device.listen_port, workers)?;
+    for udp in &mut sockets {
+        if wg.device.fwmark != 0 {
+            udp.set_mark(wg.device.fwmark)?;
+        }
+        udp.set_gso(dataplane.udp_gso);
+        udp.set_gro(dataplane.udp_gro);
     }
-    udp.set_gso(dataplane.udp_gso);
-    udp.set_gro(dataplane.udp_gro);
+    let (tun, udp) = (&tuns[0], &sockets[0]);
 
     let mut netlink = Netlink::open().context("cannot open a netlink socket")?;
     let index = netlink.link_index(&name)?;
@@ -143,9 +178,17 @@ fn start_wireguard(
     }
     netlink.set_up(index)?;
 
-    let mut device = Device::new(wg.device, wg.peers, Instant::now());
     let listen_port = udp.local_port();
-    device.set_listen_port(listen_port);
+    let now = Instant::now();
+    let devices: Vec<Device> = (0..workers)
+        .map(|i| {
+            let mut device =
+                Device::for_worker(wg.device.clone(), wg.peers.clone(), now, i, workers);
+            device.set_listen_port(listen_port);
+            device
+        })
+        .collect();
+    let device = &devices[0];
     for route in device.routes() {
         netlink.add_route(index, route)?;
     }
@@ -154,6 +197,7 @@ fn start_wireguard(
         public_key = %device.public_key(),
         listen_port = device.listen_port(),
         peers = device.peer_count(),
+        workers,
         udp_gso = udp.gso(),
         udp_gro = udp.gro(),
         tun_tso = tun.offloads().tcp,
@@ -173,42 +217,67 @@ fn start_wireguard(
     let settings = WorkerSettings {
         name: &name,
         busy_poll: Duration::from_micros(dataplane.busy_poll_us.into()),
-        cpu: dataplane.cpus.as_ref().and_then(|c| c.first().copied()),
+        cpus: worker_cpus(dataplane, workers),
+        mtu: usize::from(mtu),
     };
-    let (worker_thread, handle) = if use_uring {
-        // With offloads, TUN reads are up to 64 KiB each: reading them straight into the
-        // batch beats a multishot read that lands them in a provided buffer to be copied.
-        let tun = if tun.offloads().tcp {
-            UringTun::with_single_reads(tun)
-        } else {
-            UringTun::new(tun)
+    let parts = devices.into_iter().zip(tuns).zip(sockets);
+    let (threads, handles) = if use_uring {
+        let mut uring_parts = Vec::new();
+        for ((device, tun), udp) in parts {
+            // With offloads, TUN reads are up to 64 KiB each: reading them straight into the
+            // batch beats a multishot read that lands them in a provided buffer to be copied.
+            let tun = if tun.offloads().tcp {
+                UringTun::with_single_reads(tun)
+            } else {
+                UringTun::new(tun)
+            }
+            .context("cannot read the TUN device through io_uring")?;
+            let udp = UringUdp::new(udp).context("cannot use the UDP socket through io_uring")?;
+            uring_parts.push((device, tun, udp));
         }
-        .context("cannot read the TUN device through io_uring")?;
-        let udp = UringUdp::new(udp).context("cannot use the UDP socket through io_uring")?;
         tracing::info!(
-            tun_multishot = tun.multishot(),
+            tun_multishot = uring_parts[0].1.multishot(),
             "dataplane backend: io_uring"
         );
-        start_worker(device, tun, udp, &settings)?
+        start_workers(uring_parts, &settings)?
     } else {
         tracing::info!("dataplane backend: recvmmsg/sendmmsg");
-        start_worker(device, tun, udp, &settings)?
+        let parts = parts
+            .map(|((device, tun), udp)| (device, tun, udp))
+            .collect();
+        start_workers(parts, &settings)?
     };
-    let uapi_thread = uapi.serve(handle.clone(), netlink, index)?;
+    let workers = Workers::new(handles);
+    let uapi_thread = uapi.serve(workers.clone(), netlink, index)?;
 
     Ok(RunningWireGuard {
         name,
         port: listen_port,
-        handle,
-        worker_thread,
+        workers,
+        threads,
         uapi_thread,
     })
 }
 
-/// Waits for SIGINT or SIGTERM (returning its name), or for the worker to stop (`None`).
+/// The interface's UDP socket, or with several workers one socket each in a `SO_REUSEPORT`
+/// group with the steering program. The port is first bound alone, so that a port another
+/// program (or another tunneld) holds is an error rather than a group shared with it.
+fn bind_sockets(port: u16, workers: usize) -> anyhow::Result<Vec<UdpSocket>> {
+    let context = || format!("cannot listen on UDP port {port}");
+    let alone = UdpSocket::bind(port).with_context(context)?;
+    if workers == 1 {
+        return Ok(vec![alone]);
+    }
+    let port = alone.local_port();
+    drop(alone);
+    let any = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
+    UdpSocket::bind_group(any, workers).with_context(context)
+}
+
+/// Waits for SIGINT or SIGTERM (returning its name), or for a worker to stop (`None`).
 /// SIGHUP reloads the TLS certificates and keys.
 fn wait_for_signal(
-    worker: Option<&std::thread::JoinHandle<()>>,
+    workers: &[std::thread::JoinHandle<()>],
     tls: Option<&crate::tls::TlsService>,
 ) -> Option<&'static str> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -240,7 +309,7 @@ fn wait_for_signal(
                 },
             }
         }
-        if worker.is_some_and(|w| w.is_finished()) {
+        if workers.iter().any(|w| w.is_finished()) {
             return None;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -249,19 +318,33 @@ fn wait_for_signal(
 
 /// Refuses, before anything is created, the dataplane settings this build cannot honour, so
 /// that a config never silently runs differently from what it says.
-fn check_dataplane(dataplane: &DataplaneConfig) -> Result<(), String> {
+fn check_dataplane(
+    dataplane: &DataplaneConfig,
+    workers: usize,
+    peers: &[tunneld_tunnel::PeerSettings],
+) -> Result<(), String> {
     if dataplane.backend == Backend::Xdp {
         return Err(
             "dataplane.backend: \"xdp\" is not available in this build yet; use \"auto\", \"uring\" or \"mmsg\""
                 .into(),
         );
     }
-    match dataplane.workers {
-        Workers::Count(n) if n > 1 => Err(format!(
-            "dataplane.workers: {n} workers are not supported yet; use 1 or \"auto\" (one worker)"
-        )),
-        _ => Ok(()),
+    if let config::Workers::Count(n) = dataplane.workers {
+        if n > MAX_WORKERS {
+            return Err(format!(
+                "dataplane.workers: {n} is more than a TUN device has queues ({MAX_WORKERS})"
+            ));
+        }
     }
+    for (i, peer) in peers.iter().enumerate() {
+        if usize::from(peer.parallel) > workers {
+            return Err(format!(
+                "peer[{i}].parallel: {} sub-tunnels need as many workers, and this interface has {workers} (dataplane.workers)",
+                peer.parallel
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether the worker uses io_uring: for `uring` (an error when the kernel cannot), never
@@ -277,44 +360,62 @@ fn choose_uring(backend: Backend) -> Result<bool, String> {
     }
 }
 
-/// What the worker thread is started with, whatever its backends.
+/// What the worker threads are started with, whatever their backends.
 struct WorkerSettings<'a> {
     name: &'a str,
     busy_poll: Duration,
-    cpu: Option<usize>,
+    /// Per worker.
+    cpus: Vec<Option<usize>>,
+    mtu: usize,
 }
 
-/// Starts the worker on its own thread, pinned when a CPU is configured. Privileges are
-/// dropped first: everything that needs root is done, and the thread inherits what is left.
-fn start_worker<P, D>(
-    device: Device,
-    tun: P,
-    udp: D,
+type Started = (
+    Vec<std::thread::JoinHandle<()>>,
+    Vec<tunneld_dataplane::worker::WorkerHandle>,
+);
+
+/// Starts one worker per (device, TUN queue, socket), joined by their hand-off rings, each
+/// on its own thread, pinned when it has a CPU. Privileges are dropped first: everything
+/// that needs root is done, and the threads inherit what is left.
+fn start_workers<P, D>(
+    parts: Vec<(Device, P, D)>,
     settings: &WorkerSettings<'_>,
-) -> anyhow::Result<(std::thread::JoinHandle<()>, WorkerHandle)>
+) -> anyhow::Result<Started>
 where
     P: PacketIo + Send + 'static,
     D: DatagramIo + Send + 'static,
 {
-    let (mut worker, handle) = Worker::new(device, tun, udp).context("cannot start the worker")?;
+    let mut workers = Vec::new();
+    let mut handles = Vec::new();
+    for (device, tun, udp) in parts {
+        let (mut worker, handle) =
+            Worker::new(device, tun, udp).context("cannot start the worker")?;
+        worker.set_busy_poll(settings.busy_poll);
+        workers.push(worker);
+        handles.push(handle);
+    }
+    Worker::connect(&mut workers, settings.mtu);
     crate::privileges::drop_to_net_admin();
-    worker.set_busy_poll(settings.busy_poll);
-    let cpu = settings.cpu;
-    let thread = std::thread::Builder::new()
-        .name(format!("worker-{}", settings.name))
-        .spawn(move || {
-            if let Some(cpu) = cpu {
-                pin_to_cpu(cpu);
-            }
-            drop(worker.run())
-        })
-        .context("cannot start the worker thread")?;
-    Ok((thread, handle))
+    let mut threads = Vec::new();
+    for (i, worker) in workers.into_iter().enumerate() {
+        let cpu = settings.cpus.get(i).copied().flatten();
+        let thread = std::thread::Builder::new()
+            .name(format!("worker{i}-{}", settings.name))
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    pin_to_cpu(i, cpu);
+                }
+                drop(worker.run())
+            })
+            .context("cannot start a worker thread")?;
+        threads.push(thread);
+    }
+    Ok((threads, handles))
 }
 
 /// Pins the calling thread to `cpu`; a CPU that does not exist or is not allowed is logged
 /// and the thread runs unpinned.
-fn pin_to_cpu(cpu: usize) {
+fn pin_to_cpu(worker: usize, cpu: usize) {
     // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only write inside it (CPU_SET ignores
     // numbers beyond its size), and sched_setaffinity reads it for the calling thread (pid 0).
     let rc = unsafe {
@@ -324,11 +425,11 @@ fn pin_to_cpu(cpu: usize) {
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
     };
     if rc == 0 {
-        tracing::info!(cpu, "worker pinned");
+        tracing::info!(worker, cpu, "worker pinned");
     } else {
         tracing::warn!(
-            cpu,
-            "cannot pin the worker to CPU {cpu}: {}; it runs unpinned",
+            worker,
+            "cannot pin worker {worker} to CPU {cpu}: {}; it runs unpinned",
             std::io::Error::last_os_error()
         );
     }

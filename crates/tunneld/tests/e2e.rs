@@ -104,7 +104,10 @@ fn tunneld_to_wireguard_go_both_ways() {
     let (a, b) = two_sites();
     let (ka, kb) = (genkey(), genkey());
     let (ia, ib) = (unique_name("wg"), unique_name("wg"));
-    let ga = Gateway::start(&a, &ia, &ka, &site_body(1, &pubkey(&kb), "192.0.2.2:51820"));
+    // Three workers, whatever the machine: the peer's sessions live on one of them, and
+    // packets and initiations read on the others must reach it.
+    let body = site_body(1, &pubkey(&kb), "192.0.2.2:51820") + "\n[dataplane]\nworkers = 3\n";
+    let ga = Gateway::start(&a, &ia, &ka, &body);
 
     let wg = WireguardGo::start(&b, &ib);
     let dir = tempfile::tempdir().unwrap();
@@ -409,9 +412,19 @@ const UNSUPPORTED: &[(&str, &str, &[&str])] = &[
         &["dataplane.backend:", "xdp", "not available"],
     ),
     (
-        "more workers than supported",
-        "private_key = \"KEY\"\n[dataplane]\nworkers = 2\n",
-        &["dataplane.workers:", "2 workers"],
+        "more workers than a TUN device has queues",
+        "private_key = \"KEY\"\n[dataplane]\nworkers = 300\n",
+        &["dataplane.workers:", "300", "queues"],
+    ),
+    (
+        "more sub-tunnels than workers",
+        "private_key = \"KEY\"\n[dataplane]\nworkers = 1\n\n[[peer]]\n\
+         public_key = \"HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=\"\nparallel = 2\n",
+        &[
+            "peer[0].parallel:",
+            "2 sub-tunnels",
+            "1 (dataplane.workers)",
+        ],
     ),
 ];
 

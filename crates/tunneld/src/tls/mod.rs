@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tunneld_dataplane::worker::WorkerHandle;
+use tunneld_dataplane::worker::Workers;
 use tunneld_tunnel::config::{
     CertKey, Config, Endpoint, PeerTls, TlsConfig, TlsForward, TlsListen, TlsTarget,
 };
@@ -459,7 +459,7 @@ fn connection(side: &Side, accepted: TcpStream, peer: SocketAddr) -> anyhow::Res
 pub fn prepare_peer_transports(
     config: &Config,
     base: &Path,
-    worker: Arc<OnceLock<WorkerHandle>>,
+    worker: Arc<OnceLock<Workers>>,
 ) -> anyhow::Result<PeerTransports> {
     let mut endpoints = Vec::new();
     let mut starters: Vec<Starter> = Vec::new();
@@ -519,7 +519,7 @@ struct TlsTransport {
     tls: PeerTls,
     client: Arc<ClientConfig>,
     key: tunneld_crypto::PublicKey,
-    worker: Arc<OnceLock<WorkerHandle>>,
+    worker: Arc<OnceLock<Workers>>,
 }
 
 impl TlsTransport {
@@ -535,7 +535,7 @@ impl TlsTransport {
         } = self;
         let connected = move || {
             if let Some(handle) = worker.get() {
-                handle.run(move |device, _| device.request_handshake(&key));
+                handle.run_each(move |device, _| device.request_handshake(&key));
             }
         };
         let connect = move || -> anyhow::Result<(TcpStream, rustls::Connection)> {
@@ -572,9 +572,14 @@ fn watch_udp(transport: TlsTransport) {
         let Some(handle) = transport.worker.get().cloned() else {
             continue;
         };
-        let Some(Some((tx, rx))) = handle.run(move |device, _| device.peer_traffic(&key)) else {
+        // Summed over the workers: only those carrying the peer's sessions count anything.
+        let Some(traffic) = handle.run_each(move |device, _| device.peer_traffic(&key)) else {
             return;
         };
+        let (tx, rx) = traffic
+            .into_iter()
+            .flatten()
+            .fold((0, 0), |(tx, rx), (t, r)| (tx + t, rx + r));
         match last {
             Some((_, last_rx)) if rx != last_rx => {
                 answered_at = std::time::Instant::now();
@@ -605,7 +610,7 @@ fn watch_udp(transport: TlsTransport) {
             tracing::error!("{name}: {e:#}");
             return;
         }
-        handle.run(move |device, _| device.move_peer(&key, addr));
+        handle.run_each(move |device, _| device.move_peer(&key, addr));
         return;
     }
 }
