@@ -85,6 +85,7 @@ struct Sample {
     tcp1_tunnel_cpu: f64,
     tcp1_machine_cpu: f64,
     tcp4_gbits: f64,
+    tcp4_tunnel_cpu: f64,
     rtt_p50_us: f64,
     rtt_p99_us: f64,
     small_pps: f64,
@@ -105,7 +106,20 @@ pub fn run(args: &[String]) -> Result<(), String> {
         contender("direct (veth, no tunnel)", Ok(Impl::Direct)),
         contender(
             "tunneld (mmsg, all offloads)",
-            Ok(Impl::Tunneld(tunneld.clone(), "backend = \"mmsg\"")),
+            Ok(Impl::Tunneld(
+                tunneld.clone(),
+                "backend = \"mmsg\"\nworkers = 1",
+                "",
+            )),
+        ),
+        // One link on two workers: its flows spread over two sub-tunnels, one per core.
+        contender(
+            "tunneld (2 workers, parallel = 2)",
+            Ok(Impl::Tunneld(
+                tunneld.clone(),
+                "backend = \"mmsg\"\nworkers = 2",
+                "parallel = 2",
+            )),
         ),
         contender(
             "wireguard-go (Debian package)",
@@ -124,7 +138,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 "tunneld (mmsg, no offloads)",
                 Ok(Impl::Tunneld(
                     tunneld.clone(),
-                    "backend = \"mmsg\"\nudp_gso = false\nudp_gro = false\ntun_offload = false",
+                    "backend = \"mmsg\"\nworkers = 1\nudp_gso = false\nudp_gro = false\ntun_offload = false",
+                    "",
                 )),
             ),
         );
@@ -134,7 +149,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 "tunneld (mmsg, UDP GSO/GRO only)",
                 Ok(Impl::Tunneld(
                     tunneld.clone(),
-                    "backend = \"mmsg\"\ntun_offload = false",
+                    "backend = \"mmsg\"\nworkers = 1\ntun_offload = false",
+                    "",
                 )),
             ),
         );
@@ -142,7 +158,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
             4,
             contender(
                 "tunneld (uring, all offloads)",
-                Ok(Impl::Tunneld(tunneld.clone(), "backend = \"uring\"")),
+                Ok(Impl::Tunneld(
+                    tunneld.clone(),
+                    "backend = \"uring\"\nworkers = 1",
+                    "",
+                )),
             ),
         );
         contenders.insert(
@@ -151,7 +171,19 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 "tunneld (mmsg, all offloads, busy_poll_us = 0)",
                 Ok(Impl::Tunneld(
                     tunneld.clone(),
-                    "backend = \"mmsg\"\nbusy_poll_us = 0",
+                    "backend = \"mmsg\"\nworkers = 1\nbusy_poll_us = 0",
+                    "",
+                )),
+            ),
+        );
+        contenders.insert(
+            6,
+            contender(
+                "tunneld (2 workers, parallel = 1)",
+                Ok(Impl::Tunneld(
+                    tunneld.clone(),
+                    "backend = \"mmsg\"\nworkers = 2",
+                    "",
                 )),
             ),
         );
@@ -230,7 +262,7 @@ fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> 
     let bed = Testbed::new(which, tunneld)?;
     let (bps1, cpu1, machine1) = bed.iperf_tcp(1, o.seconds)?;
     system::check_interrupted()?;
-    let (bps4, _, _) = bed.iperf_tcp(4, o.seconds)?;
+    let (bps4, cpu4, _) = bed.iperf_tcp(4, o.seconds)?;
     system::check_interrupted()?;
     let probes = if o.quick { 200 } else { 1000 };
     let (p50, p99) = bed
@@ -242,6 +274,7 @@ fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> 
         tcp1_tunnel_cpu: cpu1,
         tcp1_machine_cpu: machine1,
         tcp4_gbits: bps4 / 1e9,
+        tcp4_tunnel_cpu: cpu4,
         rtt_p50_us: p50,
         rtt_p99_us: p99,
         small_pps: pps,
@@ -269,6 +302,7 @@ struct Medians {
     per_cpu: f64,
     machine_cpu: f64,
     tcp4: f64,
+    per_cpu4: f64,
     p50: f64,
     p99: f64,
     pps: f64,
@@ -285,11 +319,19 @@ fn medians(c: &Contender, seconds: f64) -> Medians {
             .map(|s| s.tcp1_gbits * seconds / s.tcp1_tunnel_cpu)
             .collect(),
     );
+    let per_cpu4 = median(
+        c.samples
+            .iter()
+            .filter(|s| s.tcp4_tunnel_cpu > 0.0)
+            .map(|s| s.tcp4_gbits * seconds / s.tcp4_tunnel_cpu)
+            .collect(),
+    );
     Medians {
         tcp1: m(|s| s.tcp1_gbits),
         per_cpu,
         machine_cpu: m(|s| s.tcp1_machine_cpu),
         tcp4: m(|s| s.tcp4_gbits),
+        per_cpu4,
         p50: m(|s| s.rtt_p50_us),
         p99: m(|s| s.rtt_p99_us),
         pps: m(|s| s.small_pps),
@@ -315,27 +357,28 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
     );
     let _ = writeln!(
         out,
-        "| path | TCP 1 stream | TCP 4 streams | Gbit per tunnel CPU-s | machine CPU-s (1 stream) | UDP RTT p50 | p99 | 64 B UDP rate | peak RSS (both) |"
+        "| path | TCP 1 stream | Gbit per tunnel CPU-s | machine CPU-s (1 stream) | TCP 4 streams | Gbit per tunnel CPU-s (4 streams) | UDP RTT p50 | p99 | 64 B UDP rate | peak RSS (both) |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for c in contenders {
         if let Err(why) = &c.which {
-            let _ = writeln!(out, "| {} | {why} | | | | | | | |", c.name);
+            let _ = writeln!(out, "| {} | {why} | | | | | | | | |", c.name);
             continue;
         }
         if c.samples.is_empty() {
-            let _ = writeln!(out, "| {} | failed (see log) | | | | | | | |", c.name);
+            let _ = writeln!(out, "| {} | failed (see log) | | | | | | | | |", c.name);
             continue;
         }
         let m = medians(c, o.seconds as f64);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.name,
             cell(m.tcp1, 2, " Gbit/s"),
-            cell(m.tcp4, 2, " Gbit/s"),
             cell(m.per_cpu, 2, ""),
             cell(m.machine_cpu, 2, ""),
+            cell(m.tcp4, 2, " Gbit/s"),
+            cell(m.per_cpu4, 2, ""),
             cell(m.p50, 0, " µs"),
             cell(m.p99, 0, " µs"),
             cell(m.pps / 1000.0, 0, " kpps"),
@@ -347,19 +390,20 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
 
 fn csv(contenders: &[Contender]) -> String {
     let mut out = String::from(
-        "implementation,round,tcp1_gbits,tcp1_tunnel_cpu_s,tcp1_machine_cpu_s,tcp4_gbits,rtt_p50_us,rtt_p99_us,small_pps,peak_rss_kib\n",
+        "implementation,round,tcp1_gbits,tcp1_tunnel_cpu_s,tcp1_machine_cpu_s,tcp4_gbits,tcp4_tunnel_cpu_s,rtt_p50_us,rtt_p99_us,small_pps,peak_rss_kib\n",
     );
     for c in contenders {
         for (i, s) in c.samples.iter().enumerate() {
             let _ = writeln!(
                 out,
-                "\"{}\",{},{:.4},{:.3},{:.3},{:.4},{:.1},{:.1},{:.0},{}",
+                "\"{}\",{},{:.4},{:.3},{:.3},{:.4},{:.3},{:.1},{:.1},{:.0},{}",
                 c.name,
                 i + 1,
                 s.tcp1_gbits,
                 s.tcp1_tunnel_cpu,
                 s.tcp1_machine_cpu,
                 s.tcp4_gbits,
+                s.tcp4_tunnel_cpu,
                 s.rtt_p50_us,
                 s.rtt_p99_us,
                 s.small_pps,

@@ -33,7 +33,7 @@ pub fn run(compare: bool) -> Result<(), String> {
         return Err("the demo needs root (network namespaces)".into());
     }
     let tunneld = system::build_tunneld()?;
-    let mut contenders = vec![("tunneld", Impl::Tunneld(tunneld.clone(), ""))];
+    let mut contenders = vec![("tunneld", Impl::Tunneld(tunneld.clone(), "", ""))];
     if compare {
         match system::which("wireguard-go") {
             Some(bin) => contenders.push(("wireguard-go (Debian)", Impl::WireguardGo(bin))),

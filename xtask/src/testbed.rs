@@ -19,8 +19,8 @@ pub enum Impl {
     /// No tunnel: traffic goes over the veth underlay directly.
     Direct,
     /// tunneld, from this repository's release build, with these lines in its `[dataplane]`
-    /// section (empty: the defaults).
-    Tunneld(PathBuf, &'static str),
+    /// section and these in its `[[peer]]` (empty: the defaults).
+    Tunneld(PathBuf, &'static str, &'static str),
     /// A wireguard-go binary (the Debian package, or a module build), configured with `wg`.
     WireguardGo(PathBuf),
     /// boringtun-cli, configured with `wg`.
@@ -100,6 +100,43 @@ fn write_key(dir: &Path, name: &str, tunneld: &Path) -> Result<(PathBuf, String)
 }
 
 /// Whether this kernel can create WireGuard interfaces (tried in a scratch namespace).
+/// The `cpus` line for tunneld at site `me`: the machine's CPUs in order at site A and in
+/// reverse at site B. Each tunneld pins worker i to the i-th CPU it is given, so with the
+/// same order both sites' worker 0 would share a core, as two gateways on two machines
+/// never do; reversed, each worker of A has a core its counterpart in B does not use.
+fn site_cpus(me: u8) -> String {
+    let mut cpus = allowed_cpus();
+    if me == 2 {
+        cpus.reverse();
+    }
+    let list: Vec<String> = cpus.iter().map(ToString::to_string).collect();
+    format!("cpus = [{}]", list.join(", "))
+}
+
+/// The CPUs this process may run on, from `Cpus_allowed_list` in /proc/self/status
+/// ("0-3,6"); CPU 0 alone if it cannot be read.
+fn allowed_cpus() -> Vec<usize> {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or("0")
+        .trim();
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        let mut ends = part.split('-').map(|n| n.trim().parse::<usize>());
+        match (ends.next(), ends.next()) {
+            (Some(Ok(a)), Some(Ok(b))) => cpus.extend(a..=b),
+            (Some(Ok(a)), None) => cpus.push(a),
+            _ => {}
+        }
+    }
+    if cpus.is_empty() {
+        cpus.push(0);
+    }
+    cpus
+}
+
 pub fn kernel_has_wireguard() -> bool {
     let ns = NetNs::new();
     ns.output(&["ip", "link", "add", "wgprobe", "type", "wireguard"])
@@ -190,13 +227,14 @@ impl Testbed {
             bed.interfaces.push(ifname.clone());
             match which {
                 Impl::Direct => unreachable!(),
-                Impl::Tunneld(bin, dataplane) => {
+                Impl::Tunneld(bin, dataplane, peer) => {
+                    let cpus = site_cpus(me);
                     let config = format!(
                         "[interface]\nname = \"{ifname}\"\nprivate_key_file = \"{}\"\nlisten_port = 51820\n\
                          address = [\"10.77.0.{me}/24\", \"fd77::{me}/64\"]\nmtu = 1420\n\n\
-                         [dataplane]\n{dataplane}\n\n\
+                         [dataplane]\n{dataplane}\n{cpus}\n\n\
                          [[peer]]\npublic_key = \"{peer_pub}\"\nendpoint = \"{peer_ip}:51820\"\n\
-                         allowed_ips = [\"10.77.0.{other}/32\", \"fd77::{other}/128\"]\n",
+                         allowed_ips = [\"10.77.0.{other}/32\", \"fd77::{other}/128\"]\n{peer}\n",
                         key.display()
                     );
                     let path = dir.join(format!("{ifname}.toml"));

@@ -130,13 +130,28 @@ fn worker_count(dataplane: &DataplaneConfig) -> usize {
     .clamp(1, MAX_WORKERS)
 }
 
-/// The CPU each worker is pinned to: `cpus` in turn, or the CPUs this process may use, in
-/// order, so that workers land on different cores.
-fn worker_cpus(dataplane: &DataplaneConfig, workers: usize) -> Vec<Option<usize>> {
-    let cpus = dataplane
-        .cpus
-        .clone()
-        .unwrap_or_else(crate::topology::allowed_cpus);
+/// The CPU each worker is pinned to: `cpus` in turn, or else the CPUs this process may use,
+/// those on the NUMA node of the network device toward the first peer first, so that
+/// workers land on different cores near their packets.
+fn worker_cpus(
+    dataplane: &DataplaneConfig,
+    workers: usize,
+    peers: &[tunneld_tunnel::PeerSettings],
+) -> Vec<Option<usize>> {
+    use crate::topology;
+    let cpus = match &dataplane.cpus {
+        Some(cpus) => cpus.clone(),
+        None => {
+            let node = peers
+                .iter()
+                .find_map(|p| p.endpoint)
+                .and_then(topology::underlay_node);
+            if let Some(node) = node {
+                tracing::info!(node, "workers go on the underlay device's NUMA node first");
+            }
+            topology::placement(&topology::allowed_cpus(), node, topology::cpu_node)
+        }
+    };
     (0..workers)
         .map(|i| (!cpus.is_empty()).then(|| cpus[i % cpus.len()]))
         .collect()
@@ -179,6 +194,7 @@ fn start_wireguard(
     netlink.set_up(index)?;
 
     let listen_port = udp.local_port();
+    let cpus = worker_cpus(dataplane, workers, &wg.peers);
     let now = Instant::now();
     let devices: Vec<Device> = (0..workers)
         .map(|i| {
@@ -217,7 +233,7 @@ fn start_wireguard(
     let settings = WorkerSettings {
         name: &name,
         busy_poll: Duration::from_micros(dataplane.busy_poll_us.into()),
-        cpus: worker_cpus(dataplane, workers),
+        cpus,
         mtu: usize::from(mtu),
     };
     let parts = devices.into_iter().zip(tuns).zip(sockets);
