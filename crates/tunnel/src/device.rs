@@ -391,6 +391,20 @@ impl Device {
                 }
                 TunnResult::Done => {}
                 TunnResult::Err(e) => {
+                    // The usual cause: the other side does not split the peer the same way,
+                    // so it answers with another sub-tunnel's key. Said once per peer.
+                    if datagram[0] == MSG_RESPONSE && peer.sub > 0 && !peer.warned_sub_tunnel {
+                        peer.warned_sub_tunnel = true;
+                        tracing::warn!(
+                            peer = %peer.public_key,
+                            "sub-tunnel {} of {}: the handshake response does not authenticate; \
+                             flows hashed onto it are lost until it does. Is `parallel = {}` set \
+                             on the other side too?",
+                            peer.sub,
+                            peer.parallel,
+                            peer.parallel
+                        );
+                    }
                     self.stats.drop(DropReason::from(&e));
                     return Disposition::Done;
                 }

@@ -33,6 +33,8 @@ pub(crate) struct Peer {
     /// to it and recognise it. `owner` is the worker of a plain peer.
     pub owned: bool,
     pub owner: usize,
+    /// Whether a sub-tunnel's failed handshake was logged (see `Device::decapsulate`).
+    pub warned_sub_tunnel: bool,
 }
 
 impl std::fmt::Debug for Peer {
@@ -77,6 +79,7 @@ impl Peer {
             sub: 0,
             owned: true,
             owner: 0,
+            warned_sub_tunnel: false,
         }
     }
 

@@ -353,6 +353,11 @@ fn sub_tunnels_pair_only_with_their_own_number() {
         [true, false],
         "sub-tunnel 0 up, sub-tunnel 1 refused"
     );
+    // Refused by the key: B's response, made with sub-tunnel 0's key, fails to authenticate.
+    let stats = a.workers[1].stats();
+    let refused = stats.drops(tunneld_tunnel::DropReason::DecryptFailed)
+        + stats.drops(tunneld_tunnel::DropReason::HandshakeRejected);
+    assert!(refused > 0, "{stats:?}");
     assert!(!b.delivered.is_empty() && b.delivered.len() < 16);
 }
 

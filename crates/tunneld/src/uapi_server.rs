@@ -57,9 +57,15 @@ impl UapiServer {
                     path.display()
                 );
             }
-            // A socket left by a process that died: nobody answers on it.
-            std::fs::remove_file(&path)
-                .with_context(|| format!("cannot remove the stale {}", path.display()))?;
+            // A socket left by a process that died: nobody answers on it. `wg` removes such
+            // sockets too when it finds them, so it may be gone already.
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(e)
+                        .with_context(|| format!("cannot remove the stale {}", path.display()));
+                }
+                _ => {}
+            }
         }
         let listener = UnixListener::bind(&path)
             .with_context(|| format!("cannot create the UAPI socket {}", path.display()))?;
