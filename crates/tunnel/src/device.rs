@@ -198,10 +198,6 @@ impl Device {
     pub fn peer_count(&self) -> usize {
         self.by_key.len()
     }
-    /// This device's worker and how many workers there are.
-    pub fn worker(&self) -> (usize, usize) {
-        (self.slot_offset, self.slot_stride)
-    }
 
     /// The worker that must handle `peer`'s sub-tunnel `sub` when it is not this one.
     fn elsewhere(&self, peer: &Peer, sub: usize) -> Option<usize> {
@@ -262,6 +258,7 @@ impl Device {
             self.stats.drop(DropReason::NoEndpoint);
             return Disposition::Done;
         };
+        self.clock.sync(now);
         // Packets queued during a handshake go first, or they would arrive after this one.
         if peer.maybe_queued {
             Self::flush_queued(peer, now, out, &mut self.stats);
@@ -272,7 +269,6 @@ impl Device {
             self.stats.drop(DropReason::NetworkBatchFull);
             return Disposition::Done;
         };
-        self.clock.sync(now);
         match peer.tunn.encapsulate(&frame[..padded], buf) {
             TunnResult::WriteToNetwork(datagram) => {
                 let n = datagram.len();
