@@ -30,7 +30,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
             errors.join(&format!("\n{}: ", config_path.display()))
         )
     })?;
-    let workers = worker_count(&loaded.config.dataplane);
+    let workers = worker_count(&loaded.config.dataplane, &loaded.config.peers);
     let use_uring = match &loaded.wireguard {
         Some(wg) => {
             check_dataplane(&loaded.config.dataplane, workers, &wg.peers)
@@ -118,10 +118,17 @@ struct RunningWireGuard {
 /// The kernel's limit on the queues of one TUN device.
 const MAX_WORKERS: usize = 256;
 
-/// How many workers: as configured, or one per CPU tunneld may run on (`cpus` if given).
-fn worker_count(dataplane: &DataplaneConfig) -> usize {
+/// How many workers: as configured, or for `auto` one per CPU tunneld may run on (`cpus` if
+/// given), except for a config whose only peer is a plain one: one worker carries all of a
+/// plain peer's sessions, so more could only add hand-offs (and wake-ups) to its packets.
+fn worker_count(
+    dataplane: &DataplaneConfig,
+    peers: &[tunneld_tunnel::config::PeerConfig],
+) -> usize {
+    let one_plain_link = matches!(peers, [peer] if peer.parallel <= 1);
     match (dataplane.workers, &dataplane.cpus) {
         (config::Workers::Count(n), _) => n,
+        (config::Workers::Auto, _) if one_plain_link => 1,
         (config::Workers::Auto, Some(cpus)) => cpus.len(),
         (config::Workers::Auto, None) => {
             std::thread::available_parallelism().map_or(1, |n| n.get())
