@@ -147,4 +147,31 @@ fn a_split_link_uses_both_workers_and_keeps_each_flow_in_order() {
         retransmits < 20,
         "{retransmits} TCP segments retransmitted over 32 MiB"
     );
+
+    step("wg sees one interface: each peer once, its sub-tunnels' bytes added up");
+    let dump = wg_dump(&a, &ia);
+    assert_eq!(dump.len(), 2, "interface and one peer: {dump:?}");
+    let tx: u64 = dump[1][6].parse().unwrap();
+    assert!(
+        tx > 32 << 20,
+        "bytes sent to the peer, over both sub-tunnels: {tx}"
+    );
+    step("wg set reaches every worker");
+    let newcomer = pubkey(&genkey());
+    a.run(&[
+        "wg",
+        "set",
+        &ia,
+        "peer",
+        &newcomer,
+        "allowed-ips",
+        "10.99.0.0/16",
+    ]);
+    let dump = wg_dump(&a, &ia);
+    assert_eq!(dump.len(), 3, "the new peer is listed once: {dump:?}");
+    let routes = a.run(&["ip", "-4", "route", "show", "dev", &ia]);
+    assert!(routes.contains("10.99.0.0/16"), "{routes}");
+    a.run(&["wg", "set", &ia, "peer", &newcomer, "remove"]);
+    assert_eq!(wg_dump(&a, &ia).len(), 2);
+    ping(&a, "10.77.0.2");
 }
