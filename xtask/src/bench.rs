@@ -312,20 +312,18 @@ struct Medians {
 fn medians(c: &Contender, seconds: f64) -> Medians {
     let m = |f: fn(&Sample) -> f64| median(c.samples.iter().map(f).collect());
     // Gbit per tunnel CPU-second, per round, then the median of those.
-    let per_cpu = median(
-        c.samples
-            .iter()
-            .filter(|s| s.tcp1_tunnel_cpu > 0.0)
-            .map(|s| s.tcp1_gbits * seconds / s.tcp1_tunnel_cpu)
-            .collect(),
-    );
-    let per_cpu4 = median(
-        c.samples
-            .iter()
-            .filter(|s| s.tcp4_tunnel_cpu > 0.0)
-            .map(|s| s.tcp4_gbits * seconds / s.tcp4_tunnel_cpu)
-            .collect(),
-    );
+    let per_cpu_of = |run: fn(&Sample) -> (f64, f64)| {
+        median(
+            c.samples
+                .iter()
+                .map(run)
+                .filter(|(_, cpu)| *cpu > 0.0)
+                .map(|(gbits, cpu)| gbits * seconds / cpu)
+                .collect(),
+        )
+    };
+    let per_cpu = per_cpu_of(|s| (s.tcp1_gbits, s.tcp1_tunnel_cpu));
+    let per_cpu4 = per_cpu_of(|s| (s.tcp4_gbits, s.tcp4_tunnel_cpu));
     Medians {
         tcp1: m(|s| s.tcp1_gbits),
         per_cpu,

@@ -196,6 +196,29 @@ fn peer(
     }
 }
 
+/// Gateways a (192.0.2.1, overlay 10.1/16) and b (192.0.2.2, 10.2/16) with new keys, each
+/// the other's only peer: (parallel, workers) for each side.
+fn two_gateways(
+    (parallel_a, workers_a): (u8, usize),
+    (parallel_b, workers_b): (u8, usize),
+    psk: Option<PresharedKey>,
+    now: Instant,
+) -> (Gateway, Gateway) {
+    let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+    let to_b = peer(
+        &kb,
+        "192.0.2.2:51820",
+        "10.2.0.0/16",
+        parallel_a,
+        psk.clone(),
+    );
+    let to_a = peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", parallel_b, psk);
+    (
+        Gateway::new("192.0.2.1:51820", &ka, to_b, workers_a, now),
+        Gateway::new("192.0.2.2:51820", &kb, to_a, workers_b, now),
+    )
+}
+
 /// Sends `flows` flows of `per_flow` sequence-numbered packets from a to b, reading them on
 /// rotating workers, and checks every packet arrived with each flow in order.
 fn flows_cross_in_order(a: &mut Gateway, b: &mut Gateway, flows: u16, per_flow: u32, now: Instant) {
@@ -232,22 +255,7 @@ fn flows_cross_in_order(a: &mut Gateway, b: &mut Gateway, flows: u16, per_flow: 
 #[test]
 fn a_split_peer_spreads_flows_over_both_workers_in_order() {
     let now = Instant::now();
-    let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
-    let psk = Some(PresharedKey::generate());
-    let mut a = Gateway::new(
-        "192.0.2.1:51820",
-        &ka,
-        peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 2, psk.clone()),
-        2,
-        now,
-    );
-    let mut b = Gateway::new(
-        "192.0.2.2:51820",
-        &kb,
-        peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 2, psk),
-        2,
-        now,
-    );
+    let (mut a, mut b) = two_gateways((2, 2), (2, 2), Some(PresharedKey::generate()), now);
     flows_cross_in_order(&mut a, &mut b, 16, 20, now);
     let rx = b.rx_packets();
     assert!(
@@ -272,22 +280,8 @@ fn a_split_peer_spreads_flows_over_both_workers_in_order() {
 #[test]
 fn a_plain_wireguard_peer_works_with_any_worker_count() {
     let now = Instant::now();
-    let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
     // a is one plain device (like wireguard-go); b has three workers.
-    let mut a = Gateway::new(
-        "192.0.2.1:51820",
-        &ka,
-        peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 1, None),
-        1,
-        now,
-    );
-    let mut b = Gateway::new(
-        "192.0.2.2:51820",
-        &kb,
-        peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 1, None),
-        3,
-        now,
-    );
+    let (mut a, mut b) = two_gateways((1, 1), (1, 3), None, now);
     flows_cross_in_order(&mut a, &mut b, 8, 10, now);
     let carrying: Vec<usize> = (0..3).filter(|w| b.rx_packets()[*w] > 0).collect();
     assert_eq!(carrying.len(), 1, "one worker carries a plain peer");
@@ -310,23 +304,9 @@ fn a_plain_wireguard_peer_works_with_any_worker_count() {
 #[test]
 fn sub_tunnels_pair_only_with_their_own_number() {
     let now = Instant::now();
-    let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
     // a splits the peer in two, b (one worker) does not: sub-tunnel 0 is standard WireGuard
     // and comes up; sub-tunnel 1's key differs, so its handshake never completes.
-    let mut a = Gateway::new(
-        "192.0.2.1:51820",
-        &ka,
-        peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 2, None),
-        2,
-        now,
-    );
-    let mut b = Gateway::new(
-        "192.0.2.2:51820",
-        &kb,
-        peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 1, None),
-        1,
-        now,
-    );
+    let (mut a, mut b) = two_gateways((2, 2), (1, 1), None, now);
     let mut reader = 0;
     for flow in 0..16 {
         reader += 1;
@@ -364,21 +344,7 @@ fn sub_tunnels_pair_only_with_their_own_number() {
 #[test]
 fn packets_queued_during_a_handshake_keep_their_order() {
     let now = Instant::now();
-    let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
-    let mut a = Gateway::new(
-        "192.0.2.1:51820",
-        &ka,
-        peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 1, None),
-        1,
-        now,
-    );
-    let mut b = Gateway::new(
-        "192.0.2.2:51820",
-        &kb,
-        peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 1, None),
-        1,
-        now,
-    );
+    let (mut a, mut b) = two_gateways((1, 1), (1, 1), None, now);
     // Packets 0..50 wait in A's `Tunn` while the handshake runs.
     let mut initiation = Vec::new();
     for seq in 0..50 {
