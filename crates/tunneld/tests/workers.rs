@@ -71,7 +71,7 @@ fn a_split_link_uses_both_workers_and_keeps_each_flow_in_order() {
     );
     let body_a = site_body(1, &pubkey(&kb), "192.0.2.2:51820") + split;
     let body_b = site_body(2, &pubkey(&ka), "192.0.2.1:51820") + split;
-    let _ga = Gateway::start(&a, &ia, &ka, &body_a);
+    let mut ga = Gateway::start(&a, &ia, &ka, &body_a);
     let _gb = Gateway::start(&b, &ib, &kb, &body_b);
     ping(&a, "10.77.0.2");
 
@@ -174,4 +174,9 @@ fn a_split_link_uses_both_workers_and_keeps_each_flow_in_order() {
     a.run(&["wg", "set", &ia, "peer", &newcomer, "remove"]);
     assert_eq!(wg_dump(&a, &ia).len(), 2);
     ping(&a, "10.77.0.2");
+
+    step("SIGTERM stops every worker and removes the interface");
+    assert!(ga.stop_with("TERM").success(), "{}", ga.log_text());
+    assert!(!a.output(&["ip", "link", "show", &ia]).status.success());
+    assert!(!socket_path(&ia).exists());
 }
