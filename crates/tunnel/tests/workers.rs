@@ -370,3 +370,23 @@ fn packets_queued_during_a_handshake_keep_their_order() {
         .collect();
     assert_eq!(seqs, (0..=50).collect::<Vec<u32>>());
 }
+
+#[test]
+fn plain_peers_spread_over_the_workers_and_sub_tunnels_go_in_order() {
+    // Public keys are uniformly random, so many plain peers spread evenly.
+    let mut per_worker = [0usize; 4];
+    for _ in 0..400 {
+        let key = PrivateKey::generate().public_key();
+        per_worker[tunneld_tunnel::owner_of(&key, 1, 0, 4)] += 1;
+    }
+    assert!(
+        per_worker.iter().all(|n| (60..=140).contains(n)),
+        "{per_worker:?}"
+    );
+    // Sub-tunnel j of a split peer is on worker j, whatever the key.
+    let key = PrivateKey::generate().public_key();
+    let owners: Vec<usize> = (0..4)
+        .map(|sub| tunneld_tunnel::owner_of(&key, 4, sub, 4))
+        .collect();
+    assert_eq!(owners, [0, 1, 2, 3]);
+}
