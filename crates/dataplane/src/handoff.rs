@@ -15,6 +15,8 @@ use std::sync::Arc;
 pub(crate) enum Cargo {
     /// An IP packet read from the TUN, to encrypt.
     Packet,
+    /// An IP packet to encrypt over its peer's sub-tunnel 0 (its own has no session).
+    PacketOnFirst,
     /// A datagram received from `from`, to decrypt or answer.
     Datagram(SocketAddr),
 }

@@ -298,15 +298,12 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                 if net_tx.is_full() {
                     *shortfall += flush(udp, net_tx);
                 }
-                if let Disposition::HandOff(owner) = device.encapsulate(packet, len, now, net_tx) {
-                    hand_off(
-                        outboxes,
-                        device.stats_mut(),
-                        owner,
-                        Cargo::Packet,
-                        &packet[..len],
-                    );
-                }
+                let (owner, cargo) = match device.encapsulate(packet, len, now, net_tx) {
+                    Disposition::Done => return,
+                    Disposition::HandOff(owner) => (owner, Cargo::Packet),
+                    Disposition::HandOffToFirst(owner) => (owner, Cargo::PacketOnFirst),
+                };
+                hand_off(outboxes, device.stats_mut(), owner, cargo, &packet[..len]);
             };
             if hdr.is_plain() {
                 encapsulate(frame, len);
@@ -400,6 +397,12 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                         self.device
                             .encapsulate(&mut parcel.buf, parcel.len, now, &mut self.net_tx)
                     }
+                    Cargo::PacketOnFirst => self.device.encapsulate_on_first(
+                        &mut parcel.buf,
+                        parcel.len,
+                        now,
+                        &mut self.net_tx,
+                    ),
                     Cargo::Datagram(from) => self.device.decapsulate(
                         from,
                         &parcel.buf[..parcel.len],
@@ -408,9 +411,19 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                         &mut self.net_tx,
                     ),
                 };
-                // Workers agree on owners; only a peer changing under a `set` can disagree.
-                if let Disposition::HandOff(_) = disposition {
-                    self.device.stats_mut().drop(DropReason::Other);
+                let stats = self.device.stats_mut();
+                match (parcel.cargo, disposition) {
+                    (_, Disposition::Done) => {}
+                    // The flow's sub-tunnel is here but has no session: on to sub-tunnel 0.
+                    (Cargo::Packet, Disposition::HandOffToFirst(owner)) => hand_off(
+                        &mut self.outboxes,
+                        stats,
+                        owner,
+                        Cargo::PacketOnFirst,
+                        &parcel.buf[..parcel.len],
+                    ),
+                    // Workers agree on owners; only a peer changing under a `set` can disagree.
+                    _ => stats.drop(DropReason::Other),
                 }
                 inbox.give_back(parcel);
             }
@@ -419,6 +432,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             self.device.stats_mut().handoffs_in += taken as u64;
             self.flush_tunnel();
             self.flush_network();
+            self.wake_receivers();
         }
         taken
     }

@@ -64,6 +64,10 @@ pub enum Disposition {
     /// It belongs to a session that another worker carries: hand it, unchanged, to that
     /// worker. A device made with [`Device::new`] (one worker) never says this.
     HandOff(usize),
+    /// A packet whose flow is on a sub-tunnel with no session (not yet, or never, when the
+    /// other side does not split the peer): hand it to this worker, which carries the
+    /// peer's sub-tunnel 0, for [`Device::encapsulate_on_first`].
+    HandOffToFirst(usize),
 }
 
 /// The worker of `workers` that carries sub-tunnel `sub` of a peer split into `parallel`
@@ -230,6 +234,29 @@ impl Device {
         now: Instant,
         out: &mut impl DatagramSink,
     ) -> Disposition {
+        self.encapsulate_on(frame, len, now, out, false)
+    }
+
+    /// [`Device::encapsulate`] over the peer's sub-tunnel 0, whatever the flow: for a packet
+    /// handed over with [`Disposition::HandOffToFirst`].
+    pub fn encapsulate_on_first(
+        &mut self,
+        frame: &mut [u8],
+        len: usize,
+        now: Instant,
+        out: &mut impl DatagramSink,
+    ) -> Disposition {
+        self.encapsulate_on(frame, len, now, out, true)
+    }
+
+    fn encapsulate_on(
+        &mut self,
+        frame: &mut [u8],
+        len: usize,
+        now: Instant,
+        out: &mut impl DatagramSink,
+        first: bool,
+    ) -> Disposition {
         let Some(dst) = packet::destination(&frame[..len]) else {
             self.stats.drop(DropReason::NotIp);
             return Disposition::Done;
@@ -243,7 +270,7 @@ impl Device {
             return Disposition::Done;
         };
         // A flow keeps to one sub-tunnel, so its packets stay in order.
-        let sub = if peer.parallel > 1 {
+        let sub = if peer.parallel > 1 && !first {
             flow_hash(&frame[..len]) as usize
         } else {
             0
@@ -259,6 +286,25 @@ impl Device {
             return Disposition::Done;
         };
         self.clock.sync(now);
+        if peer.sub > 0 && peer.tunn.time_since_last_handshake().is_none() {
+            // No session on this sub-tunnel: the packet goes over sub-tunnel 0, so that a side
+            // that does not split the peer (yet) loses nothing, and this one asks for a
+            // session (boringtun sends at most one initiation per retry interval).
+            if let Some(buf) = out.slot() {
+                if let TunnResult::WriteToNetwork(init) =
+                    peer.tunn.format_handshake_initiation(buf, false)
+                {
+                    let n = init.len();
+                    out.push(n, endpoint);
+                    peer.last_sent = Some(now);
+                    peer.tx_bytes += n as u64;
+                    self.stats.tx_bytes += n as u64;
+                    self.stats.handshakes_sent += 1;
+                }
+            }
+            let first_owner = owner_of(&peer.public_key, peer.parallel, 0, self.slot_stride);
+            return Disposition::HandOffToFirst(first_owner);
+        }
         // Packets queued during a handshake go first, or they would arrive after this one.
         if peer.maybe_queued {
             Self::flush_queued(peer, now, out, &mut self.stats);
