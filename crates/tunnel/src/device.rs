@@ -202,6 +202,15 @@ impl Device {
     pub fn peer_count(&self) -> usize {
         self.by_key.len()
     }
+    /// The peers whose sessions this worker carries, with the sub-tunnel of a split one.
+    pub fn carried(&self) -> Vec<(PublicKey, Option<u8>)> {
+        self.peers
+            .iter()
+            .flatten()
+            .filter(|p| p.owned)
+            .map(|p| (p.public_key, (p.parallel > 1).then_some(p.sub)))
+            .collect()
+    }
 
     /// The worker that must handle `peer`'s sub-tunnel `sub` when it is not this one.
     fn elsewhere(&self, peer: &Peer, sub: usize) -> Option<usize> {

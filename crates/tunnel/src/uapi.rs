@@ -413,11 +413,21 @@ pub fn format_get(snapshot: &DeviceSnapshot) -> String {
     out
 }
 
-/// The reply to `stats=1`: one `key=value` line per counter, per worker, then `errno=0`.
-/// Workers are numbered from 0.
-pub fn format_stats(workers: &[crate::Stats]) -> String {
+/// One worker's part of a `stats=1` reply.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerStats {
+    pub stats: crate::Stats,
+    /// The peers whose sessions it carries, with the number of the sub-tunnel of a split one.
+    pub carries: Vec<(PublicKey, Option<u8>)>,
+}
+
+/// The reply to `stats=1`: one `key=value` line per counter, per worker, then a `carries=`
+/// line per peer it carries (hex key, and `/` and the sub-tunnel for a split peer), then
+/// `errno=0`. Workers are numbered from 0.
+pub fn format_stats(workers: &[WorkerStats]) -> String {
     let mut out = String::new();
-    for (i, s) in workers.iter().enumerate() {
+    for (i, worker) in workers.iter().enumerate() {
+        let s = &worker.stats;
         let _ = writeln!(out, "worker={i}");
         let _ = writeln!(out, "tx_packets={}", s.tx_packets);
         let _ = writeln!(out, "tx_bytes={}", s.tx_bytes);
@@ -429,6 +439,12 @@ pub fn format_stats(workers: &[crate::Stats]) -> String {
         let _ = writeln!(out, "handoffs_in={}", s.handoffs_in);
         for reason in crate::DropReason::ALL {
             let _ = writeln!(out, "drop_{}={}", reason.name(), s.drops(*reason));
+        }
+        for (key, sub) in &worker.carries {
+            let _ = match sub {
+                Some(sub) => writeln!(out, "carries={}/{sub}", hex(key.as_bytes())),
+                None => writeln!(out, "carries={}", hex(key.as_bytes())),
+            };
         }
     }
     out.push_str("errno=0\n\n");

@@ -67,8 +67,20 @@ fn get_and_stats_parse() {
     let mut stats = tunneld_tunnel::Stats::default();
     stats.drop(tunneld_tunnel::DropReason::NoRoute);
     stats.tx_packets = 3;
-    let text = uapi::format_stats(&[stats]);
+    let key = PrivateKey::generate().public_key();
+    let text = uapi::format_stats(&[uapi::WorkerStats {
+        stats,
+        carries: vec![(key, Some(1)), (key, None)],
+    }]);
     assert!(text.starts_with("worker=0\ntx_packets=3\n"), "{text}");
+    assert!(
+        text.contains(&format!("carries={}/1\n", hex_of(&key))),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("carries={}\n", hex_of(&key))),
+        "{text}"
+    );
     assert!(text.contains("drop_no_route=1\n"), "{text}");
     assert!(text.ends_with("errno=0\n\n"));
 }

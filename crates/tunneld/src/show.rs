@@ -127,7 +127,8 @@ fn show_one(interface: &str) -> anyhow::Result<()> {
     if let Ok(stats) = request(interface, "stats=1\n\n") {
         let mut line = String::new();
         let mut drops = Vec::new();
-        let flush = |line: &mut String, drops: &mut Vec<String>| {
+        let mut carries = Vec::new();
+        let flush = |line: &mut String, drops: &mut Vec<String>, carries: &mut Vec<String>| {
             if !line.is_empty() {
                 let drops = if drops.is_empty() {
                     "none".to_string()
@@ -135,16 +136,20 @@ fn show_one(interface: &str) -> anyhow::Result<()> {
                     drops.join(" ")
                 };
                 println!("{line}; drops: {drops}");
+                if !carries.is_empty() {
+                    println!("  carries: {}", carries.join(", "));
+                }
             }
             line.clear();
             drops.clear();
+            carries.clear();
         };
         println!();
         let (mut txp, mut rxp) = (0u64, 0u64);
         for (key, value) in &stats {
             match key.as_str() {
                 "worker" => {
-                    flush(&mut line, &mut drops);
+                    flush(&mut line, &mut drops, &mut carries);
                     line = format!("worker {value}:");
                 }
                 "tx_packets" => txp = value.parse().unwrap_or(0),
@@ -172,10 +177,22 @@ fn show_one(interface: &str) -> anyhow::Result<()> {
                 k if k.starts_with("drop_") && value != "0" => {
                     drops.push(format!("{}={value}", &k[5..]))
                 }
+                // A peer by the start of its base64 key, with its sub-tunnel if it is split.
+                "carries" => {
+                    let (hex, sub) = match value.split_once('/') {
+                        Some((hex, sub)) => (hex, format!(" (sub-tunnel {sub})")),
+                        None => (value.as_str(), String::new()),
+                    };
+                    let key = parse_hex_key(hex)
+                        .map(|k| PublicKey::from_bytes(k).to_base64())
+                        .unwrap_or_else(|| hex.to_string());
+                    let short: String = key.chars().take(8).collect();
+                    carries.push(format!("{short}…{sub}"));
+                }
                 _ => {}
             }
         }
-        flush(&mut line, &mut drops);
+        flush(&mut line, &mut drops, &mut carries);
     }
     Ok(())
 }

@@ -162,7 +162,10 @@ fn handle(text: &str, worker: &Workers, netlink: &mut Netlink, link: u32) -> Str
                 None => uapi::format_errno(libc::ESHUTDOWN),
             }
         }
-        Request::Stats => match worker.run_each(|device, _| device.stats().clone()) {
+        Request::Stats => match worker.run_each(|device, _| uapi::WorkerStats {
+            stats: device.stats().clone(),
+            carries: device.carried(),
+        }) {
             Some(stats) => uapi::format_stats(&stats),
             None => uapi::format_errno(libc::ESHUTDOWN),
         },

@@ -61,6 +61,8 @@ fn tunneld_to_tunneld_v4_v6_ping_and_tcp_both_ways() {
     assert!(show.contains("worker 0: sent "), "{show}");
     // workers = "auto" with one plain peer: one worker, which carries all of it.
     assert!(!show.contains("worker 1:"), "{show}");
+    let short: String = gb.public_key.chars().take(8).collect();
+    assert!(show.contains(&format!("  carries: {short}…\n")), "{show}");
     assert!(show.contains("; drops: "), "{show}");
 
     // The configured routes and addresses are on the interface.

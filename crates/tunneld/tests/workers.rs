@@ -150,6 +150,16 @@ fn a_split_link_uses_both_workers_and_keeps_each_flow_in_order() {
         );
     }
 
+    // And which worker carries which sub-tunnel.
+    let show = a.run(&[TUNNELD, "show", &ia]);
+    let short: String = pubkey(&kb).chars().take(8).collect();
+    for sub in 0..2 {
+        assert!(
+            show.contains(&format!("carries: {short}… (sub-tunnel {sub})")),
+            "{show}"
+        );
+    }
+
     step("TCP across the split link: no retransmits from reordering");
     let before = tcp_retransmits(&a);
     tcp_transfer(&a, &b, "10.77.0.2:5010".parse().unwrap(), 32 << 20);
