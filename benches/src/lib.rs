@@ -273,12 +273,17 @@ impl SimLanes {
             })
             .collect();
         let mut lanes = SimLanes { lanes };
-        // The first packet of each lane starts its sub-tunnel's handshake (and, until that
-        // completes, crosses on sub-tunnel 0); the second must then cross on its own lane.
+        // The first packet of each lane crosses on sub-tunnel 0 (the only one with a session
+        // so far) and has its own sub-tunnel ask for a handshake at the next tick; the second
+        // must then cross on its own lane.
         for round in 0..2 {
             for (i, (a, _)) in lanes.lanes.iter().enumerate() {
                 assert!(a.tun.inject(&flow_packet(64, i, workers)));
             }
+            for _ in 0..6 {
+                lanes.turn_all();
+            }
+            lanes.tick_all();
             for _ in 0..6 {
                 lanes.turn_all();
             }
@@ -294,6 +299,16 @@ impl SimLanes {
             }
         }
         lanes
+    }
+
+    /// The timers of every worker, on this thread (sub-tunnels ask for their first
+    /// handshake there).
+    pub fn tick_all(&mut self) {
+        let now = Instant::now();
+        for (a, b) in &mut self.lanes {
+            a.worker.tick(now);
+            b.worker.tick(now);
+        }
     }
 
     /// One turn of every worker, on this thread.

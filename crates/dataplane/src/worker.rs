@@ -120,14 +120,6 @@ impl Workers {
             handle.shutdown();
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.handles.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.handles.is_empty()
-    }
 }
 
 /// A worker ready to run on its own thread.
@@ -233,12 +225,18 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                 spin_until = Some(now + self.busy_poll);
             }
             if now >= next_tick {
-                self.device.tick(now, &mut self.net_tx);
-                self.flush_network();
+                self.tick(now);
                 next_tick = now + TICK;
                 self.log_new_drops(&mut logged_drops);
             }
         }
+    }
+
+    /// Runs the protocol timers (and requested handshakes) and sends what they produce; `run`
+    /// does this every 250 ms.
+    pub fn tick(&mut self, now: Instant) {
+        self.device.tick(now, &mut self.net_tx);
+        self.flush_network();
     }
 
     /// One turn of the data path without waiting: what the kernel has ready, processed inline.
@@ -347,13 +345,12 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             let from = self.net_rx.addr(i);
             for datagram in self.net_rx.datagrams(i) {
                 datagrams += 1;
-                if self.tun_tx.is_full() {
-                    self.send_shortfall += write(&mut self.tun, &mut self.tun_tx);
-                }
-                // A handshake can produce a reply plus every packet queued while it ran.
-                if self.net_tx.len() + 8 > crate::BATCH_SIZE {
-                    self.send_shortfall += flush(&mut self.udp, &mut self.net_tx);
-                }
+                self.send_shortfall += make_room(
+                    &mut self.tun,
+                    &mut self.tun_tx,
+                    &mut self.udp,
+                    &mut self.net_tx,
+                );
                 let disposition = self.device.decapsulate(
                     from,
                     datagram,
@@ -383,15 +380,19 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     /// Returns how many parcels there were.
     fn take_handoffs(&mut self, now: Instant) -> usize {
         let mut taken = 0;
-        for inbox in &mut self.inboxes {
-            while let Some(mut parcel) = inbox.take() {
+        for i in 0..self.inboxes.len() {
+            // Bounded like the other sides' turns, so a busy sender cannot starve them.
+            for _ in 0..crate::BATCH_SIZE * BATCHES_PER_TURN {
+                let Some(mut parcel) = self.inboxes[i].take() else {
+                    break;
+                };
                 taken += 1;
-                if self.net_tx.len() + 8 > crate::BATCH_SIZE {
-                    self.send_shortfall += flush(&mut self.udp, &mut self.net_tx);
-                }
-                if self.tun_tx.is_full() {
-                    self.send_shortfall += write(&mut self.tun, &mut self.tun_tx);
-                }
+                self.send_shortfall += make_room(
+                    &mut self.tun,
+                    &mut self.tun_tx,
+                    &mut self.udp,
+                    &mut self.net_tx,
+                );
                 let disposition = match parcel.cargo {
                     Cargo::Packet => {
                         self.device
@@ -425,7 +426,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                     // Workers agree on owners; only a peer changing under a `set` can disagree.
                     _ => stats.drop(DropReason::Other),
                 }
-                inbox.give_back(parcel);
+                self.inboxes[i].give_back(parcel);
             }
         }
         if taken > 0 {
@@ -537,6 +538,25 @@ fn hand_off(
     } else {
         stats.drop(DropReason::HandOffFull);
     }
+}
+
+/// Sends what is queued when either output batch is (nearly) full, so that the next packet
+/// or datagram has room: a handshake can produce a reply plus every packet queued while it
+/// ran. Returns how many the kernel did not take.
+fn make_room(
+    tun: &mut impl PacketIo,
+    tun_tx: &mut Batch,
+    udp: &mut impl DatagramIo,
+    net_tx: &mut Batch,
+) -> u64 {
+    let mut lost = 0;
+    if tun_tx.is_full() {
+        lost += write(tun, tun_tx);
+    }
+    if net_tx.len() + 8 > crate::BATCH_SIZE {
+        lost += flush(udp, net_tx);
+    }
+    lost
 }
 
 /// Sends and empties `batch`; returns how many datagrams the kernel did not take.

@@ -212,18 +212,11 @@ impl Device {
             .collect()
     }
 
-    /// The worker that must handle `peer`'s sub-tunnel `sub` when it is not this one.
+    /// The worker that must handle `peer`'s sub-tunnel `sub` (any number: taken modulo the
+    /// peer's sub-tunnels) when it is not this one.
     fn elsewhere(&self, peer: &Peer, sub: usize) -> Option<usize> {
-        let owner = if peer.parallel > 1 {
-            owner_of(
-                &peer.public_key,
-                peer.parallel,
-                (sub % usize::from(peer.parallel)) as u8,
-                self.slot_stride,
-            )
-        } else {
-            peer.owner
-        };
+        let sub = (sub % usize::from(peer.parallel.max(1))) as u8;
+        let owner = owner_of(&peer.public_key, peer.parallel, sub, self.slot_stride);
         (owner != self.slot_offset).then_some(owner)
     }
 
@@ -298,19 +291,10 @@ impl Device {
         if peer.sub > 0 && peer.tunn.time_since_last_handshake().is_none() {
             // No session on this sub-tunnel: the packet goes over sub-tunnel 0, so that a side
             // that does not split the peer (yet) loses nothing, and this one asks for a
-            // session (boringtun sends at most one initiation per retry interval).
-            if let Some(buf) = out.slot() {
-                if let TunnResult::WriteToNetwork(init) =
-                    peer.tunn.format_handshake_initiation(buf, false)
-                {
-                    let n = init.len();
-                    out.push(n, endpoint);
-                    peer.last_sent = Some(now);
-                    peer.tx_bytes += n as u64;
-                    self.stats.tx_bytes += n as u64;
-                    self.stats.handshakes_sent += 1;
-                }
-            }
+            // session at the next tick. Not at once: sub-tunnel 0 is likely handshaking now,
+            // and a side that does not split the peer keeps one timestamp for both, so the
+            // later-made initiation arriving first would have the other refused as a replay.
+            peer.handshake_requested = true;
             let first_owner = owner_of(&peer.public_key, peer.parallel, 0, self.slot_stride);
             return Disposition::HandOffToFirst(first_owner);
         }
@@ -449,7 +433,7 @@ impl Device {
                         tracing::warn!(
                             peer = %peer.public_key,
                             "sub-tunnel {} of {}: the handshake response does not authenticate; \
-                             flows hashed onto it are lost until it does. Is `parallel = {}` set \
+                             its flows go over sub-tunnel 0 until it does. Is `parallel = {}` set \
                              on the other side too?",
                             peer.sub,
                             peer.parallel,
@@ -536,6 +520,33 @@ impl Device {
                 None
             }
         }
+    }
+
+    /// Sends `peer` a handshake initiation, unless one is under way (not forced: boringtun
+    /// then declines and the handshake in progress is left to finish). False when `network`
+    /// has no room (counted).
+    fn initiate(
+        peer: &mut Peer,
+        now: Instant,
+        network: &mut impl DatagramSink,
+        stats: &mut Stats,
+    ) -> bool {
+        let Some(buf) = network.slot() else {
+            stats.drop(DropReason::NetworkBatchFull);
+            return false;
+        };
+        if let (TunnResult::WriteToNetwork(datagram), Some(endpoint)) = (
+            peer.tunn.format_handshake_initiation(buf, false),
+            peer.endpoint,
+        ) {
+            let n = datagram.len();
+            network.push(n, endpoint);
+            peer.last_sent = Some(now);
+            peer.tx_bytes += n as u64;
+            stats.tx_bytes += n as u64;
+            stats.handshakes_sent += 1;
+        }
+        true
     }
 
     /// Sends what `Tunn` queued while it had no session, now that it may have one.
@@ -645,22 +656,10 @@ impl Device {
                 TunnResult::Err(e) => tracing::trace!(peer = %peer.public_key, "timers: {e:?}"),
                 _ => {}
             }
-            if std::mem::take(&mut peer.handshake_requested) {
-                let Some(buf) = network.slot() else {
-                    self.stats.drop(DropReason::NetworkBatchFull);
-                    return;
-                };
-                // Not forced: a handshake already under way is left to finish.
-                if let (TunnResult::WriteToNetwork(datagram), Some(endpoint)) = (
-                    peer.tunn.format_handshake_initiation(buf, false),
-                    peer.endpoint,
-                ) {
-                    let n = datagram.len();
-                    network.push(n, endpoint);
-                    peer.last_sent = Some(now);
-                    peer.tx_bytes += n as u64;
-                    self.stats.tx_bytes += n as u64;
-                }
+            if std::mem::take(&mut peer.handshake_requested)
+                && !Self::initiate(peer, now, network, &mut self.stats)
+            {
+                return;
             }
             if peer.keepalive_due(now) {
                 let Some(buf) = network.slot() else {
@@ -916,7 +915,6 @@ impl Device {
         peer.parallel = parallel;
         peer.sub = owned_sub.unwrap_or(0);
         peer.owned = owned_sub.is_some();
-        peer.owner = owner_of(&key, parallel, peer.sub, workers);
         if parallel > 1 {
             // Sub-tunnels past the first use a key of their own, also without a configured one.
             peer.preshared_key = None;

@@ -30,9 +30,8 @@ pub(crate) struct Peer {
     pub parallel: u8,
     pub sub: u8,
     /// Whether this worker carries the session; other workers keep the peer only to route
-    /// to it and recognise it. `owner` is the worker of a plain peer.
+    /// to it and recognise it (`owner_of` says which worker does).
     pub owned: bool,
-    pub owner: usize,
     /// Whether a sub-tunnel's failed handshake was logged (see `Device::decapsulate`).
     pub warned_sub_tunnel: bool,
 }
@@ -78,7 +77,6 @@ impl Peer {
             parallel: 1,
             sub: 0,
             owned: true,
-            owner: 0,
             warned_sub_tunnel: false,
         }
     }

@@ -169,6 +169,15 @@ impl Gateway {
         network.datagrams
     }
 
+    /// Every worker's timers: returns what they send (handshakes sub-tunnels asked for).
+    fn tick(&mut self, now: Instant) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut out = Collect::new();
+        for device in &mut self.workers {
+            device.tick(now, &mut out);
+        }
+        out.datagrams
+    }
+
     fn rx_packets(&self) -> Vec<u64> {
         self.workers.iter().map(|d| d.stats().rx_packets).collect()
     }
@@ -232,11 +241,30 @@ fn two_gateways(
     )
 }
 
+/// Runs both gateways' timers and delivers what they send.
+fn tick_both(a: &mut Gateway, b: &mut Gateway, now: Instant) {
+    let from_a = a.tick(now);
+    pump(
+        a,
+        b,
+        from_a.into_iter().map(|(_, d)| (true, d)).collect(),
+        now,
+    );
+    let from_b = b.tick(now);
+    pump(
+        b,
+        a,
+        from_b.into_iter().map(|(_, d)| (true, d)).collect(),
+        now,
+    );
+}
+
 /// Sends `flows` flows of `per_flow` sequence-numbered packets from a to b, reading them on
 /// rotating workers, and checks every packet arrived with each flow in order.
 fn flows_cross_in_order(a: &mut Gateway, b: &mut Gateway, flows: u16, per_flow: u32, now: Instant) {
     let mut reader = 0;
-    // The first packets start the handshakes; the queued packets follow them.
+    // The first packets start the handshakes; the queued packets follow them. Sub-tunnels
+    // past the first ask for theirs at the next tick, and carry their flows from then on.
     for seq in 0..per_flow {
         for flow in 0..flows {
             reader += 1;
@@ -244,6 +272,7 @@ fn flows_cross_in_order(a: &mut Gateway, b: &mut Gateway, flows: u16, per_flow: 
             let out = a.send(&packet, reader, now);
             pump(a, b, out.into_iter().map(|(_, d)| (true, d)).collect(), now);
         }
+        tick_both(a, b, now);
     }
     assert_eq!(
         b.delivered.len(),
@@ -333,6 +362,8 @@ fn sub_tunnels_pair_only_with_their_own_number() {
             now,
         );
     }
+    // Sub-tunnel 1 asks for its handshake at the tick; b answers with sub-tunnel 0's key.
+    tick_both(&mut a, &mut b, now);
     let sessions: Vec<bool> = a
         .workers
         .iter()
