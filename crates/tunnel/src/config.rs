@@ -171,12 +171,45 @@ pub struct PeerConfig {
     pub allowed_ips: Vec<IpNet>,
     /// Seconds, 0 = off.
     pub persistent_keepalive: u16,
-    /// `parallel = K`: the peer (another tunneld) is carried by K standard WireGuard
-    /// sessions, one per worker, with flows hashed onto them. 1 (the default) for any peer.
-    pub parallel: u8,
+    /// `parallel = K` or `"auto"`: the peer (another tunneld) is carried by K standard
+    /// WireGuard sessions, one per worker, with flows hashed onto them. 1 (the default) for
+    /// any peer.
+    pub parallel: Parallel,
     /// `transport = "tls"`: datagrams go over TLS to `endpoint`, the other tunneld's
     /// `[[tls.listen]]` with `forward_to = "wireguard"`.
     pub tls: Option<PeerTls>,
+}
+
+/// How many sub-tunnels carry a peer: a number, or one per worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parallel {
+    Count(u8),
+    /// One sub-tunnel per worker (at most [`MAX_PARALLEL`]), so that both sides, run with
+    /// the same number of workers, need no number written in their configs.
+    Auto,
+}
+
+impl Default for Parallel {
+    fn default() -> Self {
+        Parallel::Count(1)
+    }
+}
+
+impl Parallel {
+    /// The number of sub-tunnels on an interface with `workers` workers.
+    pub fn sub_tunnels(self, workers: usize) -> u8 {
+        match self {
+            Parallel::Count(k) => k,
+            Parallel::Auto => {
+                u8::try_from(workers.clamp(1, usize::from(MAX_PARALLEL))).unwrap_or(MAX_PARALLEL)
+            }
+        }
+    }
+
+    /// Whether the peer is plain WireGuard whatever the worker count.
+    pub fn is_plain(self) -> bool {
+        self == Parallel::Count(1)
+    }
 }
 
 /// Where to send a peer's first handshake: an address, or a host name the daemon resolves.
@@ -990,7 +1023,7 @@ struct PeerParts {
     /// With each prefix's index in the written list.
     allowed_ips: Vec<(usize, IpNet)>,
     persistent_keepalive: u16,
-    parallel: u8,
+    parallel: Parallel,
     tls: Option<PeerTls>,
 }
 
@@ -1050,10 +1083,24 @@ fn check_peer(c: &mut Checker, t: &Table, path: &str) -> PeerParts {
         .integer(t, path, "persistent_keepalive", 0, 65535)
         .and_then(|n| u16::try_from(n).ok())
         .unwrap_or(0);
-    let parallel = c
-        .integer(t, path, "parallel", 1, i64::from(MAX_PARALLEL))
-        .and_then(|n| u8::try_from(n).ok())
-        .unwrap_or(1);
+    let parallel = match t.get("parallel") {
+        None => Parallel::default(),
+        Some(Value::String(s)) if s == "auto" => Parallel::Auto,
+        Some(Value::Integer(_)) => c
+            .integer(t, path, "parallel", 1, i64::from(MAX_PARALLEL))
+            .and_then(|n| u8::try_from(n).ok())
+            .map_or(Parallel::default(), Parallel::Count),
+        Some(other) => {
+            c.error(
+                format!("{path}.parallel"),
+                format!(
+                    "must be a number of sub-tunnels (1-{MAX_PARALLEL}) or \"auto\", not {}",
+                    describe(other)
+                ),
+            );
+            Parallel::default()
+        }
+    };
     let tls = tls::check_peer_tls(c, t, path);
     PeerParts {
         parallel,

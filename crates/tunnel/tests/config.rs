@@ -2,7 +2,7 @@
 //! them at once, never echoing a secret; wg-quick files import to configs that parse.
 
 use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
-use tunneld_tunnel::config::{self, Backend, Config, Endpoint, KeySource, Workers};
+use tunneld_tunnel::config::{self, Backend, Config, Endpoint, KeySource, Parallel, Workers};
 
 /// Fixed keys, so that failures are reproducible.
 fn private(byte: u8) -> PrivateKey {
@@ -94,7 +94,7 @@ parallel = 2
     );
     let nets: Vec<String> = peer.allowed_ips.iter().map(ToString::to_string).collect();
     assert_eq!(nets, ["10.77.0.2/32", "10.20.0.0/16", "fd20::/48"]);
-    assert_eq!(peer.parallel, 2);
+    assert_eq!(peer.parallel, Parallel::Count(2));
     // The model compares whole: parsing twice gives the same config.
     assert_eq!(ok(&text), c);
 }
@@ -182,6 +182,10 @@ fn each_bad_field_gives_one_line_naming_it() {
         (
             &format!("[[peer]]\npublic_key = \"{key}\"\nparallel = 0\n"),
             "peer[0].parallel: 0 is out of range 1-64",
+        ),
+        (
+            &format!("[[peer]]\npublic_key = \"{key}\"\nparallel = \"many\"\n"),
+            "peer[0].parallel: must be a number of sub-tunnels (1-64) or \"auto\", not \"many\"",
         ),
         (
             "[[peer]]\nendpoint = \"192.0.2.1:1\"\n",
@@ -876,4 +880,23 @@ fn an_auto_peer_has_a_udp_endpoint_and_a_tls_one() {
         "transport = \"tls\"\nendpoint = \"b.example:443\"\ntls_endpoint = \"b.example:443\"\n"
     ))
     .starts_with("peer[0].tls_endpoint: is only used with transport = \"auto\""));
+}
+
+#[test]
+fn parallel_auto_is_one_sub_tunnel_per_worker() {
+    let text = with_interface(&format!(
+        "[[peer]]\npublic_key = \"{}\"\nparallel = \"auto\"\n",
+        public(2)
+    ));
+    let parallel = ok(&text).peers[0].parallel;
+    assert_eq!(parallel, Parallel::Auto);
+    assert!(!parallel.is_plain());
+    assert_eq!(parallel.sub_tunnels(1), 1);
+    assert_eq!(parallel.sub_tunnels(6), 6);
+    // Never more than a peer can be split into, whatever the worker count.
+    assert_eq!(parallel.sub_tunnels(256), config::MAX_PARALLEL);
+    // Leaving it out, or 1, is a plain peer.
+    let text = with_interface(&format!("[[peer]]\npublic_key = \"{}\"\n", public(2)));
+    assert!(ok(&text).peers[0].parallel.is_plain());
+    assert_eq!(Parallel::Count(3).sub_tunnels(8), 3);
 }

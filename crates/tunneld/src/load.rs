@@ -102,7 +102,8 @@ pub fn load(path: &Path, resolve: Resolve) -> Result<Loaded, Vec<String>> {
             endpoint,
             allowed_ips: peer.allowed_ips.clone(),
             persistent_keepalive: peer.persistent_keepalive,
-            parallel: peer.parallel,
+            // `auto` depends on the worker count, which `up` sets once it knows it.
+            parallel: peer.parallel.sub_tunnels(1),
         });
     }
 

@@ -23,7 +23,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     if tunneld_tunnel::clock::VIRTUAL_TIME {
         bail!("this build drives WireGuard timers from virtual time (feature `virtual-time`, for tests only); rebuild without it");
     }
-    let loaded = load::load(config_path, Resolve::Everything).map_err(|errors| {
+    let mut loaded = load::load(config_path, Resolve::Everything).map_err(|errors| {
         anyhow::anyhow!(
             "{}: {}",
             config_path.display(),
@@ -31,6 +31,12 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
         )
     })?;
     let workers = worker_count(&loaded.config.dataplane, &loaded.config.peers);
+    if let Some(wg) = &mut loaded.wireguard {
+        // `load` keeps the config's peers in order, one settings entry each.
+        for (settings, peer) in wg.peers.iter_mut().zip(&loaded.config.peers) {
+            settings.parallel = peer.parallel.sub_tunnels(workers);
+        }
+    }
     let use_uring = match &loaded.wireguard {
         Some(wg) => {
             check_dataplane(&loaded.config.dataplane, workers, &wg.peers)
@@ -125,7 +131,7 @@ fn worker_count(
     dataplane: &DataplaneConfig,
     peers: &[tunneld_tunnel::config::PeerConfig],
 ) -> usize {
-    let one_plain_link = matches!(peers, [peer] if peer.parallel <= 1);
+    let one_plain_link = matches!(peers, [peer] if peer.parallel.is_plain());
     match (dataplane.workers, &dataplane.cpus) {
         (config::Workers::Count(n), _) => n,
         (config::Workers::Auto, _) if one_plain_link => 1,

@@ -132,6 +132,8 @@ fn a_split_link_uses_both_workers_and_keeps_each_flow_in_order() {
         return;
     }
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // Site A asks for one sub-tunnel per worker, which with two workers is what B says.
+    let auto = "parallel = \"auto\"\n\n[dataplane]\nworkers = 2\n";
     let split = "parallel = 2\n\n[dataplane]\nworkers = 2\n";
     let (a, b) = two_sites();
     let (ka, kb) = (genkey(), genkey());
@@ -139,7 +141,7 @@ fn a_split_link_uses_both_workers_and_keeps_each_flow_in_order() {
         tunneld_testnet::unique_name("wg"),
         tunneld_testnet::unique_name("wg"),
     );
-    let body_a = site_body(1, &pubkey(&kb), "192.0.2.2:51820") + split;
+    let body_a = site_body(1, &pubkey(&kb), "192.0.2.2:51820") + auto;
     let body_b = site_body(2, &pubkey(&ka), "192.0.2.1:51820") + split;
     let mut ga = Gateway::start(&a, &ia, &ka, &body_a);
     let _gb = Gateway::start(&b, &ib, &kb, &body_b);
