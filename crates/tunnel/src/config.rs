@@ -690,6 +690,23 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         }
     };
     check_across_peers(&mut c, &peers, own_key);
+    // Known here only when both are numbers; `up` checks `auto` once it counts its workers.
+    if let Workers::Count(workers) = dataplane.workers {
+        for (i, peer) in peers.iter().enumerate() {
+            if let Some(PeerParts {
+                parallel: Parallel::Count(k),
+                ..
+            }) = peer
+            {
+                if usize::from(*k) > workers {
+                    c.error(
+                        format!("peer[{i}].parallel"),
+                        format!("{k} sub-tunnels need as many workers, and dataplane.workers is {workers}"),
+                    );
+                }
+            }
+        }
+    }
 
     if !c.errors.is_empty() {
         return Err(ConfigErrors(c.errors));

@@ -184,6 +184,10 @@ fn each_bad_field_gives_one_line_naming_it() {
             "peer[0].parallel: 0 is out of range 1-64",
         ),
         (
+            &format!("[[peer]]\npublic_key = \"{key}\"\nparallel = 4\n[dataplane]\nworkers = 2\n"),
+            "peer[0].parallel: 4 sub-tunnels need as many workers, and dataplane.workers is 2",
+        ),
+        (
             &format!("[[peer]]\npublic_key = \"{key}\"\nparallel = \"many\"\n"),
             "peer[0].parallel: must be a number of sub-tunnels (1-64) or \"auto\", not \"many\"",
         ),
