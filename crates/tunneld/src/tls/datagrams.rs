@@ -12,18 +12,25 @@
 //! The stream never stalls the worker: the bridge reads its UDP socket only while the TLS
 //! side has taken everything before, so when the stream is slow the datagrams wait in, and
 //! overflow from, the UDP socket's buffer: lost as UDP would lose them, never blocking.
+//!
+//! The bridge socket is the dataplane's batch socket: it takes the worker's GSO trains
+//! whole (UDP GRO) with one `recvmmsg` for many datagrams, and hands decrypted datagrams
+//! back with one `sendmmsg` per batch, runs of equal size as one GSO send, so a datagram
+//! costs no system call of its own on either side of the bridge.
 
 use anyhow::{bail, Context};
 use rustls::Connection;
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use tunneld_tunnel::framing::{length_prefix, Deframer, LENGTH_BYTES, MAX_DATAGRAM};
+use tunneld_dataplane::udp::UdpSocket;
+use tunneld_dataplane::{Batch, DatagramIo};
+use tunneld_tunnel::framing::{length_prefix, Deframer};
 
-/// Datagrams taken from the UDP socket per turn at most, so the other direction gets turns.
-const BURST: usize = 64;
+/// Batches taken from the UDP socket per turn at most, so the other direction gets turns.
+const BURST: usize = 4;
 /// Bytes of framed datagrams handed to rustls at once (it cuts them into records).
 const FRAMES: usize = 256 * 1024;
 /// Reconnect backoff: from the first to the last delay, doubling.
@@ -41,17 +48,19 @@ pub enum UdpPeer {
 /// Relays between the bridge socket and an established TLS stream until the stream ends
 /// (`Ok` for a close_notify, `Err` for anything else).
 pub fn bridge(
-    udp: &UdpSocket,
+    udp: &mut UdpSocket,
     peer: &UdpPeer,
     learnt: &mut Option<SocketAddr>,
     mut tls: TcpStream,
     mut conn: Connection,
 ) -> anyhow::Result<()> {
-    udp.set_nonblocking(true)?;
     tls.set_nonblocking(true)?;
     conn.set_buffer_limit(None);
-    let mut frames: Vec<u8> = Vec::with_capacity(FRAMES + LENGTH_BYTES + MAX_DATAGRAM);
-    let mut datagram = vec![0u8; MAX_DATAGRAM].into_boxed_slice();
+    // Grows to its high-water mark (about FRAMES plus a batch) once, then stays.
+    let mut frames: Vec<u8> = Vec::with_capacity(FRAMES);
+    // Both batches hold only datagrams of this turn; their frames stay allocated throughout.
+    let mut from_udp = Box::new(Batch::new());
+    let mut to_udp = Box::new(Batch::new());
     let mut deframer = Deframer::new();
     loop {
         let mut progress = super::relay::flush_tls(&mut conn, &mut tls)?;
@@ -59,24 +68,26 @@ pub fn bridge(
         if !conn.wants_write() {
             frames.clear();
             for _ in 0..BURST {
-                match udp.recv_from(&mut datagram) {
-                    Ok((n, from)) => {
-                        if matches!(peer, UdpPeer::Learnt) {
-                            *learnt = Some(from);
-                        }
-                        if let Some(prefix) = length_prefix(n).filter(|_| n > 0) {
+                from_udp.clear();
+                let received = match udp.recv_batch(&mut from_udp) {
+                    Ok(n) => n,
+                    Err(e) => return Err(e).context("bridge socket receive"),
+                };
+                for i in 0..received {
+                    if matches!(peer, UdpPeer::Learnt) {
+                        *learnt = Some(from_udp.addr(i));
+                    }
+                    for datagram in from_udp.datagrams(i) {
+                        if let Some(prefix) =
+                            length_prefix(datagram.len()).filter(|_| !datagram.is_empty())
+                        {
                             frames.extend_from_slice(&prefix);
-                            frames.extend_from_slice(&datagram[..n]);
-                        }
-                        if frames.len() >= FRAMES {
-                            break;
+                            frames.extend_from_slice(datagram);
                         }
                     }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    // ICMP errors from earlier sends (the worker restarting): not ours to fail on.
-                    Err(e) if e.kind() == ErrorKind::ConnectionRefused => {}
-                    Err(e) => return Err(e).context("bridge socket receive"),
+                }
+                if received == 0 || frames.len() >= FRAMES {
+                    break;
                 }
             }
             if !frames.is_empty() {
@@ -88,7 +99,7 @@ pub fn bridge(
         match conn.read_tls(&mut tls) {
             Ok(0) => {
                 conn.process_new_packets().context("TLS")?;
-                deliver(&mut conn, &mut deframer, udp, peer, *learnt)?;
+                deliver(&mut conn, &mut deframer, udp, &mut to_udp, peer, *learnt)?;
                 bail!("the other side closed the TLS stream");
             }
             Ok(_) => {
@@ -96,7 +107,7 @@ pub fn bridge(
                     let _ = conn.write_tls(&mut tls);
                     return Err(e).context("TLS");
                 }
-                if deliver(&mut conn, &mut deframer, udp, peer, *learnt)? {
+                if deliver(&mut conn, &mut deframer, udp, &mut to_udp, peer, *learnt)? {
                     return Ok(());
                 }
                 progress = true;
@@ -110,7 +121,7 @@ pub fn bridge(
         }
         let mut fds = [
             libc::pollfd {
-                fd: udp.as_raw_fd(),
+                fd: udp.fd().unwrap_or(-1),
                 events: if conn.wants_write() { 0 } else { libc::POLLIN },
                 revents: 0,
             },
@@ -131,12 +142,13 @@ pub fn bridge(
     }
 }
 
-/// Sends every complete datagram rustls has decrypted to the worker. Returns whether the
-/// other side's close_notify was reached.
+/// Sends every complete datagram rustls has decrypted to the worker, a batch at a time.
+/// Returns whether the other side's close_notify was reached.
 fn deliver(
     conn: &mut Connection,
     deframer: &mut Deframer,
-    udp: &UdpSocket,
+    udp: &mut UdpSocket,
+    batch: &mut Batch,
     peer: &UdpPeer,
     learnt: Option<SocketAddr>,
 ) -> anyhow::Result<bool> {
@@ -144,37 +156,48 @@ fn deliver(
         UdpPeer::Learnt => learnt,
         UdpPeer::Port(port) => port.get().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))),
     };
-    loop {
+    batch.clear();
+    let closed = loop {
         while let Some(datagram) = deframer.next_datagram() {
             // Until the worker has spoken (client side) there is nowhere to deliver; like a
             // full socket buffer, that loses the datagram, which WireGuard retries.
-            if let Some(to) = to {
-                match udp.send_to(datagram, to) {
-                    Ok(_) => {}
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            ErrorKind::WouldBlock | ErrorKind::ConnectionRefused
-                        ) => {}
-                    Err(e) => return Err(e).context("bridge socket send"),
-                }
+            let Some(to) = to else { continue };
+            if batch.is_full() {
+                send(udp, batch)?;
+            }
+            // A frame holds any datagram the framing allows (`FRAME_PAYLOAD` > u16::MAX).
+            if let Some(frame) = batch.next_free().and_then(|f| f.get_mut(..datagram.len())) {
+                frame.copy_from_slice(datagram);
+                batch.commit(datagram.len(), to);
             }
         }
         match conn.reader().read(deframer.space()) {
-            Ok(0) => return Ok(true),
+            Ok(0) => break true,
             Ok(n) => deframer.filled(n),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
             Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
                 bail!("the TLS stream ended without close_notify (cut short)")
             }
             Err(e) => return Err(e).context("TLS read"),
         }
+    };
+    send(udp, batch)?;
+    Ok(closed)
+}
+
+/// Sends the batch to the worker and empties it. What the socket refuses (a full buffer, the
+/// worker gone for a moment) is lost as UDP would lose it; WireGuard copes.
+fn send(udp: &mut UdpSocket, batch: &mut Batch) -> anyhow::Result<()> {
+    if !batch.is_empty() {
+        udp.send_batch(batch).context("bridge socket send")?;
+        batch.clear();
     }
+    Ok(())
 }
 
 /// A loopback socket for one bridge.
 pub fn bridge_socket() -> io::Result<UdpSocket> {
-    UdpSocket::bind(("127.0.0.1", 0))
+    UdpSocket::bind_addr(SocketAddr::from(([127, 0, 0, 1], 0)))
 }
 
 /// The client side of one peer, for ever: connect, bridge, and on any end wait and reconnect
@@ -183,7 +206,7 @@ pub fn bridge_socket() -> io::Result<UdpSocket> {
 /// caller asks WireGuard for a handshake now rather than after its timers give up.
 pub fn run_client(
     name: String,
-    udp: UdpSocket,
+    mut udp: UdpSocket,
     connect: impl Fn() -> anyhow::Result<(TcpStream, Connection)>,
     connected: impl Fn(),
 ) {
@@ -197,7 +220,7 @@ pub fn run_client(
                 tracing::info!("{name}: WireGuard over TLS connected");
                 failures = 0;
                 connected();
-                let ended = bridge(&udp, &UdpPeer::Learnt, &mut learnt, tls, conn);
+                let ended = bridge(&mut udp, &UdpPeer::Learnt, &mut learnt, tls, conn);
                 match ended {
                     Ok(()) => tracing::info!("{name}: the TLS stream was closed; reconnecting"),
                     Err(e) => tracing::warn!("{name}: TLS stream ended: {e:#}; reconnecting"),

@@ -440,10 +440,10 @@ fn connection(side: &Side, accepted: TcpStream, peer: SocketAddr) -> anyhow::Res
                         .with_context(|| format!("forwarding to {to}"))
                 }
                 TlsTarget::WireGuard => {
-                    let udp = datagrams::bridge_socket().context("bridge socket")?;
+                    let mut udp = datagrams::bridge_socket().context("bridge socket")?;
                     tracing::info!(%peer, "WireGuard over TLS: stream accepted");
                     let target = datagrams::UdpPeer::Port(wg_port.clone());
-                    datagrams::bridge(&udp, &target, &mut None, accepted, conn)
+                    datagrams::bridge(&mut udp, &target, &mut None, accepted, conn)
                         .context("WireGuard over TLS")
                 }
             }
@@ -493,12 +493,12 @@ pub fn prepare_peer_transports(
             continue;
         }
         let udp = datagrams::bridge_socket().context("cannot make a bridge socket")?;
-        endpoints.push((i, udp.local_addr()?));
+        endpoints.push((i, udp.local_addr()));
         tracing::info!(
             "{name}: WireGuard over TLS to {} ({}) through {}",
             transport.remote,
             tls.server_name,
-            udp.local_addr()?
+            udp.local_addr()
         );
         starters.push(Box::new(move || transport.start(udp)));
     }
@@ -524,7 +524,7 @@ struct TlsTransport {
 
 impl TlsTransport {
     /// Starts the thread that keeps the stream up and bridges it to `udp`.
-    fn start(self, udp: std::net::UdpSocket) -> anyhow::Result<()> {
+    fn start(self, udp: tunneld_dataplane::udp::UdpSocket) -> anyhow::Result<()> {
         let TlsTransport {
             name,
             remote,
@@ -593,7 +593,7 @@ fn watch_udp(transport: TlsTransport) {
             continue;
         }
         let name = transport.name.clone();
-        let bridge = match datagrams::bridge_socket().and_then(|u| Ok((u.local_addr()?, u))) {
+        let bridge = match datagrams::bridge_socket().map(|u| (u.local_addr(), u)) {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!("{name}: cannot make a bridge socket for the TLS fallback: {e}");
