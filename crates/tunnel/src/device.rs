@@ -56,6 +56,18 @@ pub struct PeerSettings {
     pub parallel: u8,
 }
 
+/// What [`Device::sync`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    pub key_changed: bool,
+    pub added: usize,
+    pub removed: usize,
+    /// Peers whose settings changed with their session kept.
+    pub changed: usize,
+    /// Peers whose session starts over: a new preshared key or `parallel`.
+    pub restarted: Vec<PublicKey>,
+}
+
 /// What became of a packet or datagram given to the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
@@ -159,24 +171,109 @@ impl Device {
             slot_offset: worker % workers,
         };
         for p in peers {
-            // Added first so that the peer gets its share of sub-tunnels.
-            if device.add_peer(p.public_key, p.parallel).is_err() {
-                continue;
-            }
-            let update = PeerUpdate {
-                public_key: p.public_key,
-                remove: false,
-                update_only: false,
-                preshared_key: Some(p.preshared_key),
-                endpoint: p.endpoint,
-                persistent_keepalive: Some(p.persistent_keepalive),
-                replace_allowed_ips: true,
-                allowed_ips: p.allowed_ips,
-            };
             // Config validation already refused duplicates and the slot space is 2^24.
-            let _ = device.update_peer(update);
+            let _ = device.insert_peer(p);
         }
         device
+    }
+
+    /// Adds a peer with all its settings (added first, so that it gets its share of
+    /// sub-tunnels, then configured).
+    fn insert_peer(&mut self, p: PeerSettings) -> Result<(), UapiError> {
+        self.add_peer(p.public_key, p.parallel)?;
+        self.update_peer(PeerUpdate {
+            public_key: p.public_key,
+            remove: false,
+            update_only: false,
+            preshared_key: Some(p.preshared_key),
+            endpoint: p.endpoint,
+            persistent_keepalive: Some(p.persistent_keepalive),
+            replace_allowed_ips: true,
+            allowed_ips: p.allowed_ips,
+        })
+    }
+
+    /// Makes the device's key and peers what a reloaded config says (`wanted`), keeping the
+    /// session of every peer whose keys did not change: peers missing from `wanted` go,
+    /// new ones come, and the rest change only what differs. An endpoint is set only where
+    /// the config's changed since `previous` (what was applied last), so a peer that roamed
+    /// stays where it roamed to.
+    pub fn sync(
+        &mut self,
+        private_key: PrivateKey,
+        wanted: &[PeerSettings],
+        previous: &[PeerSettings],
+        now: Instant,
+    ) -> SyncReport {
+        self.clock.sync(now);
+        let mut report = SyncReport::default();
+        if private_key != self.private_key {
+            self.set_private_key(private_key);
+            report.key_changed = true;
+        }
+        let gone: Vec<PublicKey> = self
+            .by_key
+            .keys()
+            .filter(|k| !wanted.iter().any(|p| p.public_key == **k))
+            .copied()
+            .collect();
+        for key in gone {
+            self.remove_peer(&key);
+            report.removed += 1;
+        }
+        let max_parallel = u8::try_from(self.slot_stride).unwrap_or(u8::MAX);
+        for p in wanted {
+            let live = self
+                .by_key
+                .get(&p.public_key)
+                .and_then(|&s| self.peers[s].as_ref());
+            let Some(live) = live else {
+                if self.insert_peer(p.clone()).is_ok() {
+                    report.added += 1;
+                }
+                continue;
+            };
+            if live.parallel != p.parallel.clamp(1, max_parallel) {
+                // Its sub-tunnels' places and keys change: a new peer in effect.
+                self.remove_peer(&p.public_key);
+                if self.insert_peer(p.clone()).is_ok() {
+                    report.restarted.push(p.public_key);
+                }
+                continue;
+            }
+            let before = previous.iter().find(|q| q.public_key == p.public_key);
+            let endpoint = p
+                .endpoint
+                .filter(|e| before.is_none_or(|b| b.endpoint != Some(*e)));
+            let mut allowed: Vec<IpNet> = p.allowed_ips.iter().map(IpNet::trunc).collect();
+            allowed.sort_unstable();
+            allowed.dedup();
+            let mut live_allowed = live.allowed_ips.clone();
+            live_allowed.sort_unstable();
+            let new_psk = live.preshared_key != p.preshared_key;
+            let new_allowed = live_allowed != allowed;
+            let new_keepalive = live.persistent_keepalive != p.persistent_keepalive;
+            if !(new_psk || new_allowed || new_keepalive || endpoint.is_some()) {
+                continue;
+            }
+            let _ = self.update_peer(PeerUpdate {
+                public_key: p.public_key,
+                remove: false,
+                update_only: true,
+                preshared_key: Some(p.preshared_key.clone()),
+                endpoint,
+                persistent_keepalive: Some(p.persistent_keepalive),
+                replace_allowed_ips: new_allowed,
+                allowed_ips: if new_allowed { allowed } else { Vec::new() },
+            });
+            if new_psk {
+                // boringtun cannot change the key of a live session (DESIGN.md).
+                report.restarted.push(p.public_key);
+            } else {
+                report.changed += 1;
+            }
+        }
+        report
     }
 
     pub fn public_key(&self) -> PublicKey {

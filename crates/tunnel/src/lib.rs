@@ -20,6 +20,6 @@ pub mod sink;
 pub mod stats;
 pub mod uapi;
 
-pub use device::{owner_of, Device, DeviceSettings, Disposition, PeerSettings};
+pub use device::{owner_of, Device, DeviceSettings, Disposition, PeerSettings, SyncReport};
 pub use sink::{DatagramSink, PacketSink};
 pub use stats::{DropReason, Stats};

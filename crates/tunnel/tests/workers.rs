@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::time::Instant;
 use tunneld_crypto::{PresharedKey, PrivateKey};
 use tunneld_tunnel::packet::MAX_DATAGRAM;
-use tunneld_tunnel::{DatagramSink, Device, DeviceSettings, Disposition, PacketSink, PeerSettings};
+use tunneld_tunnel::{
+    DatagramSink, Device, DeviceSettings, Disposition, PacketSink, PeerSettings, SyncReport,
+};
 
 #[derive(Default)]
 struct Collect {
@@ -436,4 +438,69 @@ fn plain_peers_spread_over_the_workers_and_sub_tunnels_go_in_order() {
         .map(|sub| tunneld_tunnel::owner_of(&key, 4, sub, 4))
         .collect();
     assert_eq!(owners, [0, 1, 2, 3]);
+}
+
+/// A reload (`Device::sync` on every worker) that adds a peer and widens another's allowed
+/// IPs keeps the split link's sessions: the next packets go out as data, not handshakes. A
+/// new preshared key starts them over.
+#[test]
+fn a_reload_keeps_the_sessions_of_unchanged_peers() {
+    let now = Instant::now();
+    let psk = Some(PresharedKey::generate());
+    let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+    let to_b = peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 2, psk.clone());
+    let to_a = peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 2, psk);
+    let mut a = Gateway::new("192.0.2.1:51820", &ka, to_b.clone(), 2, now);
+    let mut b = Gateway::new("192.0.2.2:51820", &kb, to_a, 2, now);
+    flows_cross_in_order(&mut a, &mut b, 4, 8, now);
+
+    let mut widened = to_b.clone();
+    widened.allowed_ips.push("10.3.0.0/16".parse().unwrap());
+    let newcomer = peer(
+        &PrivateKey::generate(),
+        "192.0.2.3:51820",
+        "10.4.0.0/16",
+        1,
+        None,
+    );
+    let wanted = vec![widened.clone(), newcomer];
+    for device in &mut a.workers {
+        let report = device.sync(ka.clone(), &wanted, std::slice::from_ref(&to_b), now);
+        let expected = SyncReport {
+            added: 1,
+            changed: 1,
+            ..SyncReport::default()
+        };
+        assert_eq!(report, expected);
+        let routes: Vec<String> = device.routes().iter().map(ToString::to_string).collect();
+        for net in ["10.2.0.0/16", "10.3.0.0/16", "10.4.0.0/16"] {
+            assert!(routes.contains(&net.to_string()), "{routes:?}");
+        }
+        // Applying the same config again changes nothing.
+        let again = device.sync(ka.clone(), &wanted, &wanted, now);
+        assert_eq!(again, SyncReport::default());
+    }
+    for flow in 0..4 {
+        let packet = udp_packet([10, 1, 0, 1], [10, 2, 0, 1], 40000 + flow, 99);
+        let out = a.send(&packet, usize::from(flow), now);
+        assert!(
+            !out.is_empty() && out.iter().all(|(_, d)| d[0] == 4),
+            "flow {flow} goes out as data on its kept session"
+        );
+    }
+
+    let mut new_psk = widened.clone();
+    new_psk.preshared_key = Some(PresharedKey::generate());
+    for device in &mut a.workers {
+        let report = device.sync(ka.clone(), &[new_psk.clone()], &wanted, now);
+        assert_eq!(report.removed, 1);
+        assert_eq!(report.restarted, vec![kb.public_key()]);
+    }
+    let packet = udp_packet([10, 1, 0, 1], [10, 2, 0, 1], 40000, 100);
+    let out = a.send(&packet, 0, now);
+    assert!(
+        out.iter().any(|(_, d)| d[0] == 1),
+        "a new preshared key starts with a handshake: {:?}",
+        out.iter().map(|(_, d)| d[0]).collect::<Vec<_>>()
+    );
 }

@@ -3,6 +3,7 @@
 mod load;
 mod netlink;
 mod privileges;
+mod reload;
 mod show;
 mod tls;
 mod topology;

@@ -193,7 +193,7 @@ fn handle(text: &str, worker: &Workers, netlink: &mut Netlink, link: u32) -> Str
 }
 
 /// Makes the kernel's routes through the interface follow the peers' allowed IPs.
-fn sync_routes(netlink: &mut Netlink, link: u32, before: &[IpNet], after: &[IpNet]) {
+pub(crate) fn sync_routes(netlink: &mut Netlink, link: u32, before: &[IpNet], after: &[IpNet]) {
     let (before_set, after_set): (HashSet<&IpNet>, HashSet<&IpNet>) =
         (before.iter().collect(), after.iter().collect());
     for net in after.iter().filter(|n| !before_set.contains(n)) {

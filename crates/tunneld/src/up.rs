@@ -58,6 +58,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
             wg_port.clone(),
         )?)
     };
+    let mut reloader = None;
     let (wireguard, starters) = match loaded.wireguard {
         Some(mut wg) => {
             // Peers with transport = "tls" are reached through a loopback bridge each.
@@ -69,10 +70,19 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
                     peer.endpoint = Some(bridge);
                 }
             }
+            let peers_as_run = wg.peers.clone();
             // Drops privileges (to CAP_NET_ADMIN) before its first thread.
             let running = start_wireguard(wg, &loaded.config.dataplane, workers, use_uring)?;
             let _ = wg_port.set(running.port);
             let _ = worker.set(running.workers.clone());
+            reloader = Some(crate::reload::Reloader::new(
+                config_path.to_path_buf(),
+                loaded.config.clone(),
+                peers_as_run,
+                running.workers.clone(),
+                workers,
+                running.link,
+            )?);
             (Some(running), starters)
         }
         None => {
@@ -88,7 +98,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     }
 
     let threads = wireguard.as_ref().map_or(&[][..], |w| &w.threads[..]);
-    let signals = wait_for_signal(threads, tls.as_ref());
+    let signals = wait_for_signal(threads, tls.as_ref(), reloader.as_mut());
     let name = match wireguard {
         Some(wg) => {
             wg.workers.shutdown();
@@ -116,6 +126,8 @@ struct RunningWireGuard {
     name: String,
     /// The UDP port the interface listens on.
     port: u16,
+    /// The interface's link index, for route changes.
+    link: u32,
     workers: Workers,
     threads: Vec<std::thread::JoinHandle<()>>,
     uapi_thread: crate::uapi_server::Serving,
@@ -282,6 +294,7 @@ fn start_wireguard(
     Ok(RunningWireGuard {
         name,
         port: listen_port,
+        link: index,
         workers,
         threads,
         uapi_thread,
@@ -304,10 +317,11 @@ fn bind_sockets(port: u16, workers: usize) -> anyhow::Result<Vec<UdpSocket>> {
 }
 
 /// Waits for SIGINT or SIGTERM (returning its name), or for a worker to stop (`None`).
-/// SIGHUP reloads the TLS certificates and keys.
+/// SIGHUP reloads the TLS certificates and keys, and the config's WireGuard peers.
 fn wait_for_signal(
     workers: &[std::thread::JoinHandle<()>],
     tls: Option<&crate::tls::TlsService>,
+    mut reloader: Option<&mut crate::reload::Reloader>,
 ) -> Option<&'static str> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
@@ -322,20 +336,22 @@ fn wait_for_signal(
             match signal {
                 SIGINT => return Some("SIGINT"),
                 SIGTERM => return Some("SIGTERM"),
-                _ => match tls {
-                    Some(tls) => match tls.reload() {
-                        Ok(()) => tracing::info!(
-                            "SIGHUP: TLS certificates and keys reloaded; new connections use them"
-                        ),
-                        Err(e) => tracing::error!(
-                            "SIGHUP: TLS reload failed, the old certificates stay in use: {}",
-                            e.replace('\n', "; ")
-                        ),
-                    },
-                    None => tracing::info!(
-                        "SIGHUP: nothing to reload (the WireGuard settings change through `wg set`)"
-                    ),
-                },
+                _ => {
+                    if let Some(tls) = tls {
+                        match tls.reload() {
+                            Ok(()) => tracing::info!(
+                                "SIGHUP: TLS certificates and keys reloaded; new connections use them"
+                            ),
+                            Err(e) => tracing::error!(
+                                "SIGHUP: TLS reload failed, the old certificates stay in use: {}",
+                                e.replace('\n', "; ")
+                            ),
+                        }
+                    }
+                    if let Some(reloader) = reloader.as_deref_mut() {
+                        reloader.reload();
+                    }
+                }
             }
         }
         if workers.iter().any(|w| w.is_finished()) {
