@@ -67,6 +67,14 @@ pub struct Config {
     pub dataplane: DataplaneConfig,
     pub peers: Vec<PeerConfig>,
     pub tls: TlsConfig,
+    /// `[metrics]`: where Prometheus scrapes the interface's counters.
+    pub metrics: Option<MetricsConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// The address:port serving `GET /metrics`.
+    pub listen: SocketAddr,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -653,6 +661,27 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         }
         None => DataplaneConfig::default(),
     };
+    let metrics = match root.get("metrics") {
+        Some(Value::Table(t)) => {
+            c.unknown_fields(t, "metrics", &["listen"]);
+            let listen = tls::listen_addr(&mut c, t, "metrics");
+            if !root.contains_key("interface") {
+                c.error(
+                    "metrics",
+                    "needs an [interface]: the metrics are the WireGuard interface's counters",
+                );
+            }
+            listen.map(|listen| MetricsConfig { listen })
+        }
+        Some(other) => {
+            c.error(
+                "metrics",
+                format!("must be a table ([metrics]), not {}", other.type_str()),
+            );
+            None
+        }
+        None => None,
+    };
     // Indexed like the file, so that cross-peer errors name the right `peer[i]` even when
     // an earlier peer has errors of its own.
     let peers: Vec<Option<PeerParts>> = match root.get("peer") {
@@ -736,12 +765,14 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
             dataplane,
             peers,
             tls,
+            metrics,
         }),
         (None, Some(peers)) if wireguard_absent => Ok(Config {
             interface: None,
             dataplane,
             peers,
             tls,
+            metrics,
         }),
         _ => Err(ConfigErrors(vec![ConfigError {
             field: "config".into(),
@@ -783,13 +814,13 @@ fn line_column(text: &str, offset: usize) -> String {
 }
 
 fn check_sections(c: &mut Checker, root: &Table) {
-    const SECTIONS: &[&str] = &["interface", "dataplane", "peer", "tls"];
+    const SECTIONS: &[&str] = &["interface", "dataplane", "peer", "tls", "metrics"];
     for (key, value) in root {
         if SECTIONS.contains(&key.as_str()) {
             continue;
         }
         let hint = closest(key, SECTIONS).map_or_else(
-            || "expected [interface], [dataplane], [[peer]] and [[tls.…]]".to_string(),
+            || "expected [interface], [dataplane], [[peer]], [[tls.…]] and [metrics]".to_string(),
             |k| match k {
                 "peer" => "did you mean `[[peer]]`?".to_string(),
                 other => format!("did you mean `[{other}]`?"),

@@ -904,3 +904,34 @@ fn parallel_auto_is_one_sub_tunnel_per_worker() {
     assert!(ok(&text).peers[0].parallel.is_plain());
     assert_eq!(Parallel::Count(3).sub_tunnels(8), 3);
 }
+
+#[test]
+fn metrics_takes_an_address_and_needs_an_interface() {
+    let c = ok(&with_interface("[metrics]\nlisten = \"127.0.0.1:9586\"\n"));
+    assert_eq!(
+        c.metrics.map(|m| m.listen.to_string()).as_deref(),
+        Some("127.0.0.1:9586")
+    );
+    assert_eq!(ok(&with_interface("")).metrics, None);
+    for (body, starts) in [
+        (
+            "[metrics]\nlisten = \"9586\"\n",
+            "metrics.listen: `9586` is not an address:port",
+        ),
+        ("[metrics]\n", "metrics.listen: missing"),
+        (
+            "[metrics]\nlisten = \"127.0.0.1:9586\"\nport = 1\n",
+            "metrics: unknown field `port`",
+        ),
+    ] {
+        let e = error(&with_interface(body));
+        assert!(e.starts_with(starts), "{body:?}: {e}");
+    }
+    let e = error(&format!("metrics = 1\n{}", with_interface("")));
+    assert!(e.starts_with("metrics: must be a table"), "{e}");
+    let tls_only =
+        "[metrics]\nlisten = \"127.0.0.1:9586\"\n[[tls.forward]]\nlisten = \"127.0.0.1:1\"\n\
+                    connect = \"192.0.2.2:8443\"\nserver_name = \"b.test\"\nca_file = \"ca.pem\"\n";
+    let e = error(tls_only);
+    assert!(e.starts_with("metrics: needs an [interface]"), "{e}");
+}

@@ -1,6 +1,7 @@
 //! `tunneld`: a WireGuard site-to-site gateway. See README.md for the commands.
 
 mod load;
+mod metrics;
 mod netlink;
 mod privileges;
 mod reload;

@@ -2,7 +2,8 @@
 //! without a restart. Peers whose keys did not change keep their sessions, so traffic to them
 //! loses nothing; peers gone from the file are removed, new ones added, and routes follow their
 //! allowed IPs. What cannot change while running (the interface's name, port, addresses, MTU,
-//! mark, the dataplane, the TLS sections' listeners) is left as it is, with a warning naming it.
+//! mark, the dataplane, the TLS sections' listeners, the metrics listener) is left as it is,
+//! with a warning naming it.
 //! A file with errors changes nothing.
 
 use crate::load::{self, Resolve};
@@ -117,6 +118,7 @@ impl Reloader {
         config.interface = self.config.interface.clone();
         config.dataplane = self.config.dataplane.clone();
         config.tls = self.config.tls.clone();
+        config.metrics = self.config.metrics.clone();
         self.config = config;
         self.peers = wanted;
     }
@@ -192,6 +194,9 @@ fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     }
     if old.dataplane != new.dataplane {
         changed.push("[dataplane]");
+    }
+    if old.metrics != new.metrics {
+        changed.push("[metrics]");
     }
     if old.tls != new.tls {
         changed.push("[[tls.forward]]/[[tls.listen]] (their certificates do reload)");

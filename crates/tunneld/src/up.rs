@@ -58,6 +58,13 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
             wg_port.clone(),
         )?)
     };
+    let metrics = match &loaded.config.metrics {
+        Some(m) => Some(
+            crate::metrics::MetricsServer::bind(m.listen)
+                .map_err(|e| anyhow::anyhow!("{}: {e:#}", config_path.display()))?,
+        ),
+        None => None,
+    };
     let mut reloader = None;
     let (wireguard, starters) = match loaded.wireguard {
         Some(mut wg) => {
@@ -75,6 +82,9 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
             let running = start_wireguard(wg, &loaded.config.dataplane, workers, use_uring)?;
             let _ = wg_port.set(running.port);
             let _ = worker.set(running.workers.clone());
+            if let Some(metrics) = metrics {
+                metrics.serve(running.name.clone(), running.workers.clone())?;
+            }
             reloader = Some(crate::reload::Reloader::new(
                 config_path.to_path_buf(),
                 loaded.config.clone(),

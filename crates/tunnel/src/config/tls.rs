@@ -338,7 +338,7 @@ pub(super) fn check_peer_tls(c: &mut Checker, t: &Table, path: &str) -> Option<P
     })
 }
 
-fn listen_addr(c: &mut Checker, t: &Table, path: &str) -> Option<SocketAddr> {
+pub(super) fn listen_addr(c: &mut Checker, t: &Table, path: &str) -> Option<SocketAddr> {
     let field = format!("{path}.listen");
     let Some(text) = c.string(t, path, "listen") else {
         if !t.contains_key("listen") {

@@ -1,0 +1,300 @@
+//! `[metrics]`: the interface's counters for Prometheus, as `GET /metrics` in its text format.
+//!
+//! One thread answers one connection at a time, with short timeouts and a bounded request:
+//! that is all a scraper needs, and a slow or hostile client can only delay the next scrape
+//! by the timeout. (An HTTP server crate would bring a thread pool that grows with idle
+//! connections, for one fixed request.) The counters are read from every worker between its
+//! batches, as `tunneld show` reads them; nothing on the data path waits for a scrape.
+
+use anyhow::Context;
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tunneld_dataplane::worker::Workers;
+use tunneld_tunnel::uapi::{DeviceSnapshot, WorkerStats};
+use tunneld_tunnel::DropReason;
+
+/// The longest a client may take to send its request or read the reply.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A request (line and headers) longer than this is refused.
+const MAX_REQUEST: usize = 8 * 1024;
+
+/// The bound listener, before serving (bound while tunneld still has its privileges).
+pub struct MetricsServer {
+    listener: TcpListener,
+}
+
+impl MetricsServer {
+    pub fn bind(addr: SocketAddr) -> anyhow::Result<MetricsServer> {
+        let listener = TcpListener::bind(addr)
+            .with_context(|| format!("metrics.listen: cannot listen on {addr}"))?;
+        Ok(MetricsServer { listener })
+    }
+
+    /// Serves `GET /metrics` for `interface` on a thread of its own, until the process ends.
+    pub fn serve(self, interface: String, workers: Workers) -> anyhow::Result<()> {
+        let listener = self.listener;
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "metrics: serving GET /metrics");
+        }
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    match stream {
+                        Ok(stream) => {
+                            if let Err(e) = answer(stream, &interface, &workers) {
+                                tracing::debug!("metrics client: {e}");
+                            }
+                        }
+                        Err(e) => tracing::debug!("metrics accept: {e}"),
+                    }
+                }
+            })
+            .context("cannot start the metrics thread")?;
+        Ok(())
+    }
+}
+
+/// Reads one request and answers it; the connection then closes.
+fn answer(mut stream: TcpStream, interface: &str, workers: &Workers) -> io::Result<()> {
+    stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+        if request.len() > MAX_REQUEST {
+            return reply(&mut stream, "431 Request Header Fields Too Large", "", true);
+        }
+    }
+    let line = request.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    let (method, path, version) = (words.next(), words.next(), words.next());
+    let Some(("GET" | "HEAD", path)) = method
+        .zip(path)
+        .filter(|_| version.is_some_and(|v| v.starts_with("HTTP/1.")) && words.next().is_none())
+    else {
+        return match (method, path) {
+            (Some(_), Some("/metrics")) if version.is_some() => reply(
+                &mut stream,
+                "405 Method Not Allowed\r\nAllow: GET, HEAD",
+                "only GET /metrics is served\n",
+                true,
+            ),
+            _ => reply(&mut stream, "400 Bad Request", "", true),
+        };
+    };
+    let with_body = method == Some("GET");
+    // Query strings (`?name[]=...`, which some scrapers add) are ignored.
+    if path.split('?').next() != Some("/metrics") {
+        return reply(
+            &mut stream,
+            "404 Not Found",
+            "only GET /metrics is served\n",
+            with_body,
+        );
+    }
+    let unix_now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let gathered = workers.run_each(move |device, now| {
+        let stats = WorkerStats {
+            stats: device.stats().clone(),
+            carries: device.carried(),
+        };
+        (stats, device.snapshot(now, unix_now))
+    });
+    let Some(parts) = gathered else {
+        return reply(&mut stream, "503 Service Unavailable", "", with_body);
+    };
+    let (stats, snapshots): (Vec<WorkerStats>, Vec<DeviceSnapshot>) = parts.into_iter().unzip();
+    let body = render(interface, &stats, &DeviceSnapshot::merge(snapshots));
+    reply(&mut stream, "200 OK", &body, with_body)
+}
+
+fn reply(stream: &mut TcpStream, status: &str, body: &str, with_body: bool) -> io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    if with_body {
+        stream.write_all(body.as_bytes())?;
+    }
+    stream.flush()
+}
+
+/// The counters in Prometheus's text exposition format: per worker (packets, bytes,
+/// handshakes, hand-offs, drops by reason) and per peer (bytes, last handshake).
+pub fn render(interface: &str, workers: &[WorkerStats], snapshot: &DeviceSnapshot) -> String {
+    let mut out = String::new();
+    let mut family =
+        |name: &str, kind: &str, help: &str, samples: &mut dyn Iterator<Item = (String, u64)>| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{{interface=\"{interface}\"{labels}}} {value}");
+            }
+        };
+    family(
+        "tunneld_peers",
+        "gauge",
+        "Peers configured on the interface.",
+        &mut std::iter::once((String::new(), snapshot.peers.len() as u64)),
+    );
+    let per_worker = |pick: fn(&WorkerStats) -> [(&'static str, u64); 2], label: &'static str| {
+        workers
+            .iter()
+            .enumerate()
+            .flat_map(move |(i, w)| {
+                pick(w)
+                    .into_iter()
+                    .map(move |(which, v)| (format!(",worker=\"{i}\",{label}=\"{which}\""), v))
+            })
+            .collect::<Vec<_>>()
+    };
+    family(
+        "tunneld_worker_packets_total",
+        "counter",
+        "Packets a worker encrypted and sent to peers (sent) or authenticated and delivered to the interface (received).",
+        &mut per_worker(
+            |w| [("sent", w.stats.tx_packets), ("received", w.stats.rx_packets)],
+            "direction",
+        )
+        .into_iter(),
+    );
+    family(
+        "tunneld_worker_bytes_total",
+        "counter",
+        "Bytes of those packets.",
+        &mut per_worker(
+            |w| [("sent", w.stats.tx_bytes), ("received", w.stats.rx_bytes)],
+            "direction",
+        )
+        .into_iter(),
+    );
+    family(
+        "tunneld_worker_handoffs_total",
+        "counter",
+        "Packets a worker handed to the worker carrying their session (out) or took from another (in).",
+        &mut per_worker(
+            |w| [("out", w.stats.handoffs_out), ("in", w.stats.handoffs_in)],
+            "direction",
+        )
+        .into_iter(),
+    );
+    family(
+        "tunneld_worker_handshake_messages_total",
+        "counter",
+        "Handshake initiations and cookie replies a worker sent.",
+        &mut per_worker(
+            |w| {
+                [
+                    ("initiation", w.stats.handshakes_sent),
+                    ("cookie_reply", w.stats.cookie_replies_sent),
+                ]
+            },
+            "kind",
+        )
+        .into_iter(),
+    );
+    family(
+        "tunneld_worker_drops_total",
+        "counter",
+        "Packets and datagrams a worker dropped, by reason.",
+        &mut workers.iter().enumerate().flat_map(|(i, w)| {
+            DropReason::ALL.iter().map(move |r| {
+                (
+                    format!(",worker=\"{i}\",reason=\"{}\"", r.name()),
+                    w.stats.drops(*r),
+                )
+            })
+        }),
+    );
+    let per_peer = |value: fn(&tunneld_tunnel::uapi::PeerSnapshot) -> u64| {
+        snapshot
+            .peers
+            .iter()
+            .map(move |p| (format!(",peer=\"{}\"", p.public_key), value(p)))
+            .collect::<Vec<_>>()
+    };
+    family(
+        "tunneld_peer_sent_bytes_total",
+        "counter",
+        "Bytes of datagrams sent to the peer (as `wg show` counts them).",
+        &mut per_peer(|p| p.tx_bytes).into_iter(),
+    );
+    family(
+        "tunneld_peer_received_bytes_total",
+        "counter",
+        "Bytes of datagrams authenticated from the peer.",
+        &mut per_peer(|p| p.rx_bytes).into_iter(),
+    );
+    family(
+        "tunneld_peer_last_handshake_seconds",
+        "gauge",
+        "When the peer's latest handshake completed, in seconds since the UNIX epoch; 0 if never.",
+        &mut per_peer(|p| p.last_handshake.map_or(0, |d| d.as_secs())).into_iter(),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tunneld_crypto::PrivateKey;
+    use tunneld_tunnel::uapi::PeerSnapshot;
+
+    #[test]
+    fn every_sample_line_is_a_named_labelled_number_and_no_secret_shows() {
+        let mut stats = WorkerStats::default();
+        stats.stats.tx_packets = 7;
+        let psk = tunneld_crypto::PresharedKey::generate();
+        let private = PrivateKey::generate();
+        let peer = PrivateKey::generate().public_key();
+        let snapshot = DeviceSnapshot {
+            private_key: Some(private.clone()),
+            listen_port: 51820,
+            fwmark: 0,
+            peers: vec![PeerSnapshot {
+                public_key: peer,
+                preshared_key: Some(psk.clone()),
+                endpoint: None,
+                last_handshake: Some(Duration::from_secs(1_700_000_000)),
+                tx_bytes: 1000,
+                rx_bytes: 2000,
+                persistent_keepalive: 0,
+                allowed_ips: Vec::new(),
+            }],
+        };
+        let text = render("wg0", &[stats.clone(), stats], &snapshot);
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            assert!(value.parse::<u64>().is_ok(), "{line}");
+            let (name, labels) = series.split_once('{').unwrap();
+            assert!(
+                name.starts_with("tunneld_") && labels.ends_with('}'),
+                "{line}"
+            );
+            assert!(labels.starts_with("interface=\"wg0\""), "{line}");
+        }
+        assert!(text.contains(
+            "tunneld_worker_packets_total{interface=\"wg0\",worker=\"1\",direction=\"sent\"} 7"
+        ));
+        assert!(text.contains(&format!(
+            "tunneld_peer_received_bytes_total{{interface=\"wg0\",peer=\"{peer}\"}} 2000"
+        )));
+        assert!(text.contains("tunneld_peer_last_handshake_seconds{interface=\"wg0\",peer="));
+        assert!(text.contains("reason=\"handoff_full\"} 0"));
+        assert!(!text.contains(psk.to_base64().as_str()));
+        assert!(!text.contains(private.to_base64().as_str()));
+    }
+}
