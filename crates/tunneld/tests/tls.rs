@@ -817,3 +817,53 @@ fn an_auto_peer_falls_back_to_tls_when_udp_stops_working() {
     );
     tcp_transfer(&s.b, &s.a, "10.77.0.1:5021".parse().unwrap(), 4 << 20);
 }
+
+/// A datagram that follows the client's handshake at once (rustls sends it right behind its
+/// Finished, so the server reads both together while it completes the handshake) reaches the
+/// WireGuard interface then, not when more bytes come down the stream.
+#[test]
+fn a_datagram_sent_with_the_handshake_is_delivered_at_once() {
+    if !require("a_datagram_sent_with_the_handshake_is_delivered_at_once") {
+        return;
+    }
+    let s = setup();
+    let certs = s.dir.path().display().to_string();
+    let ib = tunneld_testnet::unique_name("wg");
+    let body_b = format!(
+        "listen_port = 51820\naddress = [\"10.77.0.2/24\"]\n\n\
+         [[tls.listen]]\nlisten = \"{B_TLS}\"\ncert_file = \"{certs}/server.pem\"\n\
+         key_file = \"{certs}/server.key\"\nforward_to = \"wireguard\"\n"
+    );
+    let gb = Gateway::start(&s.b, &ib, &genkey(), &body_b);
+    let ca = s.dir.path().join("ca.pem");
+    let client = s.a.in_ns(move || {
+        use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&ca).unwrap() {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = ServerName::try_from(SERVER_NAME).unwrap();
+        let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+        // 32 bytes that are no WireGuard message, framed: the interface counts them as a drop.
+        let mut frame = vec![0, 32];
+        frame.extend_from_slice(&[0xee; 32]);
+        conn.writer().write_all(&frame).unwrap();
+        let mut tcp = TcpStream::connect(B_TLS).unwrap();
+        while conn.is_handshaking() || conn.wants_write() {
+            conn.complete_io(&mut tcp).unwrap();
+        }
+        // Kept open and silent: nothing more comes down the stream.
+        (tcp, conn)
+    });
+    wait_until("the datagram reaches site B's interface", || {
+        s.b.run(&[TUNNELD, "show", &ib]).contains("malformed=1")
+    });
+    drop(client);
+    drop(gb);
+}

@@ -62,6 +62,11 @@ pub fn bridge(
     let mut from_udp = Box::new(Batch::new());
     let mut to_udp = Box::new(Batch::new());
     let mut deframer = Deframer::new();
+    // Datagrams that came with the other side's last handshake message were decrypted during
+    // the handshake: deliver them now, or they would wait for the stream's next bytes.
+    if deliver(&mut conn, &mut deframer, udp, &mut to_udp, peer, *learnt)? {
+        return Ok(());
+    }
     loop {
         let mut progress = super::relay::flush_tls(&mut conn, &mut tls)?;
         // UDP → TLS, once the stream has taken what came before.
