@@ -1,6 +1,6 @@
 //! `cargo xtask bench-tls`: TCP forwarded over TLS, side by side in the namespace testbed
-//! (direct over the veth, stunnel4, tunneld's `[[tls.forward]]`/`[[tls.listen]]`), the same
-//! traffic and accounting for each, interleaved over rounds (A B C A B C ...), medians
+//! (direct over the veth, tunneld's WireGuard tunnel, stunnel4, tunneld's
+//! `[[tls.forward]]`/`[[tls.listen]]`), the same traffic and accounting for each, interleaved over rounds (A B C A B C ...), medians
 //! reported. Writes target/bench-report/tls-report.md.
 //!
 //! Per row and round: a fresh pair of namespaces (underlay 192.0.2.1 in A, 192.0.2.2 in B),
@@ -30,6 +30,8 @@ use tunneld_testnet::{require_netns, unique_name, NetNs};
 const SERVER_NAME: &str = "tunneld-bench.test";
 /// Site B's underlay address (the testbed's veth).
 const B_UNDERLAY: &str = "192.0.2.2";
+/// Site B's address inside the WireGuard tunnel (the testbed's).
+const B_TUNNEL: &str = "10.77.0.2";
 /// Plaintext services in B: iperf3 and the echo server.
 const IPERF_PORT: u16 = 5201;
 const ECHO_PORT: u16 = 5202;
@@ -62,6 +64,9 @@ const IPERF_GRACE: Duration = Duration::from_secs(20);
 enum Route {
     /// iperf3 and the echo client straight to B over the veth.
     Direct,
+    /// iperf3 and the echo client to B's tunnel address through tunneld's WireGuard tunnel
+    /// (this binary, one worker each side): the "WireGuard" of Direct vs WireGuard vs TLS.
+    WireGuard(PathBuf),
     /// stunnel (this binary) on both sides.
     Stunnel(PathBuf),
     /// tunneld (this binary) on both sides.
@@ -108,6 +113,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     let mut contenders = vec![
         contender("direct (veth, no proxy)", Ok(Route::Direct)),
+        contender(
+            "tunneld WireGuard (UDP, 1 worker)",
+            tunneld.clone().map(Route::WireGuard),
+        ),
         contender("stunnel4 (Debian, OpenSSL)", stunnel.map(Route::Stunnel)),
         contender("tunneld TLS forwarding", tunneld.map(Route::Tunneld)),
     ];
@@ -170,20 +179,27 @@ fn contender(name: &'static str, which: Result<Route, String>) -> Contender {
 
 /// One round of one row, in a testbed of its own that is gone when this returns.
 fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> {
-    // Only the namespaces and the veth underlay (no tunnel, so no keys: the path is unused).
-    let bed = Testbed::new(&Impl::Direct, Path::new("/nonexistent"))?;
-    let proxied = !matches!(which, Route::Direct);
-    // Services listen where the server-side proxy forwards to, or on the underlay.
-    let service_host = if proxied { "127.0.0.1" } else { B_UNDERLAY };
+    let bed = match which {
+        Route::WireGuard(bin) => Testbed::new(
+            &Impl::Tunneld(bin.clone(), "backend = \"mmsg\"\nworkers = 1", ""),
+            bin,
+        )?,
+        // Only the namespaces and the veth underlay (no tunnel, so no keys: the path is
+        // unused).
+        _ => Testbed::new(&Impl::Direct, Path::new("/nonexistent"))?,
+    };
+    let proxied = matches!(which, Route::Stunnel(_) | Route::Tunneld(_));
+    // Services listen where the server-side proxy forwards to, or where B is reached.
+    let service_host = match which {
+        Route::Direct => B_UNDERLAY,
+        Route::WireGuard(_) => B_TUNNEL,
+        Route::Stunnel(_) | Route::Tunneld(_) => "127.0.0.1",
+    };
     let echo_bind = sock(&format!("{service_host}:{ECHO_PORT}"))?;
     let (iperf_target, iperf_port, echo_target) = if proxied {
         ("127.0.0.1", PROXY_IPERF_PORT, sock(PROXY_ECHO)?)
     } else {
-        (
-            B_UNDERLAY,
-            IPERF_PORT,
-            sock(&format!("{B_UNDERLAY}:{ECHO_PORT}"))?,
-        )
+        (service_host, IPERF_PORT, echo_bind)
     };
 
     // Locals drop in reverse order: the iperf3 server and the proxies (SIGTERM, reaped) go
@@ -192,7 +208,7 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
     let run_dir = certs.dir.0.join(unique_name("run"));
     fs::create_dir(&run_dir).map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
     let mut proxies = match which {
-        Route::Direct => Vec::new(),
+        Route::Direct | Route::WireGuard(_) => Vec::new(),
         Route::Stunnel(bin) => start_stunnel(&bed, bin, certs, &run_dir)?,
         Route::Tunneld(bin) => start_tunneld(&bed, bin, certs, &run_dir)?,
     };
@@ -204,8 +220,11 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
     }
     system::check_interrupted()?;
 
-    // Throughput, and the proxies' CPU while it runs.
-    let pids: Vec<u32> = proxies.iter().map(|p| p.guard.0.id()).collect();
+    // Throughput, and the proxies' (or the tunnels') CPU while it runs.
+    let pids: Vec<u32> = match which {
+        Route::WireGuard(_) => bed.pids(),
+        _ => proxies.iter().map(|p| p.guard.0.id()).collect(),
+    };
     let _iperf_server = iperf_server(&bed.b, service_host)?;
     let cpu0 = cpu_seconds(&pids);
     let out = system::output_within(
@@ -238,7 +257,7 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
     let new_conn = new_connection_rtts_us(&bed.a, echo_target)
         .map_err(|e| format!("new-connection echo: {e}{}", logs(&proxies)))?;
 
-    let (proxy_cpu, peak_rss_kib) = if proxied {
+    let (proxy_cpu, peak_rss_kib) = if !pids.is_empty() {
         (cpu1 - cpu0, peak_rss_kib(&pids) as f64)
     } else {
         (f64::NAN, f64::NAN)
@@ -782,9 +801,10 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
     let _ = writeln!(
         out,
         "TCP forwarded over TLS 1.3 (stunnel: TLS_AES_256_GCM_SHA384; P-256 certificates) \
-         between two namespaces over a veth. {} round(s), {} s per iperf3 run, medians. Both \
-         proxies and the traffic share this machine's cores: Gbit per proxy CPU-second is \
-         the comparable figure. Latency: {MESSAGE_BYTES}-byte requests echoed from B; \
+         between two namespaces over a veth, and through tunneld's WireGuard tunnel for \
+         comparison (its row's CPU is the two tunnelds'). {} round(s), {} s per iperf3 run, \
+         medians. Both proxies and the traffic share this machine's cores: Gbit per proxy \
+         CPU-second is the comparable figure. Latency: {MESSAGE_BYTES}-byte requests echoed from B; \
          keep-alive is {KEEPALIVE_ROUND_TRIPS} round trips on one connection, new \
          connection is connect + one round trip + close, {NEW_CONNECTIONS} times.\n",
         o.rounds, o.seconds
