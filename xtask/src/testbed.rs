@@ -21,6 +21,15 @@ pub enum Impl {
     /// tunneld, from this repository's release build, with these lines in its `[dataplane]`
     /// section and these in its `[[peer]]` (empty: the defaults).
     Tunneld(PathBuf, &'static str, &'static str),
+    /// tunneld with site A's peer on `transport = "tls"` to site B's `[[tls.listen]]
+    /// forward_to = "wireguard"` (WireGuard over TLS), with this CA and server certificate
+    /// and key for `tls.test`.
+    TunneldOverTls {
+        bin: PathBuf,
+        ca: PathBuf,
+        cert: PathBuf,
+        key: PathBuf,
+    },
     /// A wireguard-go binary (the Debian package, or a module build), configured with `wg`.
     WireguardGo(PathBuf),
     /// boringtun-cli, configured with `wg`.
@@ -98,6 +107,9 @@ fn write_key(dir: &Path, name: &str, tunneld: &Path) -> Result<(PathBuf, String)
         String::from_utf8_lossy(&public.stdout).trim().to_string(),
     ))
 }
+
+/// The DNS name `Impl::TunneldOverTls`'s server certificate carries.
+pub const TLS_NAME: &str = "tunneld-bench.test";
 
 /// Whether this kernel can create WireGuard interfaces (tried in a scratch namespace).
 /// The `cpus` line for tunneld at site `me`: the machine's CPUs in order at site A and in
@@ -227,6 +239,48 @@ impl Testbed {
             bed.interfaces.push(ifname.clone());
             match which {
                 Impl::Direct => unreachable!(),
+                Impl::TunneldOverTls {
+                    bin,
+                    ca,
+                    cert,
+                    key: tls_key,
+                } => {
+                    let cpus = site_cpus(me);
+                    // B listens for TLS and learns A's endpoint; A reaches B through TLS.
+                    let (peer_lines, tail) = if me == 1 {
+                        (
+                            format!(
+                                "endpoint = \"{peer_ip}:8443\"\ntransport = \"tls\"\n\
+                                 tls_server_name = \"{TLS_NAME}\"\ntls_ca_file = \"{}\"\n",
+                                ca.display()
+                            ),
+                            String::new(),
+                        )
+                    } else {
+                        (
+                            String::new(),
+                            format!(
+                                "\n[[tls.listen]]\nlisten = \"192.0.2.2:8443\"\ncert_file = \"{}\"\n\
+                                 key_file = \"{}\"\nforward_to = \"wireguard\"\n",
+                                cert.display(),
+                                tls_key.display()
+                            ),
+                        )
+                    };
+                    let config = format!(
+                        "[interface]\nname = \"{ifname}\"\nprivate_key_file = \"{}\"\nlisten_port = 51820\n\
+                         address = [\"10.77.0.{me}/24\", \"fd77::{me}/64\"]\nmtu = 1420\n\n\
+                         [dataplane]\nbackend = \"mmsg\"\nworkers = 1\n{cpus}\n\n\
+                         [[peer]]\npublic_key = \"{peer_pub}\"\n\
+                         allowed_ips = [\"10.77.0.{other}/32\", \"fd77::{other}/128\"]\n{peer_lines}{tail}",
+                        key.display()
+                    );
+                    let path = dir.join(format!("{ifname}.toml"));
+                    fs::write(&path, config).map_err(|e| e.to_string())?;
+                    let mut cmd = ns.command(&bin.to_string_lossy());
+                    bed.processes.push(spawn(cmd.arg("up").arg(&path))?);
+                    wait_for_socket(&ifname).map_err(|e| format!("{e}{}", bed.logs()))?;
+                }
                 Impl::Tunneld(bin, dataplane, peer) => {
                     let cpus = site_cpus(me);
                     let config = format!(

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use tunneld_testnet::{require_netns, unique_name, NetNs};
 
 /// The DNS name in the server certificate, checked by the client side.
-const SERVER_NAME: &str = "tunneld-bench.test";
+const SERVER_NAME: &str = crate::testbed::TLS_NAME;
 /// Site B's underlay address (the testbed's veth).
 const B_UNDERLAY: &str = "192.0.2.2";
 /// Site B's address inside the WireGuard tunnel (the testbed's).
@@ -67,6 +67,9 @@ enum Route {
     /// iperf3 and the echo client to B's tunnel address through tunneld's WireGuard tunnel
     /// (this binary, one worker each side): the "WireGuard" of Direct vs WireGuard vs TLS.
     WireGuard(PathBuf),
+    /// The same through tunneld's WireGuard over TLS (`transport = "tls"`), the fallback
+    /// for networks that drop UDP.
+    WireGuardOverTls(PathBuf),
     /// stunnel (this binary) on both sides.
     Stunnel(PathBuf),
     /// tunneld (this binary) on both sides.
@@ -116,6 +119,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         contender(
             "tunneld WireGuard (UDP, 1 worker)",
             tunneld.clone().map(Route::WireGuard),
+        ),
+        contender(
+            "tunneld WireGuard over TLS (1 worker)",
+            tunneld.clone().map(Route::WireGuardOverTls),
         ),
         contender("stunnel4 (Debian, OpenSSL)", stunnel.map(Route::Stunnel)),
         contender("tunneld TLS forwarding", tunneld.map(Route::Tunneld)),
@@ -184,6 +191,15 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
             &Impl::Tunneld(bin.clone(), "backend = \"mmsg\"\nworkers = 1", ""),
             bin,
         )?,
+        Route::WireGuardOverTls(bin) => Testbed::new(
+            &Impl::TunneldOverTls {
+                bin: bin.clone(),
+                ca: certs.ca.clone(),
+                cert: certs.cert.clone(),
+                key: certs.key.clone(),
+            },
+            bin,
+        )?,
         // Only the namespaces and the veth underlay (no tunnel, so no keys: the path is
         // unused).
         _ => Testbed::new(&Impl::Direct, Path::new("/nonexistent"))?,
@@ -192,7 +208,7 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
     // Services listen where the server-side proxy forwards to, or where B is reached.
     let service_host = match which {
         Route::Direct => B_UNDERLAY,
-        Route::WireGuard(_) => B_TUNNEL,
+        Route::WireGuard(_) | Route::WireGuardOverTls(_) => B_TUNNEL,
         Route::Stunnel(_) | Route::Tunneld(_) => "127.0.0.1",
     };
     let echo_bind = sock(&format!("{service_host}:{ECHO_PORT}"))?;
@@ -208,7 +224,7 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
     let run_dir = certs.dir.0.join(unique_name("run"));
     fs::create_dir(&run_dir).map_err(|e| format!("cannot create {}: {e}", run_dir.display()))?;
     let mut proxies = match which {
-        Route::Direct | Route::WireGuard(_) => Vec::new(),
+        Route::Direct | Route::WireGuard(_) | Route::WireGuardOverTls(_) => Vec::new(),
         Route::Stunnel(bin) => start_stunnel(&bed, bin, certs, &run_dir)?,
         Route::Tunneld(bin) => start_tunneld(&bed, bin, certs, &run_dir)?,
     };
@@ -222,7 +238,7 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
 
     // Throughput, and the proxies' (or the tunnels') CPU while it runs.
     let pids: Vec<u32> = match which {
-        Route::WireGuard(_) => bed.pids(),
+        Route::WireGuard(_) | Route::WireGuardOverTls(_) => bed.pids(),
         _ => proxies.iter().map(|p| p.guard.0.id()).collect(),
     };
     let _iperf_server = iperf_server(&bed.b, service_host)?;
