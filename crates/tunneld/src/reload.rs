@@ -11,7 +11,7 @@ use crate::netlink::Netlink;
 use std::path::PathBuf;
 use std::time::Instant;
 use tunneld_dataplane::worker::Workers;
-use tunneld_tunnel::config::Config;
+use tunneld_tunnel::config::{Config, PeerConfig};
 use tunneld_tunnel::PeerSettings;
 
 /// What a reload needs of the running interface, and what was applied last.
@@ -21,9 +21,11 @@ pub struct Reloader {
     workers: Workers,
     netlink: Netlink,
     link: u32,
+    /// The config tunneld started with: what a reload cannot change is compared with it.
     config: Config,
-    /// As the workers run them: `transport = "tls"` peers aimed at their loopback bridge.
-    peers: Vec<PeerSettings>,
+    /// Each running peer as the file said it and as the workers run it (`transport = "tls"`
+    /// peers aimed at their loopback bridge).
+    running: Vec<(PeerConfig, PeerSettings)>,
 }
 
 impl Reloader {
@@ -37,6 +39,7 @@ impl Reloader {
     ) -> anyhow::Result<Reloader> {
         use anyhow::Context;
         let netlink = Netlink::open().context("cannot open a netlink socket for reloads")?;
+        let running = config.peers.iter().cloned().zip(peers).collect();
         Ok(Reloader {
             path,
             worker_count,
@@ -44,7 +47,7 @@ impl Reloader {
             netlink,
             link,
             config,
-            peers,
+            running,
         })
     }
 
@@ -87,8 +90,8 @@ impl Reloader {
         };
 
         let private_key = wg.device.private_key;
-        let previous = self.peers.clone();
-        let applied = wanted.clone();
+        let previous: Vec<PeerSettings> = self.running.iter().map(|(_, s)| s.clone()).collect();
+        let applied: Vec<PeerSettings> = wanted.iter().map(|(_, s)| s.clone()).collect();
         let outcome = self.workers.run_each(move |device, now: Instant| {
             let before = device.routes();
             let report = device.sync(private_key.clone(), &applied, &previous, now);
@@ -113,26 +116,19 @@ impl Reloader {
             private_key_changed = report.key_changed,
             "SIGHUP: WireGuard settings reloaded; unchanged peers keep their sessions"
         );
-        let mut config = loaded.config;
-        // What was not applied stays as it runs, so the next reload compares against it.
-        config.interface = self.config.interface.clone();
-        config.dataplane = self.config.dataplane.clone();
-        config.tls = self.config.tls.clone();
-        config.metrics = self.config.metrics.clone();
-        self.config = config;
-        self.peers = wanted;
+        self.running = wanted;
     }
 
-    /// The reloaded peers as the workers should run them: `parallel = "auto"` resolved, and
-    /// peers over TLS kept on the bridge they run on (a bridge is made at start only).
+    /// The reloaded peers as the workers should run them, each with its config: `parallel =
+    /// "auto"` resolved, peers over TLS kept on the bridge they run on, and a peer whose
+    /// transport is new or changed left as it runs (a bridge is made at start only).
     fn wanted_peers(
         &self,
         config: &Config,
-        mut peers: Vec<PeerSettings>,
-    ) -> Result<Vec<PeerSettings>, String> {
+        peers: Vec<PeerSettings>,
+    ) -> Result<Vec<(PeerConfig, PeerSettings)>, String> {
         let mut wanted = Vec::with_capacity(peers.len());
-        for (i, (settings, peer)) in peers.drain(..).zip(&config.peers).enumerate() {
-            let mut settings = settings;
+        for (i, (mut settings, peer)) in peers.into_iter().zip(&config.peers).enumerate() {
             settings.parallel = peer.parallel.sub_tunnels(self.worker_count);
             if usize::from(settings.parallel) > self.worker_count {
                 return Err(format!(
@@ -140,33 +136,27 @@ impl Reloader {
                     settings.parallel, self.worker_count
                 ));
             }
-            let before = self
-                .config
-                .peers
+            let running = self
+                .running
                 .iter()
-                .zip(&self.peers)
                 .find(|(p, _)| p.public_key == peer.public_key);
-            match before {
-                // Same transport: a TLS peer stays on its bridge.
-                Some((p, running)) if p.tls == peer.tls => {
+            match running {
+                Some((was, runs)) if was.tls == peer.tls => {
                     if peer.tls.is_some() {
-                        settings.endpoint = running.endpoint;
+                        settings.endpoint = runs.endpoint;
                     }
                 }
                 None if peer.tls.is_none() => {}
-                // A bridge (and its thread) is made at start only.
                 _ => {
                     tracing::warn!(
                         peer = %peer.public_key,
                         "SIGHUP: peer[{i}]'s transport is new or changed; that takes a restart, the peer is left as it runs"
                     );
-                    if let Some((_, running)) = before {
-                        wanted.push(running.clone());
-                    }
+                    wanted.extend(running.cloned());
                     continue;
                 }
             }
-            wanted.push(settings);
+            wanted.push((peer.clone(), settings));
         }
         Ok(wanted)
     }

@@ -867,3 +867,62 @@ fn a_datagram_sent_with_the_handshake_is_delivered_at_once() {
     drop(client);
     drop(gb);
 }
+
+/// A reload cannot give a peer a TLS transport (its bridge is made at start): the peer is
+/// left out with a warning, on every reload that still asks for it, and the other peers are
+/// applied as usual.
+#[test]
+fn a_reload_leaves_a_new_tls_transport_peer_for_a_restart() {
+    if !require("a_reload_leaves_a_new_tls_transport_peer_for_a_restart") {
+        return;
+    }
+    let s = setup();
+    let certs = s.dir.path().display().to_string();
+    let ia = tunneld_testnet::unique_name("wg");
+    let (udp_peer, tls_peer) = (pubkey(&genkey()), pubkey(&genkey()));
+    let udp_section = |nets: &str| {
+        format!(
+            "[[peer]]\npublic_key = \"{udp_peer}\"\nendpoint = \"192.0.2.2:51820\"\nallowed_ips = [{nets}]\n"
+        )
+    };
+    let head = "listen_port = 51820\naddress = [\"10.77.0.1/24\"]\n\n";
+    let ga = Gateway::start(
+        &s.a,
+        &ia,
+        &genkey(),
+        &format!("{head}{}", udp_section("\"10.77.0.2/32\"")),
+    );
+    // The new TLS peer comes first in the file, before the running one.
+    let tls_section = format!(
+        "[[peer]]\npublic_key = \"{tls_peer}\"\nallowed_ips = [\"10.88.0.0/16\"]\n\
+         transport = \"tls\"\nendpoint = \"{B_TLS}\"\ntls_server_name = \"{SERVER_NAME}\"\n\
+         tls_ca_file = \"{certs}/ca.pem\"\n"
+    );
+    let mut nets = "\"10.77.0.2/32\"".to_string();
+    for round in 1..=2 {
+        step(&format!("reload {round} asks for the TLS peer"));
+        nets.push_str(&format!(", \"10.6{round}.0.0/16\""));
+        let body = format!("{head}{tls_section}\n{}", udp_section(&nets));
+        let config =
+            format!("[interface]\nname = \"{ia}\"\nprivate_key_file = \"private.key\"\n{body}");
+        fs::write(ga.dir.path().join("gateway.toml"), config).unwrap();
+        let before = ga.log_text().matches("WireGuard settings reloaded").count();
+        Command::new("kill")
+            .args(["-HUP", &ga.pid().to_string()])
+            .status()
+            .unwrap();
+        wait_until("the reload", || {
+            ga.log_text().matches("WireGuard settings reloaded").count() > before
+        });
+        let warned = ga.log_text().matches("transport is new or changed").count();
+        assert_eq!(warned, round, "{}", ga.log_text());
+        let dump = wg_dump(&s.a, &ia);
+        assert_eq!(dump.len(), 2, "only the UDP peer runs: {dump:?}");
+        assert_eq!(dump[1][0], udp_peer);
+        assert!(
+            dump[1][3].contains(&format!("10.6{round}.0.0/16")),
+            "the UDP peer's change is applied: {dump:?}"
+        );
+        assert_eq!(dump[1][2], "192.0.2.2:51820", "its endpoint is its own");
+    }
+}
