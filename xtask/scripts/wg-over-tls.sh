@@ -39,23 +39,16 @@ for r in $(seq $ROUNDS); do
   label=${spec%%=*}; rest=${spec#*=}; bin=${rest%%:*}; transport=${rest#*:}
   ka=$($bin genkey); kb=$($bin genkey)
   pa=$(echo "$ka" | $bin pubkey); pb=$(echo "$kb" | $bin pubkey)
-  cat > b.toml <<C
-[interface]
-name = "wgtb$$"
-private_key = "$kb"
-listen_port = 51820
-address = ["10.77.0.2/24"]
-[dataplane]
-cpus = [1]
-[[peer]]
-public_key = "$pa"
-allowed_ips = ["10.77.0.1/32"]
-[[tls.listen]]
-listen = "192.0.2.2:8443"
-cert_file = "$D/server.pem"
-key_file = "$D/server.key"
-forward_to = "wireguard"
-C
+  # site NAME KEY ADDRESS CPU PEER_KEY PEER_ADDRESS EXTRA: one site's config on stdout.
+  site() {
+    printf '[interface]\nname = "%s"\nprivate_key = "%s"\nlisten_port = 51820\naddress = ["%s/24"]\n' "$1" "$2" "$3"
+    printf '[dataplane]\ncpus = [%s]\n[[peer]]\npublic_key = "%s"\nallowed_ips = ["%s/32"]\n%s\n' "$4" "$5" "$6" "$7"
+  }
+  site "wgtb$$" "$kb" 10.77.0.2 1 "$pa" 10.77.0.1 "[[tls.listen]]
+listen = \"192.0.2.2:8443\"
+cert_file = \"$D/server.pem\"
+key_file = \"$D/server.key\"
+forward_to = \"wireguard\"" > b.toml
   if [ "$transport" = tls ]; then
     peer_a="transport = \"tls\"
 endpoint = \"192.0.2.2:8443\"
@@ -64,19 +57,7 @@ tls_ca_file = \"$D/ca.pem\""
   else
     peer_a="endpoint = \"192.0.2.2:51820\""
   fi
-  cat > a.toml <<C
-[interface]
-name = "wgta$$"
-private_key = "$ka"
-listen_port = 51820
-address = ["10.77.0.1/24"]
-[dataplane]
-cpus = [0]
-[[peer]]
-public_key = "$pb"
-allowed_ips = ["10.77.0.2/32"]
-$peer_a
-C
+  site "wgta$$" "$ka" 10.77.0.1 0 "$pb" 10.77.0.2 "$peer_a" > a.toml
   ip netns exec $B $bin up $D/b.toml > b.log 2>&1 & PB=$!
   sleep 0.3
   ip netns exec $A $bin up $D/a.toml > a.log 2>&1 & PA=$!

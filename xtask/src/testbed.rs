@@ -239,56 +239,49 @@ impl Testbed {
             bed.interfaces.push(ifname.clone());
             match which {
                 Impl::Direct => unreachable!(),
-                Impl::TunneldOverTls {
-                    bin,
-                    ca,
-                    cert,
-                    key: tls_key,
-                } => {
-                    let cpus = site_cpus(me);
-                    // B listens for TLS and learns A's endpoint; A reaches B through TLS.
-                    let (peer_lines, tail) = if me == 1 {
-                        (
-                            format!(
-                                "endpoint = \"{peer_ip}:8443\"\ntransport = \"tls\"\n\
-                                 tls_server_name = \"{TLS_NAME}\"\ntls_ca_file = \"{}\"\n",
-                                ca.display()
-                            ),
+                Impl::Tunneld(..) | Impl::TunneldOverTls { .. } => {
+                    // What differs between the two: the dataplane lines, how A reaches B, and
+                    // B's TLS listener for WireGuard over TLS (B then learns A's endpoint).
+                    let (bin, dataplane, peer_lines, tail) = match which {
+                        Impl::Tunneld(bin, dataplane, peer) => (
+                            bin,
+                            dataplane.to_string(),
+                            format!("endpoint = \"{peer_ip}:51820\"\n{peer}\n"),
                             String::new(),
-                        )
-                    } else {
-                        (
-                            String::new(),
-                            format!(
-                                "\n[[tls.listen]]\nlisten = \"192.0.2.2:8443\"\ncert_file = \"{}\"\n\
-                                 key_file = \"{}\"\nforward_to = \"wireguard\"\n",
-                                cert.display(),
-                                tls_key.display()
-                            ),
-                        )
+                        ),
+                        Impl::TunneldOverTls {
+                            bin,
+                            ca,
+                            cert,
+                            key: tls_key,
+                        } => {
+                            let dataplane = "backend = \"mmsg\"\nworkers = 1".to_string();
+                            if me == 1 {
+                                let peer_lines = format!(
+                                    "endpoint = \"{peer_ip}:8443\"\ntransport = \"tls\"\n\
+                                     tls_server_name = \"{TLS_NAME}\"\ntls_ca_file = \"{}\"\n",
+                                    ca.display()
+                                );
+                                (bin, dataplane, peer_lines, String::new())
+                            } else {
+                                let tail = format!(
+                                    "\n[[tls.listen]]\nlisten = \"192.0.2.2:8443\"\ncert_file = \"{}\"\n\
+                                     key_file = \"{}\"\nforward_to = \"wireguard\"\n",
+                                    cert.display(),
+                                    tls_key.display()
+                                );
+                                (bin, dataplane, String::new(), tail)
+                            }
+                        }
+                        _ => unreachable!(),
                     };
-                    let config = format!(
-                        "[interface]\nname = \"{ifname}\"\nprivate_key_file = \"{}\"\nlisten_port = 51820\n\
-                         address = [\"10.77.0.{me}/24\", \"fd77::{me}/64\"]\nmtu = 1420\n\n\
-                         [dataplane]\nbackend = \"mmsg\"\nworkers = 1\n{cpus}\n\n\
-                         [[peer]]\npublic_key = \"{peer_pub}\"\n\
-                         allowed_ips = [\"10.77.0.{other}/32\", \"fd77::{other}/128\"]\n{peer_lines}{tail}",
-                        key.display()
-                    );
-                    let path = dir.join(format!("{ifname}.toml"));
-                    fs::write(&path, config).map_err(|e| e.to_string())?;
-                    let mut cmd = ns.command(&bin.to_string_lossy());
-                    bed.processes.push(spawn(cmd.arg("up").arg(&path))?);
-                    wait_for_socket(&ifname).map_err(|e| format!("{e}{}", bed.logs()))?;
-                }
-                Impl::Tunneld(bin, dataplane, peer) => {
                     let cpus = site_cpus(me);
                     let config = format!(
                         "[interface]\nname = \"{ifname}\"\nprivate_key_file = \"{}\"\nlisten_port = 51820\n\
                          address = [\"10.77.0.{me}/24\", \"fd77::{me}/64\"]\nmtu = 1420\n\n\
                          [dataplane]\n{dataplane}\n{cpus}\n\n\
-                         [[peer]]\npublic_key = \"{peer_pub}\"\nendpoint = \"{peer_ip}:51820\"\n\
-                         allowed_ips = [\"10.77.0.{other}/32\", \"fd77::{other}/128\"]\n{peer}\n",
+                         [[peer]]\npublic_key = \"{peer_pub}\"\n\
+                         allowed_ips = [\"10.77.0.{other}/32\", \"fd77::{other}/128\"]\n{peer_lines}{tail}",
                         key.display()
                     );
                     let path = dir.join(format!("{ifname}.toml"));
