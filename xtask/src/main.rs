@@ -21,10 +21,11 @@ commands:
                    (Debian; Go-module build), boringtun-cli, kernel WireGuard where present;
                    interleaved rounds, medians; report in target/bench-report/;
                    --only keeps the rows whose name contains one of the NAMEs
-  bench-tls [--quick] [--rounds N] [--seconds S] [--only NAME,...]
+  bench-tls [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--tunneld-baseline BIN]
                    TCP forwarded over TLS in namespaces: direct, stunnel4, tunneld's
-                   [[tls.forward]]/[[tls.listen]]; throughput, proxy CPU, echo latency;
-                   report in target/bench-report/tls-report.md
+                   [[tls.forward]]/[[tls.listen]]; throughput, proxy CPU, echo latency,
+                   64 connections at once; --tunneld-baseline adds a row for another
+                   tunneld build; report in target/bench-report/tls-report.md
   fuzz <target|all|list> [--time N]
                    coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
                    installed when missing); default 60 s each

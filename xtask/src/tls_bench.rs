@@ -8,6 +8,15 @@
 //! server (this process, a thread per connection) in B; iperf3 and the echo client in A.
 //! TLS is 1.3 with TLS_AES_256_GCM_SHA384 for stunnel; the certificates (a throwaway CA and a
 //! server certificate for `tunneld-bench.test`) are made once per run with the openssl CLI.
+//!
+//! Phases, in this order: iperf3 (one stream, with the proxies' CPU), keep-alive echo
+//! latency, new-connection latency, then many connections: [`CONCURRENT`] connections each
+//! with one request always outstanding, from one client thread (poll(2)), for requests per
+//! second, the proxies' CPU per request and the round trips' p50/p99.
+//!
+//! `--tunneld-baseline PATH` adds a row for another tunneld build (say, the previous commit's,
+//! copied out of target/ so a rebuild does not replace it), right before this tree's tunneld
+//! TLS forwarding row, so the two alternate within each round.
 
 use crate::bench::{parse_options, Options};
 use crate::system;
@@ -49,6 +58,10 @@ const KEEPALIVE_ROUND_TRIPS: usize = 2000;
 const KEEPALIVE_WARMUP: usize = 20;
 /// New-connection latency: connect + one round trip + close, this many times.
 const NEW_CONNECTIONS: usize = 300;
+/// Many connections: this many at once, each with one request outstanding, until this many
+/// round trips in all (bounded by [`PHASE_LIMIT`] too).
+const CONCURRENT: usize = 64;
+const MANY_ROUND_TRIPS: usize = 100_000;
 /// Bytes per request (echoed back whole).
 const MESSAGE_BYTES: usize = 64;
 /// Longest any single latency phase may take before it is abandoned.
@@ -77,7 +90,7 @@ enum Route {
 }
 
 struct Contender {
-    name: &'static str,
+    name: String,
     which: Result<Route, String>,
     samples: Vec<Sample>,
     /// The first line of the latest failure, for the table when no round succeeded.
@@ -92,12 +105,31 @@ struct Sample {
     keepalive_p50_us: f64,
     keepalive_p99_us: f64,
     new_conn_p50_us: f64,
-    /// VmHWM of both proxies, summed (NaN without proxies).
+    /// Many connections: completed round trips per second, and how many completed (fewer
+    /// than [`MANY_ROUND_TRIPS`] only if [`PHASE_LIMIT`] passed).
+    many_rps: f64,
+    many_requests: f64,
+    /// CPU seconds of both proxies (or tunnels) during that phase (NaN without).
+    many_cpu: f64,
+    many_p50_us: f64,
+    many_p99_us: f64,
+    /// VmHWM of both proxies, summed (NaN without proxies); read last, so it includes the
+    /// many-connections phase.
     peak_rss_kib: f64,
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let options = parse_options(args)?;
+    let (baseline, args) = take_baseline(args)?;
+    let options = parse_options(&args)?;
+    // Absolute (the proxies start from `ip netns exec`), and a typo fails here, not per round.
+    let baseline = baseline
+        .map(|p| {
+            fs::canonicalize(&p)
+                .ok()
+                .filter(|p| p.is_file())
+                .ok_or_else(|| format!("--tunneld-baseline {}: no such file", p.display()))
+        })
+        .transpose()?;
     system::install_tools()?;
     if !require_netns("cargo xtask bench-tls") {
         return Err("the benchmark needs root (network namespaces)".into());
@@ -125,12 +157,22 @@ pub fn run(args: &[String]) -> Result<(), String> {
             tunneld.clone().map(Route::WireGuardOverTls),
         ),
         contender("stunnel4 (Debian, OpenSSL)", stunnel.map(Route::Stunnel)),
-        contender("tunneld TLS forwarding", tunneld.map(Route::Tunneld)),
     ];
+    // Right before the build under test, so the two alternate within each round.
+    if let Some(bin) = baseline {
+        contenders.push(contender(
+            "tunneld TLS forwarding (baseline)",
+            Ok(Route::Tunneld(bin)),
+        ));
+    }
+    contenders.push(contender(
+        "tunneld TLS forwarding",
+        tunneld.map(Route::Tunneld),
+    ));
     if options.quick {
         eprintln!("--quick: one round, 1 s per iperf3 run");
     }
-    contenders.retain(|c| options.keeps(c.name));
+    contenders.retain(|c| options.keeps(&c.name));
     if contenders.is_empty() {
         return Err("--only matched no row".into());
     }
@@ -175,13 +217,32 @@ pub fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn contender(name: &'static str, which: Result<Route, String>) -> Contender {
+fn contender(name: &str, which: Result<Route, String>) -> Contender {
     Contender {
-        name,
+        name: name.to_string(),
         which,
         samples: Vec::new(),
         last_error: None,
     }
+}
+
+/// Takes `--tunneld-baseline PATH` (this command's own option) out of `args`, leaving the
+/// options every bench shares to [`parse_options`].
+fn take_baseline(args: &[String]) -> Result<(Option<PathBuf>, Vec<String>), String> {
+    let mut baseline = None;
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--tunneld-baseline" {
+            let path = it
+                .next()
+                .ok_or("--tunneld-baseline takes the path of a tunneld binary")?;
+            baseline = Some(PathBuf::from(path));
+        } else {
+            rest.push(arg.clone());
+        }
+    }
+    Ok((baseline, rest))
 }
 
 /// One round of one row, in a testbed of its own that is gone when this returns.
@@ -272,11 +333,14 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
     system::check_interrupted()?;
     let new_conn = new_connection_rtts_us(&bed.a, echo_target)
         .map_err(|e| format!("new-connection echo: {e}{}", logs(&proxies)))?;
+    system::check_interrupted()?;
+    let many = many_connections(&bed.a, echo_target, pids.clone())
+        .map_err(|e| format!("{CONCURRENT} connections echo: {e}{}", logs(&proxies)))?;
 
-    let (proxy_cpu, peak_rss_kib) = if !pids.is_empty() {
-        (cpu1 - cpu0, peak_rss_kib(&pids) as f64)
+    let (proxy_cpu, many_cpu, peak_rss_kib) = if !pids.is_empty() {
+        (cpu1 - cpu0, many.cpu, peak_rss_kib(&pids) as f64)
     } else {
-        (f64::NAN, f64::NAN)
+        (f64::NAN, f64::NAN, f64::NAN)
     };
     Ok(Sample {
         tcp1_gbits: bps / 1e9,
@@ -284,6 +348,11 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
         keepalive_p50_us: percentile(&keepalive, 0.50),
         keepalive_p99_us: percentile(&keepalive, 0.99),
         new_conn_p50_us: percentile(&new_conn, 0.50),
+        many_rps: many.rtts_us.len() as f64 / many.elapsed.as_secs_f64(),
+        many_requests: many.rtts_us.len() as f64,
+        many_cpu,
+        many_p50_us: percentile(&many.rtts_us, 0.50),
+        many_p99_us: percentile(&many.rtts_us, 0.99),
         peak_rss_kib,
     })
 }
@@ -716,6 +785,10 @@ fn round_trip(stream: &mut TcpStream, request: &[u8; MESSAGE_BYTES]) -> Result<(
     stream
         .write_all(request)
         .map_err(|e| format!("write: {e}"))?;
+    read_echo(stream, request)
+}
+
+fn read_echo(stream: &mut TcpStream, request: &[u8; MESSAGE_BYTES]) -> Result<(), String> {
     let mut reply = [0u8; MESSAGE_BYTES];
     stream
         .read_exact(&mut reply)
@@ -787,6 +860,158 @@ fn new_connection_rtts_us(ns: &NetNs, addr: SocketAddr) -> Result<Vec<f64>, Stri
     })
 }
 
+/// What the many-connections phase measured.
+struct Many {
+    /// Round-trip times (µs), one per completed request.
+    rtts_us: Vec<f64>,
+    elapsed: Duration,
+    /// CPU seconds of the given pids over `elapsed`.
+    cpu: f64,
+}
+
+/// One connection of the many, with its outstanding request.
+struct Conn {
+    stream: TcpStream,
+    request: [u8; MESSAGE_BYTES],
+    reply: [u8; MESSAGE_BYTES],
+    /// Bytes of `reply` read so far.
+    got: usize,
+    sent: Instant,
+}
+
+impl Conn {
+    fn send(&mut self, i: usize) -> Result<(), String> {
+        self.request = request(i);
+        self.got = 0;
+        self.sent = Instant::now();
+        // Blocking, but it never waits: with one request outstanding, the send buffer is
+        // empty.
+        self.stream
+            .write_all(&self.request)
+            .map_err(|e| format!("write: {e}"))
+    }
+}
+
+/// [`CONCURRENT`] connections to `addr` from `ns`, each with exactly one request outstanding
+/// (a closed loop), driven by this one thread with poll(2), until [`MANY_ROUND_TRIPS`]
+/// have completed or [`PHASE_LIMIT`] passes. `pids`' CPU is read around the loop only, not
+/// the connects and warm-up.
+fn many_connections(ns: &NetNs, addr: SocketAddr, pids: Vec<u32>) -> Result<Many, String> {
+    ns.in_ns(move || {
+        let deadline = Instant::now() + PHASE_LIMIT;
+        let mut conns = Vec::with_capacity(CONCURRENT);
+        for i in 0..CONCURRENT {
+            if Instant::now() >= deadline || system::interrupted() {
+                return Err(format!("stopped after {i} connects"));
+            }
+            conns.push(Conn {
+                stream: connect(addr).map_err(|e| format!("connection {i}: {e}"))?,
+                request: [0; MESSAGE_BYTES],
+                reply: [0; MESSAGE_BYTES],
+                got: 0,
+                sent: Instant::now(),
+            });
+        }
+        // Warm-up, all at once: each first round trip waits for a TLS handshake, and one by
+        // one the early connections could idle past the echo server's IO_TIMEOUT.
+        for (i, c) in conns.iter_mut().enumerate() {
+            c.send(i)
+                .map_err(|e| format!("warm-up, connection {i}: {e}"))?;
+        }
+        for (i, c) in conns.iter_mut().enumerate() {
+            read_echo(&mut c.stream, &c.request)
+                .map_err(|e| format!("warm-up, connection {i}: {e}"))?;
+        }
+
+        let mut fds: Vec<libc::pollfd> = conns
+            .iter()
+            .map(|c| libc::pollfd {
+                fd: c.stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let mut rtts_us = Vec::with_capacity(MANY_ROUND_TRIPS);
+        let cpu0 = cpu_seconds(&pids);
+        let start = Instant::now();
+        let mut issued = 0;
+        for c in conns.iter_mut() {
+            c.send(issued)?;
+            issued += 1;
+        }
+        while rtts_us.len() < MANY_ROUND_TRIPS {
+            let now = Instant::now();
+            if now >= deadline {
+                eprintln!(
+                    "  {CONCURRENT} connections: {} s limit reached after {} round trips",
+                    PHASE_LIMIT.as_secs(),
+                    rtts_us.len()
+                );
+                break;
+            }
+            if system::interrupted() {
+                return Err(format!("interrupted after {} round trips", rtts_us.len()));
+            }
+            // A negative fd is one whose last request was answered (poll skips it).
+            if let Some(i) = (0..CONCURRENT)
+                .find(|&i| fds[i].fd >= 0 && now.duration_since(conns[i].sent) > IO_TIMEOUT)
+            {
+                return Err(format!(
+                    "connection {i}: no echo within {} s (after {} round trips)",
+                    IO_TIMEOUT.as_secs(),
+                    rtts_us.len()
+                ));
+            }
+            // 100 ms at most, so the checks above run while nothing arrives.
+            // SAFETY: `fds` is a valid array of `fds.len()` pollfds, alive for the whole call.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+            if ready < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(format!("poll: {e}"));
+            }
+            for (i, (c, fd)) in conns.iter_mut().zip(fds.iter_mut()).enumerate() {
+                if fd.fd < 0 || fd.revents == 0 {
+                    continue;
+                }
+                // Readable (or closed): this read does not block.
+                let n = match c.stream.read(&mut c.reply[c.got..]) {
+                    Ok(0) => return Err(format!("connection {i}: closed by the other end")),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(format!("connection {i}: read: {e}")),
+                };
+                c.got += n;
+                if c.got < MESSAGE_BYTES {
+                    continue;
+                }
+                rtts_us.push(c.sent.elapsed().as_secs_f64() * 1e6);
+                if c.reply != c.request {
+                    return Err(format!("connection {i}: the echo differs from the request"));
+                }
+                if issued < MANY_ROUND_TRIPS {
+                    c.send(issued).map_err(|e| format!("connection {i}: {e}"))?;
+                    issued += 1;
+                } else {
+                    fd.fd = -1;
+                }
+            }
+        }
+        let elapsed = start.elapsed();
+        let cpu = cpu_seconds(&pids) - cpu0;
+        if rtts_us.is_empty() {
+            return Err("no round trip completed".into());
+        }
+        Ok(Many {
+            rtts_us,
+            elapsed,
+            cpu,
+        })
+    })
+}
+
 // ----------------------------------------------------------------------------------------
 // The report
 
@@ -822,24 +1047,32 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
          medians. Both proxies and the traffic share this machine's cores: Gbit per proxy \
          CPU-second is the comparable figure. Latency: {MESSAGE_BYTES}-byte requests echoed from B; \
          keep-alive is {KEEPALIVE_ROUND_TRIPS} round trips on one connection, new \
-         connection is connect + one round trip + close, {NEW_CONNECTIONS} times.\n",
+         connection is connect + one round trip + close, {NEW_CONNECTIONS} times; \
+         {CONCURRENT} conns is {CONCURRENT} connections each with one request always \
+         outstanding, from one client thread, {MANY_ROUND_TRIPS} round trips in all (its CPU \
+         is the proxies' during that phase).\n",
         o.rounds, o.seconds
     );
     let _ = writeln!(
         out,
-        "| path | TCP 1 stream | Gbit per proxy CPU-s | proxy CPU-s | keep-alive p50 | p99 | new connection p50 | peak RSS (both) |"
+        "| path | TCP 1 stream | Gbit per proxy CPU-s | proxy CPU-s | keep-alive p50 | p99 | \
+         new connection p50 | {CONCURRENT} conns: requests/s | requests per proxy CPU-ms | \
+         {CONCURRENT} conns p50 | p99 | peak RSS (both) |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for c in contenders {
         if let Err(why) = &c.which {
-            let _ = writeln!(out, "| {} | {why} | | | | | | |", c.name);
+            let _ = writeln!(out, "| {} | {why} | | | | | | | | | | |", c.name);
             continue;
         }
         if c.samples.is_empty() {
             let why = c.last_error.as_deref().unwrap_or("no measurement");
             let _ = writeln!(
                 out,
-                "| {} | failed: {} | | | | | | |",
+                "| {} | failed: {} | | | | | | | | | | |",
                 c.name,
                 why.replace('|', "\\|")
             );
@@ -854,9 +1087,16 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
                 .map(|s| s.tcp1_gbits * f64::from(o.seconds) / s.proxy_cpu)
                 .collect(),
         );
+        let per_cpu_ms = median(
+            c.samples
+                .iter()
+                .filter(|s| s.many_cpu > 0.0)
+                .map(|s| s.many_requests / (s.many_cpu * 1000.0))
+                .collect(),
+        );
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.name,
             cell(m(|s| s.tcp1_gbits), 2, " Gbit/s"),
             cell(per_cpu, 2, ""),
@@ -864,6 +1104,10 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
             cell(m(|s| s.keepalive_p50_us), 0, " µs"),
             cell(m(|s| s.keepalive_p99_us), 0, " µs"),
             cell(m(|s| s.new_conn_p50_us), 0, " µs"),
+            cell(m(|s| s.many_rps), 0, ""),
+            cell(per_cpu_ms, 1, ""),
+            cell(m(|s| s.many_p50_us), 0, " µs"),
+            cell(m(|s| s.many_p99_us), 0, " µs"),
             cell(m(|s| s.peak_rss_kib) / 1024.0, 1, " MiB"),
         );
     }
@@ -891,5 +1135,12 @@ mod tests {
         let o = parse_options(&["--quick".into()]).unwrap();
         assert_eq!((o.rounds, o.seconds), (1, 1));
         assert!(parse_options(&["--only".into()]).is_err());
+        let args: Vec<String> = ["--quick", "--tunneld-baseline", "/tmp/t", "--only", "TLS"]
+            .map(String::from)
+            .into();
+        let (baseline, rest) = take_baseline(&args).unwrap();
+        assert_eq!(baseline, Some(PathBuf::from("/tmp/t")));
+        assert_eq!(rest, ["--quick", "--only", "TLS"]);
+        assert!(take_baseline(&["--tunneld-baseline".into()]).is_err());
     }
 }

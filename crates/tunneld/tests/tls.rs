@@ -392,7 +392,7 @@ fn many_parallel_connections_carry_their_bytes_intact_both_ways() {
         "{}",
         ga.log_text()
     );
-    step("with only TLS to serve, no thread keeps any capability, connection threads included");
+    step("with only TLS to serve, no thread keeps any capability, relay workers included");
     let live = s.a.in_ns(|| {
         let mut c = TcpStream::connect_timeout(&A_PLAIN.parse().unwrap(), WAIT).unwrap();
         c.set_read_timeout(Some(WAIT)).unwrap();
@@ -403,11 +403,43 @@ fn many_parallel_connections_carry_their_bytes_intact_both_ways() {
     });
     for gw in [&ga, &gb] {
         let threads = thread_privileges(gw.pid());
-        // Main, a listener and the connection's thread at least.
+        // Main, a listener and a relay worker at least.
         assert!(threads.len() >= 3, "{threads:?}");
         assert!(
             threads.iter().all(|t| *t == (0, 0, 0, 1)),
             "capabilities left: {threads:?}"
+        );
+    }
+    drop(live);
+    step("32 live connections are carried by the relay workers, not by a thread each");
+    let live: Vec<TcpStream> = s.a.in_ns(|| {
+        (0..32)
+            .map(|_| {
+                let mut c = TcpStream::connect_timeout(&A_PLAIN.parse().unwrap(), WAIT).unwrap();
+                c.set_read_timeout(Some(WAIT)).unwrap();
+                c.write_all(b"ping").unwrap();
+                let mut buf = [0; 4];
+                c.read_exact(&mut buf).unwrap();
+                c
+            })
+            .collect()
+    });
+    for gw in [&ga, &gb] {
+        // The set-up threads end once they have handed their connection over.
+        let deadline = Instant::now() + WAIT;
+        let threads = loop {
+            let n = fs::read_dir(format!("/proc/{}/task", gw.pid()))
+                .unwrap()
+                .count();
+            if n < live.len() || Instant::now() > deadline {
+                break n;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(
+            threads < live.len(),
+            "{threads} threads for {} connections",
+            live.len()
         );
     }
     drop(live);

@@ -1,12 +1,14 @@
 //! TCP forwarding over TLS: `[[tls.forward]]` accepts plaintext TCP and carries it over TLS to
 //! another tunneld, whose `[[tls.listen]]` accepts the TLS and forwards the plaintext on.
 //!
-//! A thread per listener accepts; a thread per connection runs its handshake and then relays
-//! both directions with non-blocking sockets and `poll` (see `relay.rs`). The TLS settings of
+//! A thread per listener accepts; a short-lived thread per connection connects and runs the
+//! handshake, then hands the connection to the relay workers, one event loop per CPU, which
+//! relay both directions with non-blocking sockets (`pool.rs`, `relay.rs`). The TLS settings of
 //! each listener sit behind a lock taken once per accepted connection, so SIGHUP can swap in
 //! re-read certificates while live connections keep the ones they started with.
 
 mod datagrams;
+mod pool;
 mod relay;
 
 use anyhow::Context;
@@ -371,28 +373,38 @@ fn accept_loop(listener: TcpListener, side: Side, name: String) {
         active.fetch_add(1, Ordering::Relaxed);
         let (side, count, name2) = (side.clone(), active.clone(), name.clone());
         let failures = failures.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("{name}-conn"))
-            .spawn(move || {
-                match connection(&side, stream, peer) {
-                    Ok(()) => {}
-                    Err(e) if e.downcast_ref::<relay::ClosedEarly>().is_some() => {
-                        tracing::debug!("{name2}: connection from {peer}: {e:#}")
-                    }
-                    Err(e) => {
-                        // The first few, then every power of two: a flood of bad connections
-                        // (scanners, an attack) must not become a flood of log lines.
-                        let n = failures.fetch_add(1, Ordering::Relaxed) + 1;
-                        if n <= FAILURES_LOGGED || n.is_power_of_two() {
-                            tracing::warn!(
-                                "{name2}: connection from {peer}: {e:#} ({n} failed so far)"
-                            );
-                        } else {
-                            tracing::debug!("{name2}: connection from {peer}: {e:#}");
-                        }
+        let end = move |result: anyhow::Result<()>| {
+            match result {
+                Ok(()) => {}
+                Err(e) if e.downcast_ref::<relay::ClosedEarly>().is_some() => {
+                    tracing::debug!("{name2}: connection from {peer}: {e:#}")
+                }
+                Err(e) => {
+                    // The first few, then every power of two: a flood of bad connections
+                    // (scanners, an attack) must not become a flood of log lines.
+                    let n = failures.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n <= FAILURES_LOGGED || n.is_power_of_two() {
+                        tracing::warn!(
+                            "{name2}: connection from {peer}: {e:#} ({n} failed so far)"
+                        );
+                    } else {
+                        tracing::debug!("{name2}: connection from {peer}: {e:#}");
                     }
                 }
-                count.fetch_sub(1, Ordering::Relaxed);
+            }
+            count.fetch_sub(1, Ordering::Relaxed);
+        };
+        // The set-up (connect, handshake) blocks, with deadlines, on a thread of its own;
+        // the relay then moves to the relay workers.
+        let spawned = std::thread::Builder::new()
+            .name(format!("{name}-conn"))
+            .spawn(move || match connection(&side, stream, peer) {
+                Ok(Some((relay, what))) => match pool::RelayPool::get() {
+                    Ok(pool) => pool.relay(relay, Box::new(move |r| end(r.context(what)))),
+                    Err(e) => end(Err(e)),
+                },
+                Ok(None) => end(Ok(())),
+                Err(e) => end(Err(e)),
             });
         if let Err(e) = spawned {
             active.fetch_sub(1, Ordering::Relaxed);
@@ -401,7 +413,14 @@ fn accept_loop(listener: TcpListener, side: Side, name: String) {
     }
 }
 
-fn connection(side: &Side, accepted: TcpStream, peer: SocketAddr) -> anyhow::Result<()> {
+/// Sets up one accepted connection: for forwarding, the TCP connect and TLS handshake,
+/// returning the relay to run (and what to call it in errors); a WireGuard-over-TLS stream
+/// is bridged here, to its end (`None`).
+fn connection(
+    side: &Side,
+    accepted: TcpStream,
+    peer: SocketAddr,
+) -> anyhow::Result<Option<(relay::Relay, String)>> {
     accepted.set_nodelay(true)?;
     match side {
         Side::Client { forward, config } => {
@@ -419,8 +438,8 @@ fn connection(side: &Side, accepted: TcpStream, peer: SocketAddr) -> anyhow::Res
                 )
             })?;
             tracing::debug!(%peer, remote = %forward.connect, "TLS connection up");
-            relay::relay(accepted, remote, conn)
-                .with_context(|| format!("TLS to {}", forward.connect))
+            let relay = relay::Relay::new(accepted, remote, conn)?;
+            Ok(Some((relay, format!("TLS to {}", forward.connect))))
         }
         Side::Server {
             listen,
@@ -436,15 +455,16 @@ fn connection(side: &Side, accepted: TcpStream, peer: SocketAddr) -> anyhow::Res
                 TlsTarget::Tcp(to) => {
                     let target = connect(to)?;
                     tracing::debug!(%peer, target = %to, "TLS connection up");
-                    relay::relay(target, accepted, conn)
-                        .with_context(|| format!("forwarding to {to}"))
+                    let relay = relay::Relay::new(target, accepted, conn)?;
+                    Ok(Some((relay, format!("forwarding to {to}"))))
                 }
                 TlsTarget::WireGuard => {
                     let mut udp = datagrams::bridge_socket().context("bridge socket")?;
                     tracing::info!(%peer, "WireGuard over TLS: stream accepted");
                     let target = datagrams::UdpPeer::Port(wg_port.clone());
                     datagrams::bridge(&mut udp, &target, &mut None, accepted, conn)
-                        .context("WireGuard over TLS")
+                        .context("WireGuard over TLS")?;
+                    Ok(None)
                 }
             }
         }

@@ -17,11 +17,10 @@ use anyhow::{bail, Context};
 use rustls::Connection;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// Bytes read from the plaintext side at once, and held for it at most.
-const CHUNK: usize = 256 * 1024;
+pub const CHUNK: usize = 256 * 1024;
 /// How long the handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -90,104 +89,197 @@ impl Pending {
     }
 }
 
-/// Relays between `plain` and `tls` (whose handshake is done) until both directions close.
-pub fn relay(mut plain: TcpStream, mut tls: TcpStream, mut conn: Connection) -> anyhow::Result<()> {
-    plain.set_nonblocking(true)?;
-    tls.set_nonblocking(true)?;
-    // The chunk-at-a-time rule above bounds what rustls holds; its own limit would make
-    // `write_all` of a chunk fail instead.
-    conn.set_buffer_limit(None);
-    let mut from_plain = vec![0u8; CHUNK].into_boxed_slice();
-    let mut to_plain = Pending::new();
-    // TLS bytes read from the socket, not yet handed to rustls.
-    let mut tls_in = Pending::new();
-    let mut tls_eof = false;
-    // Plaintext side sent EOF (and close_notify is queued).
-    let mut plain_done = false;
-    // TLS side sent close_notify (and, once flushed, the plain write side is shut).
-    let mut tls_done = false;
-    let mut plain_shut = false;
-    let mut tls_shut = false;
+/// Rounds of [`Relay::step`] (each up to a chunk per direction) before a busy connection
+/// lets the others on its worker have a turn.
+const ROUNDS_PER_STEP: usize = 8;
 
-    loop {
-        let mut progress = false;
+/// Where a connection stands after a [`Relay::step`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Waiting for its sockets.
+    Idle,
+    /// Had more to move when its turn ended.
+    Busy,
+    /// Both directions have closed.
+    Done,
+}
 
-        progress |= flush_tls(&mut conn, &mut tls)?;
-        if plain_done && !conn.wants_write() && !tls_shut {
-            // close_notify is out: half-close the TCP stream too.
-            let _ = tls.shutdown(Shutdown::Write);
-            tls_shut = true;
+/// One connection's relay after its handshake: both sockets (non-blocking), the rustls
+/// connection and what is held for each direction. A relay worker (`pool.rs`) calls
+/// [`Relay::step`] whenever either socket reports readiness.
+pub struct Relay {
+    plain: TcpStream,
+    tls: TcpStream,
+    conn: Connection,
+    to_plain: Pending,
+    /// TLS bytes read from the socket, not yet handed to rustls.
+    tls_in: Pending,
+    tls_eof: bool,
+    /// Plaintext side sent EOF (and close_notify is queued).
+    plain_done: bool,
+    /// TLS side sent close_notify (and, once flushed, the plain write side is shut).
+    tls_done: bool,
+    plain_shut: bool,
+    tls_shut: bool,
+    /// Whether a read of each socket may find something: set by readiness, cleared by
+    /// `WouldBlock`, so that a step does not spend a system call on a socket known empty.
+    plain_readable: bool,
+    tls_readable: bool,
+}
+
+impl Relay {
+    /// A relay between `plain` and `tls` (whose handshake is done).
+    pub fn new(plain: TcpStream, tls: TcpStream, mut conn: Connection) -> io::Result<Relay> {
+        plain.set_nonblocking(true)?;
+        tls.set_nonblocking(true)?;
+        // The chunk-at-a-time rule above bounds what rustls holds; its own limit would make
+        // `write_all` of a chunk fail instead.
+        conn.set_buffer_limit(None);
+        Ok(Relay {
+            plain,
+            tls,
+            conn,
+            to_plain: Pending::new(),
+            tls_in: Pending::new(),
+            tls_eof: false,
+            plain_done: false,
+            tls_done: false,
+            plain_shut: false,
+            tls_shut: false,
+            plain_readable: true,
+            tls_readable: true,
+        })
+    }
+
+    /// The two sockets, for registering with a poller.
+    pub fn sockets(&self) -> (&TcpStream, &TcpStream) {
+        (&self.plain, &self.tls)
+    }
+
+    /// Notes that the plaintext (`plain`) or the TLS socket may have something to read.
+    pub fn mark_readable(&mut self, plain: bool) {
+        if plain {
+            self.plain_readable = true;
+        } else {
+            self.tls_readable = true;
         }
+    }
 
-        // Plaintext in, once the TLS side has taken everything before it.
-        if !plain_done && !conn.wants_write() {
-            match plain.read(&mut from_plain) {
-                Ok(0) => {
-                    plain_done = true;
-                    conn.send_close_notify();
-                    progress = true;
-                }
-                Ok(n) => {
-                    conn.writer()
-                        .write_all(&from_plain[..n])
-                        .context("TLS encrypt")?;
-                    progress = true;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == ErrorKind::Interrupted => progress = true,
-                Err(e) => return Err(e).context("plaintext read"),
+    /// Moves what can move now, until no socket takes or gives more or `ROUNDS_PER_STEP`
+    /// rounds are done. With edge-triggered readiness an `Idle` connection needs nothing
+    /// until its next event: a step stops only where a socket said `WouldBlock` (which
+    /// re-arms its edge) or where a direction waits for the other one. A `Busy` one must be
+    /// stepped again soon, without an event. `scratch` is the worker's buffer for plaintext
+    /// on its way into rustls.
+    pub fn step(&mut self, scratch: &mut [u8]) -> anyhow::Result<Step> {
+        for _ in 0..ROUNDS_PER_STEP {
+            let mut progress = flush_tls(&mut self.conn, &mut self.tls)?;
+            if self.plain_done && !self.conn.wants_write() && !self.tls_shut {
+                // close_notify is out: half-close the TCP stream too.
+                let _ = self.tls.shutdown(Shutdown::Write);
+                self.tls_shut = true;
+            }
+            progress |= self.plaintext_in(scratch)?;
+            progress |= self.plaintext_out()?;
+            if self.plain_done && self.tls_done && self.tls_shut && self.plain_shut {
+                return Ok(Step::Done);
+            }
+            if !progress {
+                return Ok(Step::Idle);
             }
         }
+        Ok(Step::Busy)
+    }
 
-        // Plaintext out: what rustls already decrypted, then the TLS bytes read but not yet
-        // decrypted, then (once both are used up) one large read from the TLS socket. Reading
-        // the socket here rather than through rustls's `read_tls` on it matters: that reads
-        // at most 4 KiB per system call.
-        if to_plain.is_empty() && !tls_done {
-            let (_, closed) = take_plaintext(&mut conn, &mut to_plain)?;
-            tls_done |= closed;
-            if to_plain.is_empty() && !tls_done && tls_in.is_empty() && !tls_eof {
-                match tls.read(&mut tls_in.data) {
-                    Ok(0) => tls_eof = true,
-                    Ok(n) => (tls_in.start, tls_in.end) = (0, n),
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+    /// Plaintext in, once the TLS side has taken everything before it.
+    fn plaintext_in(&mut self, scratch: &mut [u8]) -> anyhow::Result<bool> {
+        if self.plain_done || self.conn.wants_write() || !self.plain_readable {
+            return Ok(false);
+        }
+        match self.plain.read(scratch) {
+            Ok(0) => {
+                self.plain_done = true;
+                self.conn.send_close_notify();
+            }
+            Ok(n) => self
+                .conn
+                .writer()
+                .write_all(&scratch[..n])
+                .context("TLS encrypt")?,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                self.plain_readable = false;
+                return Ok(false);
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("plaintext read"),
+        }
+        Ok(true)
+    }
+
+    /// Plaintext out: what rustls already decrypted, then the TLS bytes read but not yet
+    /// decrypted, then (once both are used up) one large read from the TLS socket. Reading
+    /// the socket here rather than through rustls's `read_tls` on it matters: that reads at
+    /// most 4 KiB per system call.
+    fn plaintext_out(&mut self) -> anyhow::Result<bool> {
+        let mut progress = false;
+        if self.to_plain.is_empty() && !self.tls_done {
+            let (_, closed) = take_plaintext(&mut self.conn, &mut self.to_plain)?;
+            self.tls_done |= closed;
+            if self.to_plain.is_empty()
+                && !self.tls_done
+                && self.tls_in.is_empty()
+                && !self.tls_eof
+                && self.tls_readable
+            {
+                match self.tls.read(&mut self.tls_in.data) {
+                    Ok(0) => self.tls_eof = true,
+                    Ok(n) => (self.tls_in.start, self.tls_in.end) = (0, n),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => self.tls_readable = false,
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => return Err(e).context("TLS read"),
                 }
-                progress |= tls_eof || !tls_in.is_empty();
+                progress |= self.tls_eof || !self.tls_in.is_empty();
             }
             // Decrypt while there is room for the plaintext.
-            while !tls_done && !tls_in.is_empty() && to_plain.end < to_plain.data.len() {
-                let mut bytes = &tls_in.data[tls_in.start..tls_in.end];
-                let n = conn.read_tls(&mut bytes).context("TLS")?;
-                tls_in.start += n;
-                if let Err(e) = conn.process_new_packets() {
+            while !self.tls_done
+                && !self.tls_in.is_empty()
+                && self.to_plain.end < self.to_plain.data.len()
+            {
+                let mut bytes = &self.tls_in.data[self.tls_in.start..self.tls_in.end];
+                let n = self.conn.read_tls(&mut bytes).context("TLS")?;
+                self.tls_in.start += n;
+                if let Err(e) = self.conn.process_new_packets() {
                     // Send the alert before giving up.
-                    let _ = conn.write_tls(&mut tls);
+                    let _ = self.conn.write_tls(&mut self.tls);
                     return Err(e).context("TLS");
                 }
-                let (_, closed) = take_plaintext(&mut conn, &mut to_plain)?;
-                tls_done |= closed;
+                let (_, closed) = take_plaintext(&mut self.conn, &mut self.to_plain)?;
+                self.tls_done |= closed;
                 progress = true;
                 if n == 0 {
                     break;
                 }
             }
-            if tls_eof && tls_in.is_empty() && !tls_done && to_plain.is_empty() {
+            if self.tls_eof && self.tls_in.is_empty() && !self.tls_done && self.to_plain.is_empty()
+            {
                 // EOF. A clean end came with close_notify, which `take_plaintext` reports;
                 // without it the stream was cut.
-                conn.read_tls(&mut &[][..]).context("TLS")?;
-                conn.process_new_packets().context("TLS")?;
-                let (_, closed) = take_plaintext(&mut conn, &mut to_plain)?;
+                self.conn.read_tls(&mut &[][..]).context("TLS")?;
+                self.conn.process_new_packets().context("TLS")?;
+                let (_, closed) = take_plaintext(&mut self.conn, &mut self.to_plain)?;
                 if !closed {
                     bail!("the TLS stream ended without close_notify (cut short)");
                 }
-                tls_done = true;
+                self.tls_done = true;
                 progress = true;
             }
         }
+        let to_plain = &mut self.to_plain;
         while !to_plain.is_empty() {
-            match plain.write(&to_plain.data[to_plain.start..to_plain.end]) {
+            match self
+                .plain
+                .write(&to_plain.data[to_plain.start..to_plain.end])
+            {
                 Ok(0) => bail!("the plaintext socket accepts no more data"),
                 Ok(n) => {
                     to_plain.start += n;
@@ -201,50 +293,12 @@ pub fn relay(mut plain: TcpStream, mut tls: TcpStream, mut conn: Connection) -> 
         if to_plain.is_empty() {
             to_plain.start = 0;
             to_plain.end = 0;
-            if tls_done && !plain_shut {
-                let _ = plain.shutdown(Shutdown::Write);
-                plain_shut = true;
+            if self.tls_done && !self.plain_shut {
+                let _ = self.plain.shutdown(Shutdown::Write);
+                self.plain_shut = true;
             }
         }
-
-        if plain_done && tls_done && tls_shut && plain_shut {
-            return Ok(());
-        }
-        if progress {
-            continue;
-        }
-        let mut fds = [
-            libc::pollfd {
-                fd: plain.as_raw_fd(),
-                events: 0,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: tls.as_raw_fd(),
-                events: 0,
-                revents: 0,
-            },
-        ];
-        if !plain_done && !conn.wants_write() {
-            fds[0].events |= libc::POLLIN;
-        }
-        if !to_plain.is_empty() {
-            fds[0].events |= libc::POLLOUT;
-        }
-        if to_plain.is_empty() && tls_in.is_empty() && !tls_done && !tls_eof {
-            fds[1].events |= libc::POLLIN;
-        }
-        if conn.wants_write() {
-            fds[1].events |= libc::POLLOUT;
-        }
-        // SAFETY: two valid pollfds for the duration of the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != ErrorKind::Interrupted {
-                return Err(e).context("poll");
-            }
-        }
+        Ok(progress)
     }
 }
 
