@@ -208,6 +208,23 @@ impl Netlink {
             .map_err(|f| f.named(&format!("add address {addr} to link {index}")))
     }
 
+    /// Removes addr/prefix from the link (with the prefix route the kernel made for it); an
+    /// address that is not there is not an error.
+    pub fn del_address(&mut self, index: u32, addr: IpNet) -> io::Result<()> {
+        let mut msg = AddressMessage::default();
+        msg.header.index = index;
+        msg.header.prefix_len = addr.prefix_len();
+        msg.header.family = family_of(addr.addr());
+        if addr.addr().is_ipv4() {
+            msg.attributes.push(AddressAttribute::Local(addr.addr()));
+        }
+        msg.attributes.push(AddressAttribute::Address(addr.addr()));
+        let result = self.exchange(RouteNetlinkMessage::DelAddress(msg), 0, |_, _| {});
+        // EADDRNOTAVAIL: no such address; ENODEV: no such link.
+        ignore(result, &[libc::EADDRNOTAVAIL, libc::ENODEV])
+            .map_err(|f| f.named(&format!("remove address {addr} from link {index}")))
+    }
+
     /// Adds a route to dst (truncated to its network) via the link; an existing identical
     /// route is not an error.
     pub fn add_route(&mut self, index: u32, dst: IpNet) -> io::Result<()> {

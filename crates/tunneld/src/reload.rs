@@ -1,13 +1,14 @@
 //! SIGHUP: the config file read again and its WireGuard peers applied to the running interface
 //! without a restart. Peers whose keys did not change keep their sessions, so traffic to them
 //! loses nothing; peers gone from the file are removed, new ones added, and routes follow their
-//! allowed IPs. What cannot change while running (the interface's name, port, addresses, MTU,
-//! mark, the dataplane, the TLS sections' listeners, the metrics listener) is left as it is,
-//! with a warning naming it.
+//! allowed IPs, and the interface's addresses follow the file. What cannot change while
+//! running (the interface's name, port, MTU, mark, the dataplane, the TLS sections'
+//! listeners, the metrics listener) is left as it is, with a warning naming it.
 //! A file with errors changes nothing.
 
 use crate::load::{self, Resolve};
 use crate::netlink::Netlink;
+use ipnet::IpNet;
 use std::path::PathBuf;
 use std::time::Instant;
 use tunneld_dataplane::worker::Workers;
@@ -23,6 +24,8 @@ pub struct Reloader {
     link: u32,
     /// The config tunneld started with: what a reload cannot change is compared with it.
     config: Config,
+    /// The interface's addresses as tunneld last set them.
+    addresses: Vec<IpNet>,
     /// Each running peer as the file said it and as the workers run it (`transport = "tls"`
     /// peers aimed at their loopback bridge).
     running: Vec<(PeerConfig, PeerSettings)>,
@@ -40,7 +43,13 @@ impl Reloader {
         use anyhow::Context;
         let netlink = Netlink::open().context("cannot open a netlink socket for reloads")?;
         let running = config.peers.iter().cloned().zip(peers).collect();
+        let addresses = config
+            .interface
+            .as_ref()
+            .map(|i| i.addresses.clone())
+            .unwrap_or_default();
         Ok(Reloader {
+            addresses,
             path,
             worker_count,
             workers,
@@ -77,6 +86,9 @@ impl Reloader {
                 "SIGHUP: {} changed; that takes a restart, the rest is applied",
                 not_applied.join(", ")
             );
+        }
+        if let Some(interface) = &loaded.config.interface {
+            self.sync_addresses(&interface.addresses);
         }
         let wanted = match self.wanted_peers(&loaded.config, wg.peers) {
             Ok(peers) => peers,
@@ -117,6 +129,35 @@ impl Reloader {
             "SIGHUP: WireGuard settings reloaded; unchanged peers keep their sessions"
         );
         self.running = wanted;
+    }
+
+    /// Adds the addresses the file has and the interface does not, then removes those it no
+    /// longer has (adding first, so an address that moves within a subnet keeps its route).
+    fn sync_addresses(&mut self, wanted: &[IpNet]) {
+        let mut now = Vec::with_capacity(wanted.len());
+        for &addr in wanted {
+            if self.addresses.contains(&addr) {
+                now.push(addr);
+                continue;
+            }
+            match self.netlink.add_address(self.link, addr) {
+                Ok(()) => {
+                    tracing::info!("SIGHUP: address {addr} added");
+                    now.push(addr);
+                }
+                Err(e) => tracing::error!("SIGHUP: {e}"),
+            }
+        }
+        for &addr in self.addresses.iter().filter(|a| !wanted.contains(a)) {
+            match self.netlink.del_address(self.link, addr) {
+                Ok(()) => tracing::info!("SIGHUP: address {addr} removed"),
+                Err(e) => {
+                    tracing::error!("SIGHUP: {e}");
+                    now.push(addr);
+                }
+            }
+        }
+        self.addresses = now;
     }
 
     /// The reloaded peers as the workers should run them, each with its config: `parallel =
@@ -170,7 +211,6 @@ fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
             for (field, differs) in [
                 ("interface.name", a.name != b.name),
                 ("interface.listen_port", a.listen_port != b.listen_port),
-                ("interface.address", a.addresses != b.addresses),
                 ("interface.mtu", a.mtu != b.mtu),
                 ("interface.fwmark", a.fwmark != b.fwmark),
             ] {

@@ -1,5 +1,5 @@
 //! SIGHUP re-reads the config, in network namespaces this test creates: peers added, changed
-//! and removed on the running interface with their routes, a config with an error changing
+//! and removed on the running interface with their routes, an address added and removed, a config with an error changing
 //! nothing, and the session of the unchanged peer kept throughout, with not one datagram of a
 //! flow through it lost.
 
@@ -77,6 +77,11 @@ fn sighup_applies_the_config_peers_without_losing_a_packet() {
         "\"fd77::2/128\", \"10.99.0.0/16\"]\npersistent_keepalive = 25",
     );
     assert_ne!(widened, s.body_a);
+    let widened = widened.replace(
+        "address = [\"10.77.0.1/24\"",
+        "address = [\"10.77.0.1/24\", \"10.78.0.1/24\"",
+    );
+    assert!(widened.contains("10.78.0.1/24"));
     let with_newcomer = format!(
         "{widened}\n[[peer]]\npublic_key = \"{newcomer}\"\nallowed_ips = [\"10.55.0.0/16\"]\n"
     );
@@ -94,6 +99,8 @@ fn sighup_applies_the_config_peers_without_losing_a_packet() {
         routes.contains("10.55.0.0/16") && routes.contains("10.99.0.0/16"),
         "{routes}"
     );
+    let addrs = s.a.run(&["ip", "-4", "addr", "show", "dev", &ia]);
+    assert!(addrs.contains("10.78.0.1/24"), "the new address is added: {addrs}");
 
     step("a config with an error changes nothing");
     let broken = with_newcomer.replace("10.55.0.0/16", "10.55.0.0/33");
@@ -117,6 +124,11 @@ fn sighup_applies_the_config_peers_without_losing_a_packet() {
     assert!(
         !routes.contains("10.55.0.0/16") && !routes.contains("10.99.0.0/16"),
         "{routes}"
+    );
+    let addrs = s.a.run(&["ip", "-4", "addr", "show", "dev", &ia]);
+    assert!(
+        !addrs.contains("10.78.0.1") && addrs.contains("10.77.0.1/24"),
+        "the added address is removed, the first kept: {addrs}"
     );
 
     sender.join().unwrap();
