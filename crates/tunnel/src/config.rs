@@ -67,7 +67,7 @@ pub struct Config {
     pub dataplane: DataplaneConfig,
     pub peers: Vec<PeerConfig>,
     pub tls: TlsConfig,
-    /// `[metrics]`: where Prometheus scrapes the interface's counters.
+    /// `[metrics]`: where Prometheus scrapes the interface's and the TLS sections' counters.
     pub metrics: Option<MetricsConfig>,
 }
 
@@ -665,12 +665,6 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         Some(Value::Table(t)) => {
             c.unknown_fields(t, "metrics", &["listen"]);
             let listen = tls::listen_addr(&mut c, t, "metrics");
-            if !root.contains_key("interface") {
-                c.error(
-                    "metrics",
-                    "needs an [interface]: the metrics are the WireGuard interface's counters",
-                );
-            }
             listen.map(|listen| MetricsConfig { listen })
         }
         Some(other) => {

@@ -1,15 +1,19 @@
-//! `[metrics]`: the interface's counters for Prometheus, as `GET /metrics` in its text format.
+//! `[metrics]`: the interface's and the TLS sections' counters for Prometheus, as `GET /metrics`
+//! in its text format.
 //!
 //! One thread answers one connection at a time, with short timeouts and a bounded request:
 //! that is all a scraper needs, and a slow or hostile client can only delay the next scrape
 //! by the timeout. (An HTTP server crate would bring a thread pool that grows with idle
 //! connections, for one fixed request.) The counters are read from every worker between its
-//! batches, as `tunneld show` reads them; nothing on the data path waits for a scrape.
+//! batches, as `tunneld show` reads them; nothing on the data path waits for a scrape. The
+//! TLS counters are atomics that the connections add to.
 
+use crate::tls::{ListenerStats, TlsStats};
 use anyhow::Context;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tunneld_dataplane::worker::Workers;
 use tunneld_tunnel::uapi::{DeviceSnapshot, WorkerStats};
@@ -32,19 +36,25 @@ impl MetricsServer {
         Ok(MetricsServer { listener })
     }
 
-    /// Serves `GET /metrics` for `interface` on a thread of its own, until the process ends.
-    pub fn serve(self, interface: String, workers: Workers) -> anyhow::Result<()> {
+    /// Serves `GET /metrics` for the WireGuard interface (its name and workers) and the TLS
+    /// sections, whichever the config has, on a thread of its own, until the process ends.
+    pub fn serve(
+        self,
+        wireguard: Option<(String, Workers)>,
+        tls: Option<TlsStats>,
+    ) -> anyhow::Result<()> {
         let listener = self.listener;
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "metrics: serving GET /metrics");
         }
+        let sources = Sources { wireguard, tls };
         std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
                 for stream in listener.incoming() {
                     match stream {
                         Ok(stream) => {
-                            if let Err(e) = answer(stream, &interface, &workers) {
+                            if let Err(e) = answer(stream, &sources) {
                                 tracing::debug!("metrics client: {e}");
                             }
                         }
@@ -57,8 +67,14 @@ impl MetricsServer {
     }
 }
 
+/// What the metrics are read from.
+struct Sources {
+    wireguard: Option<(String, Workers)>,
+    tls: Option<TlsStats>,
+}
+
 /// Reads one request and answers it; the connection then closes.
-fn answer(mut stream: TcpStream, interface: &str, workers: &Workers) -> io::Result<()> {
+fn answer(mut stream: TcpStream, sources: &Sources) -> io::Result<()> {
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     let mut request = Vec::new();
@@ -101,21 +117,27 @@ fn answer(mut stream: TcpStream, interface: &str, workers: &Workers) -> io::Resu
             with_body,
         );
     }
-    let unix_now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let gathered = workers.run_each(move |device, now| {
-        let stats = WorkerStats {
-            stats: device.stats().clone(),
-            carries: device.carried(),
+    let mut body = String::new();
+    if let Some((interface, workers)) = &sources.wireguard {
+        let unix_now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let gathered = workers.run_each(move |device, now| {
+            let stats = WorkerStats {
+                stats: device.stats().clone(),
+                carries: device.carried(),
+            };
+            (stats, device.snapshot(now, unix_now))
+        });
+        let Some(parts) = gathered else {
+            return reply(&mut stream, "503 Service Unavailable", "", with_body);
         };
-        (stats, device.snapshot(now, unix_now))
-    });
-    let Some(parts) = gathered else {
-        return reply(&mut stream, "503 Service Unavailable", "", with_body);
-    };
-    let (stats, snapshots): (Vec<WorkerStats>, Vec<DeviceSnapshot>) = parts.into_iter().unzip();
-    let body = render(interface, &stats, &DeviceSnapshot::merge(snapshots));
+        let (stats, snapshots): (Vec<WorkerStats>, Vec<DeviceSnapshot>) = parts.into_iter().unzip();
+        body = render(interface, &stats, &DeviceSnapshot::merge(snapshots));
+    }
+    if let Some(tls) = &sources.tls {
+        body.push_str(&render_tls(tls, &tls.relay_loads()));
+    }
     reply(&mut stream, "200 OK", &body, with_body)
 }
 
@@ -247,9 +269,79 @@ pub fn render(interface: &str, workers: &[WorkerStats], snapshot: &DeviceSnapsho
     out
 }
 
+/// The TLS sections' counters: per listener (connections, failures, bytes each way) and per
+/// relay worker (connections it carries).
+pub fn render_tls(tls: &TlsStats, relay_loads: &[usize]) -> String {
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    };
+    let per_listener = |value: fn(&ListenerStats) -> u64| {
+        tls.listeners
+            .iter()
+            .map(|(name, s)| (format!("listener=\"{name}\""), value(s)))
+            .collect::<Vec<_>>()
+    };
+    family(
+        "tunneld_tls_connections_total",
+        "counter",
+        "Connections a TLS listener accepted and took on.",
+        per_listener(|s| s.accepted.load(Ordering::Relaxed)),
+    );
+    family(
+        "tunneld_tls_open_connections",
+        "gauge",
+        "Connections of a TLS listener open now.",
+        per_listener(|s| s.open.load(Ordering::Relaxed) as u64),
+    );
+    family(
+        "tunneld_tls_failed_connections_total",
+        "counter",
+        "Connections that ended with an error (handshake, connect, a stream cut short); the log says why.",
+        per_listener(|s| s.failed.load(Ordering::Relaxed)),
+    );
+    family(
+        "tunneld_tls_refused_connections_total",
+        "counter",
+        "Connections closed at once because the listener had its most open.",
+        per_listener(|s| s.refused.load(Ordering::Relaxed)),
+    );
+    family(
+        "tunneld_tls_bytes_total",
+        "counter",
+        "Plaintext bytes forwarded into TLS (to_tls) and out of it (from_tls).",
+        tls.listeners
+            .iter()
+            .flat_map(|(name, s)| {
+                [
+                    ("to_tls", s.to_tls_bytes.load(Ordering::Relaxed)),
+                    ("from_tls", s.from_tls_bytes.load(Ordering::Relaxed)),
+                ]
+                .map(|(dir, v)| (format!("listener=\"{name}\",direction=\"{dir}\""), v))
+            })
+            .collect(),
+    );
+    family(
+        "tunneld_tls_relay_worker_connections",
+        "gauge",
+        "Connections a TLS relay worker (one per CPU) carries now.",
+        relay_loads
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (format!("worker=\"{i}\""), *n as u64))
+            .collect(),
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use tunneld_crypto::PrivateKey;
     use tunneld_tunnel::uapi::PeerSnapshot;
 
@@ -296,5 +388,29 @@ mod tests {
         assert!(text.contains("reason=\"handoff_full\"} 0"));
         assert!(!text.contains(psk.to_base64().as_str()));
         assert!(!text.contains(private.to_base64().as_str()));
+    }
+
+    #[test]
+    fn the_tls_counters_are_labelled_by_listener_and_worker() {
+        let stats = Arc::new(ListenerStats::default());
+        stats.accepted.store(3, Ordering::Relaxed);
+        stats.to_tls_bytes.store(4096, Ordering::Relaxed);
+        let tls = TlsStats {
+            listeners: vec![("tls.forward[0]".into(), stats)],
+        };
+        let text = render_tls(&tls, &[2, 0]);
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            assert!(value.parse::<u64>().is_ok(), "{line}");
+            assert!(
+                series.starts_with("tunneld_tls_") && series.ends_with('}'),
+                "{line}"
+            );
+        }
+        assert!(text.contains("tunneld_tls_connections_total{listener=\"tls.forward[0]\"} 3"));
+        assert!(text.contains(
+            "tunneld_tls_bytes_total{listener=\"tls.forward[0]\",direction=\"to_tls\"} 4096"
+        ));
+        assert!(text.contains("tunneld_tls_relay_worker_connections{worker=\"0\"} 2"));
     }
 }

@@ -82,9 +82,6 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
             let running = start_wireguard(wg, &loaded.config.dataplane, workers, use_uring)?;
             let _ = wg_port.set(running.port);
             let _ = worker.set(running.workers.clone());
-            if let Some(metrics) = metrics {
-                metrics.serve(running.name.clone(), running.workers.clone())?;
-            }
             reloader = Some(crate::reload::Reloader::new(
                 config_path.to_path_buf(),
                 loaded.config.clone(),
@@ -100,6 +97,12 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
             (None, Vec::new())
         }
     };
+    if let Some(metrics) = metrics {
+        let wg = wireguard
+            .as_ref()
+            .map(|w| (w.name.clone(), w.workers.clone()));
+        metrics.serve(wg, tls.as_ref().map(|t| t.stats()))?;
+    }
     if let Some(tls) = tls.as_mut() {
         tls.serve()?;
     }

@@ -100,7 +100,10 @@ fn sighup_applies_the_config_peers_without_losing_a_packet() {
         "{routes}"
     );
     let addrs = s.a.run(&["ip", "-4", "addr", "show", "dev", &ia]);
-    assert!(addrs.contains("10.78.0.1/24"), "the new address is added: {addrs}");
+    assert!(
+        addrs.contains("10.78.0.1/24"),
+        "the new address is added: {addrs}"
+    );
 
     step("a config with an error changes nothing");
     let broken = with_newcomer.replace("10.55.0.0/16", "10.55.0.0/33");

@@ -311,6 +311,30 @@ fn setup() -> Setup {
 }
 
 const A_PLAIN: &str = "127.0.0.1:15201";
+/// Where site A serves `[metrics]`, when a test asks for it.
+const A_METRICS: &str = "127.0.0.1:9586";
+
+/// `GET /metrics` from site A; the body.
+fn scrape(a: &NetNs) -> String {
+    a.in_ns(|| {
+        let mut c = TcpStream::connect_timeout(&A_METRICS.parse().unwrap(), WAIT).unwrap();
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        c.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200 OK"), "{reply}");
+        reply
+    })
+}
+
+/// The value of the sample of exactly `series` (name and labels).
+fn sample(text: &str, series: &str) -> u64 {
+    let line = text
+        .lines()
+        .find(|l| l.rsplit_once(' ').is_some_and(|(s, _)| s == series))
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"));
+    line.rsplit_once(' ').unwrap().1.parse().unwrap()
+}
 const B_TLS: &str = "192.0.2.2:8443";
 
 fn forward_config(extra: &str) -> String {
@@ -349,7 +373,7 @@ fn many_parallel_connections_carry_their_bytes_intact_both_ways() {
         return;
     }
     let s = setup();
-    let (ga, gb) = start_pair(&s, "", "");
+    let (ga, gb) = start_pair(&s, &format!("[metrics]\nlisten = \"{A_METRICS}\"\n"), "");
     step("64 connections at once, sizes from 0 to 3 MiB, echoed back through the TLS pair");
     let results = s.a.in_ns(|| {
         let workers: Vec<_> = (0..64u32)
@@ -371,6 +395,7 @@ fn many_parallel_connections_carry_their_bytes_intact_both_ways() {
             .map(|w| w.join().unwrap())
             .collect::<Vec<_>>()
     });
+    let sent: u64 = results.iter().map(|(_, len, _)| *len as u64).sum();
     for (i, len, ok) in results {
         match ok {
             Ok(true) => {}
@@ -392,6 +417,28 @@ fn many_parallel_connections_carry_their_bytes_intact_both_ways() {
         "{}",
         ga.log_text()
     );
+    step("site A's /metrics counts the 64 connections and every byte each way");
+    let text = scrape(&s.a);
+    let listener = "listener=\"tls.forward[0]\"";
+    // 64, and the connection that showed the gateway was listening.
+    assert_eq!(
+        sample(
+            &text,
+            &format!("tunneld_tls_connections_total{{{listener}}}")
+        ),
+        65
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &format!("tunneld_tls_failed_connections_total{{{listener}}}")
+        ),
+        0
+    );
+    for direction in ["to_tls", "from_tls"] {
+        let series = format!("tunneld_tls_bytes_total{{{listener},direction=\"{direction}\"}}");
+        assert_eq!(sample(&text, &series), sent, "{text}");
+    }
     step("with only TLS to serve, no thread keeps any capability, relay workers included");
     let live = s.a.in_ns(|| {
         let mut c = TcpStream::connect_timeout(&A_PLAIN.parse().unwrap(), WAIT).unwrap();

@@ -41,6 +41,36 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest private key file read (an RSA-8192 key in PEM is about 6 KiB).
 const MAX_KEY_FILE: u64 = 64 * 1024;
 
+/// One listener's counters (`[metrics]`), shared by its accept thread and its connections.
+#[derive(Debug, Default)]
+pub struct ListenerStats {
+    /// Connections accepted and taken on (not those closed at once over the limit).
+    pub accepted: AtomicU64,
+    /// Connections open now.
+    pub open: AtomicUsize,
+    /// Connections that ended with an error (handshake, connect, a cut stream, ...).
+    pub failed: AtomicU64,
+    /// Connections closed at once because `MAX_CONNECTIONS` were open.
+    pub refused: AtomicU64,
+    /// Plaintext bytes that went into TLS, and that came out of it.
+    pub to_tls_bytes: AtomicU64,
+    pub from_tls_bytes: AtomicU64,
+}
+
+/// Every listener's counters by name (`tls.forward[0]`, `tls.listen[1]`, ...), and the relay
+/// workers' loads, for `[metrics]`.
+#[derive(Debug, Clone, Default)]
+pub struct TlsStats {
+    pub listeners: Vec<(String, Arc<ListenerStats>)>,
+}
+
+impl TlsStats {
+    /// How many connections each relay worker carries (empty before the first connection).
+    pub fn relay_loads(&self) -> Vec<usize> {
+        pool::RelayPool::loads().unwrap_or_default()
+    }
+}
+
 /// The TLS listeners and forwarders: bound by [`TlsService::bind`], accepting once
 /// [`TlsService::serve`] has run.
 pub struct TlsService {
@@ -48,7 +78,8 @@ pub struct TlsService {
     listens: Vec<(TlsListen, Arc<RwLock<Arc<ServerConfig>>>)>,
     base: std::path::PathBuf,
     /// Bound listeners whose accept threads have not started yet.
-    unstarted: Vec<(TcpListener, Side, String)>,
+    unstarted: Vec<(TcpListener, Side, String, Arc<ListenerStats>)>,
+    stats: TlsStats,
 }
 
 impl std::fmt::Debug for TlsService {
@@ -229,6 +260,7 @@ impl TlsService {
     ) -> anyhow::Result<TlsService> {
         let mut forwards = Vec::new();
         let mut bound = Vec::new();
+        let mut listener_stats = Vec::new();
         for (i, f) in tls.forwards.iter().enumerate() {
             let config = Arc::new(RwLock::new(
                 client_config(&f.ca_file, f.client_cert.as_ref(), base)
@@ -236,13 +268,17 @@ impl TlsService {
             ));
             let listener = TcpListener::bind(f.listen)
                 .with_context(|| format!("tls.forward[{i}]: cannot listen on {}", f.listen))?;
+            let name = format!("tls.forward[{i}]");
+            let stats = Arc::new(ListenerStats::default());
+            listener_stats.push((name.clone(), stats.clone()));
             bound.push((
                 listener,
                 Side::Client {
                     forward: f.clone(),
                     config: config.clone(),
                 },
-                format!("tls.forward[{i}]"),
+                name,
+                stats,
             ));
             forwards.push((f.clone(), config));
         }
@@ -253,6 +289,9 @@ impl TlsService {
             ));
             let listener = TcpListener::bind(l.listen)
                 .with_context(|| format!("tls.listen[{i}]: cannot listen on {}", l.listen))?;
+            let name = format!("tls.listen[{i}]");
+            let stats = Arc::new(ListenerStats::default());
+            listener_stats.push((name.clone(), stats.clone()));
             bound.push((
                 listener,
                 Side::Server {
@@ -260,7 +299,8 @@ impl TlsService {
                     config: config.clone(),
                     wg_port: wg_port.clone(),
                 },
-                format!("tls.listen[{i}]"),
+                name,
+                stats,
             ));
             listens.push((l.clone(), config));
         }
@@ -269,13 +309,16 @@ impl TlsService {
             listens,
             base: base.to_path_buf(),
             unstarted: bound,
+            stats: TlsStats {
+                listeners: listener_stats,
+            },
         })
     }
 
     /// Starts accepting on every bound listener: a thread each. Call it once privileges are
     /// dropped.
     pub fn serve(&mut self) -> anyhow::Result<()> {
-        for (listener, side, name) in self.unstarted.drain(..) {
+        for (listener, side, name, stats) in self.unstarted.drain(..) {
             match &side {
                 Side::Client { forward, .. } => tracing::info!(
                     "{name}: accepting plaintext on {} for TLS to {} ({})",
@@ -296,10 +339,15 @@ impl TlsService {
             }
             std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || accept_loop(listener, side, name))
+                .spawn(move || accept_loop(listener, side, name, stats))
                 .context("cannot start a TLS listener thread")?;
         }
         Ok(())
+    }
+
+    /// The listeners' counters, for `[metrics]`.
+    pub fn stats(&self) -> TlsStats {
+        self.stats.clone()
     }
 
     /// Reads every certificate, key and CA file again; new connections use them, live ones
@@ -346,11 +394,8 @@ enum Side {
     },
 }
 
-fn accept_loop(listener: TcpListener, side: Side, name: String) {
+fn accept_loop(listener: TcpListener, side: Side, name: String, stats: Arc<ListenerStats>) {
     let side = Arc::new(side);
-    let active = Arc::new(AtomicUsize::new(0));
-    let failures = Arc::new(AtomicU64::new(0));
-    let mut refused: u64 = 0;
     loop {
         let (stream, peer) = match listener.accept() {
             Ok(c) => c,
@@ -361,8 +406,8 @@ fn accept_loop(listener: TcpListener, side: Side, name: String) {
                 continue;
             }
         };
-        if active.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
-            refused += 1;
+        if stats.open.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+            let refused = stats.refused.fetch_add(1, Ordering::Relaxed) + 1;
             if refused.is_power_of_two() {
                 tracing::warn!(
                     "{name}: {MAX_CONNECTIONS} connections already open; closed {refused} new one(s)"
@@ -370,9 +415,10 @@ fn accept_loop(listener: TcpListener, side: Side, name: String) {
             }
             continue;
         }
-        active.fetch_add(1, Ordering::Relaxed);
-        let (side, count, name2) = (side.clone(), active.clone(), name.clone());
-        let failures = failures.clone();
+        stats.open.fetch_add(1, Ordering::Relaxed);
+        stats.accepted.fetch_add(1, Ordering::Relaxed);
+        let (side, name2, counters) = (side.clone(), name.clone(), stats.clone());
+        let relay_stats = stats.clone();
         let end = move |result: anyhow::Result<()>| {
             match result {
                 Ok(()) => {}
@@ -382,7 +428,7 @@ fn accept_loop(listener: TcpListener, side: Side, name: String) {
                 Err(e) => {
                     // The first few, then every power of two: a flood of bad connections
                     // (scanners, an attack) must not become a flood of log lines.
-                    let n = failures.fetch_add(1, Ordering::Relaxed) + 1;
+                    let n = counters.failed.fetch_add(1, Ordering::Relaxed) + 1;
                     if n <= FAILURES_LOGGED || n.is_power_of_two() {
                         tracing::warn!(
                             "{name2}: connection from {peer}: {e:#} ({n} failed so far)"
@@ -392,13 +438,13 @@ fn accept_loop(listener: TcpListener, side: Side, name: String) {
                     }
                 }
             }
-            count.fetch_sub(1, Ordering::Relaxed);
+            counters.open.fetch_sub(1, Ordering::Relaxed);
         };
         // The set-up (connect, handshake) blocks, with deadlines, on a thread of its own;
         // the relay then moves to the relay workers.
         let spawned = std::thread::Builder::new()
             .name(format!("{name}-conn"))
-            .spawn(move || match connection(&side, stream, peer) {
+            .spawn(move || match connection(&side, stream, peer, relay_stats) {
                 Ok(Some((relay, what))) => match pool::RelayPool::get() {
                     Ok(pool) => pool.relay(relay, Box::new(move |r| end(r.context(what)))),
                     Err(e) => end(Err(e)),
@@ -407,7 +453,7 @@ fn accept_loop(listener: TcpListener, side: Side, name: String) {
                 Err(e) => end(Err(e)),
             });
         if let Err(e) = spawned {
-            active.fetch_sub(1, Ordering::Relaxed);
+            stats.open.fetch_sub(1, Ordering::Relaxed);
             tracing::warn!("{name}: cannot start a connection thread: {e}");
         }
     }
@@ -420,6 +466,7 @@ fn connection(
     side: &Side,
     accepted: TcpStream,
     peer: SocketAddr,
+    stats: Arc<ListenerStats>,
 ) -> anyhow::Result<Option<(relay::Relay, String)>> {
     accepted.set_nodelay(true)?;
     match side {
@@ -438,7 +485,7 @@ fn connection(
                 )
             })?;
             tracing::debug!(%peer, remote = %forward.connect, "TLS connection up");
-            let relay = relay::Relay::new(accepted, remote, conn)?;
+            let relay = relay::Relay::new(accepted, remote, conn, stats)?;
             Ok(Some((relay, format!("TLS to {}", forward.connect))))
         }
         Side::Server {
@@ -455,7 +502,7 @@ fn connection(
                 TlsTarget::Tcp(to) => {
                     let target = connect(to)?;
                     tracing::debug!(%peer, target = %to, "TLS connection up");
-                    let relay = relay::Relay::new(target, accepted, conn)?;
+                    let relay = relay::Relay::new(target, accepted, conn, stats)?;
                     Ok(Some((relay, format!("forwarding to {to}"))))
                 }
                 TlsTarget::WireGuard => {

@@ -83,6 +83,17 @@ impl RelayPool {
         Ok(RelayPool { workers })
     }
 
+    /// How many connections each worker carries, if the pool has started.
+    pub fn loads() -> Option<Vec<usize>> {
+        let pool = POOL.get()?.as_ref().ok()?;
+        Some(
+            pool.workers
+                .iter()
+                .map(|w| w.carried.load(Ordering::Relaxed))
+                .collect(),
+        )
+    }
+
     /// Hands a connection whose handshake is done to the least busy worker; `on_end` runs
     /// on that worker when the relay ends.
     pub fn relay(&self, relay: Relay, on_end: OnEnd) {

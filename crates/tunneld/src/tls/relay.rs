@@ -13,10 +13,13 @@
 //! an error or on a TLS stream cut without close_notify (a truncation that must not pass for
 //! a clean end).
 
+use super::ListenerStats;
 use anyhow::{bail, Context};
 use rustls::Connection;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes read from the plaintext side at once, and held for it at most.
@@ -125,11 +128,18 @@ pub struct Relay {
     /// `WouldBlock`, so that a step does not spend a system call on a socket known empty.
     plain_readable: bool,
     tls_readable: bool,
+    /// The listener's counters, which the relay adds its bytes to.
+    stats: Arc<ListenerStats>,
 }
 
 impl Relay {
     /// A relay between `plain` and `tls` (whose handshake is done).
-    pub fn new(plain: TcpStream, tls: TcpStream, mut conn: Connection) -> io::Result<Relay> {
+    pub fn new(
+        plain: TcpStream,
+        tls: TcpStream,
+        mut conn: Connection,
+        stats: Arc<ListenerStats>,
+    ) -> io::Result<Relay> {
         plain.set_nonblocking(true)?;
         tls.set_nonblocking(true)?;
         // The chunk-at-a-time rule above bounds what rustls holds; its own limit would make
@@ -148,6 +158,7 @@ impl Relay {
             tls_shut: false,
             plain_readable: true,
             tls_readable: true,
+            stats,
         })
     }
 
@@ -201,11 +212,15 @@ impl Relay {
                 self.plain_done = true;
                 self.conn.send_close_notify();
             }
-            Ok(n) => self
-                .conn
-                .writer()
-                .write_all(&scratch[..n])
-                .context("TLS encrypt")?,
+            Ok(n) => {
+                self.conn
+                    .writer()
+                    .write_all(&scratch[..n])
+                    .context("TLS encrypt")?;
+                self.stats
+                    .to_tls_bytes
+                    .fetch_add(n as u64, Ordering::Relaxed);
+            }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 self.plain_readable = false;
                 return Ok(false);
@@ -283,6 +298,9 @@ impl Relay {
                 Ok(0) => bail!("the plaintext socket accepts no more data"),
                 Ok(n) => {
                     to_plain.start += n;
+                    self.stats
+                        .from_tls_bytes
+                        .fetch_add(n as u64, Ordering::Relaxed);
                     progress = true;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
