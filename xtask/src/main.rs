@@ -24,8 +24,8 @@ commands:
   bench-tls [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--tunneld-baseline BIN]
                    TCP forwarded over TLS in namespaces: direct, stunnel4, tunneld's
                    [[tls.forward]]/[[tls.listen]]; throughput, proxy CPU, echo latency,
-                   64 connections at once; --tunneld-baseline adds a row for another
-                   tunneld build; report in target/bench-report/tls-report.md
+                   64 connections at once; --tunneld-baseline adds each tunneld row for
+                   another tunneld build too; report in target/bench-report/tls-report.md
   fuzz <target|all|list> [--time N]
                    coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
                    installed when missing); default 60 s each

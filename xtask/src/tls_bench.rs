@@ -14,9 +14,9 @@
 //! with one request always outstanding, from one client thread (poll(2)), for requests per
 //! second, the proxies' CPU per request and the round trips' p50/p99.
 //!
-//! `--tunneld-baseline PATH` adds a row for another tunneld build (say, the previous commit's,
-//! copied out of target/ so a rebuild does not replace it), right before this tree's tunneld
-//! TLS forwarding row, so the two alternate within each round.
+//! `--tunneld-baseline PATH` adds, before each tunneld row, the same row for another tunneld
+//! build (say, the previous commit's, copied out of target/ so a rebuild does not replace
+//! it), so the two alternate within each round.
 
 use crate::bench::{parse_options, Options};
 use crate::system;
@@ -146,29 +146,32 @@ pub fn run(args: &[String]) -> Result<(), String> {
         .ok_or_else(|| "not installed (apt-get install stunnel4)".to_string());
     let certs = Certs::generate()?;
 
-    let mut contenders = vec![
-        contender("direct (veth, no proxy)", Ok(Route::Direct)),
-        contender(
-            "tunneld WireGuard (UDP, 1 worker)",
-            tunneld.clone().map(Route::WireGuard),
-        ),
-        contender(
+    // Each tunneld row, preceded by the same row for the baseline build when one is given,
+    // so the two alternate within each round.
+    let tunneld_rows: [(&str, fn(PathBuf) -> Route); 3] = [
+        ("tunneld WireGuard (UDP, 1 worker)", Route::WireGuard),
+        (
             "tunneld WireGuard over TLS (1 worker)",
-            tunneld.clone().map(Route::WireGuardOverTls),
+            Route::WireGuardOverTls,
         ),
-        contender("stunnel4 (Debian, OpenSSL)", stunnel.map(Route::Stunnel)),
+        ("tunneld TLS forwarding", Route::Tunneld),
     ];
-    // Right before the build under test, so the two alternate within each round.
-    if let Some(bin) = baseline {
-        contenders.push(contender(
-            "tunneld TLS forwarding (baseline)",
-            Ok(Route::Tunneld(bin)),
-        ));
+    let mut contenders = vec![contender("direct (veth, no proxy)", Ok(Route::Direct))];
+    for (i, (name, route)) in tunneld_rows.into_iter().enumerate() {
+        if i == 2 {
+            contenders.push(contender(
+                "stunnel4 (Debian, OpenSSL)",
+                stunnel.clone().map(Route::Stunnel),
+            ));
+        }
+        if let Some(bin) = &baseline {
+            contenders.push(contender(
+                &format!("{name} (baseline)"),
+                Ok(route(bin.clone())),
+            ));
+        }
+        contenders.push(contender(name, tunneld.clone().map(route)));
     }
-    contenders.push(contender(
-        "tunneld TLS forwarding",
-        tunneld.map(Route::Tunneld),
-    ));
     if options.quick {
         eprintln!("--quick: one round, 1 s per iperf3 run");
     }
