@@ -124,6 +124,11 @@ struct PairConfig {
     b_knows_a_endpoint: bool,
     /// Each side's (worker, workers): the slot space its receiver indices come from.
     workers: [(usize, usize); 2],
+    /// Misconfigurations: A names some other key as B's, B names some other key as A's,
+    /// B has a preshared key of its own.
+    a_has_wrong_key_for_b: bool,
+    b_has_wrong_key_for_a: bool,
+    b_psk: Option<PresharedKey>,
 }
 
 impl Default for PairConfig {
@@ -135,6 +140,9 @@ impl Default for PairConfig {
             a_keepalive: 0,
             b_knows_a_endpoint: true,
             workers: [(0, 1), (0, 1)],
+            a_has_wrong_key_for_b: false,
+            b_has_wrong_key_for_a: false,
+            b_psk: None,
         }
     }
 }
@@ -166,9 +174,14 @@ impl Pair {
         };
         let mut a_peers = extra(cfg.a_extra_peers, 100);
         let mut b_peers = extra(cfg.b_extra_peers, 200);
+        let someone_else = || PrivateKey::generate().public_key();
         a_peers.push(PeerSettings {
             parallel: 1,
-            public_key: kb.public_key(),
+            public_key: if cfg.a_has_wrong_key_for_b {
+                someone_else()
+            } else {
+                kb.public_key()
+            },
             preshared_key: cfg.psk.clone(),
             endpoint: Some(B_ADDR.parse().unwrap()),
             allowed_ips: vec![net("10.0.0.2/32"), net("10.2.0.0/16"), net("fd00::2/128")],
@@ -176,8 +189,12 @@ impl Pair {
         });
         b_peers.push(PeerSettings {
             parallel: 1,
-            public_key: ka.public_key(),
-            preshared_key: cfg.psk,
+            public_key: if cfg.b_has_wrong_key_for_a {
+                someone_else()
+            } else {
+                ka.public_key()
+            },
+            preshared_key: cfg.b_psk.or(cfg.psk),
             endpoint: cfg.b_knows_a_endpoint.then(|| A_ADDR.parse().unwrap()),
             allowed_ips: vec![net("10.0.0.1/32"), net("fd00::1/128")],
             persistent_keepalive: 0,
@@ -468,6 +485,60 @@ fn preshared_key_handshake_works() {
     let p = ip_packet("10.0.0.1", "10.0.0.2", b"with psk");
     pair.send(Side::A, &p);
     assert_eq!(pair.to_b_tun, vec![p]);
+}
+
+/// The README's "When the tunnel does not come up" names a drop counter for each of these
+/// mistakes; this is what backs it.
+#[test]
+fn each_key_mistake_shows_as_its_own_drop_reason() {
+    let cases = [
+        (
+            "A has the wrong public key for B",
+            PairConfig {
+                a_has_wrong_key_for_b: true,
+                ..PairConfig::default()
+            },
+            Side::B,
+            DropReason::InvalidMac,
+        ),
+        (
+            "B has the wrong public key for A",
+            PairConfig {
+                b_has_wrong_key_for_a: true,
+                ..PairConfig::default()
+            },
+            Side::B,
+            DropReason::UnknownPeer,
+        ),
+        (
+            "the preshared keys differ",
+            PairConfig {
+                psk: Some(PresharedKey::generate()),
+                b_psk: Some(PresharedKey::generate()),
+                ..PairConfig::default()
+            },
+            Side::A,
+            DropReason::DecryptFailed,
+        ),
+    ];
+    for (what, cfg, counted_by, reason) in cases {
+        let mut pair = Pair::new(cfg);
+        pair.send(Side::A, &ip_packet("10.0.0.1", "10.0.0.2", b"hello?"));
+        pair.advance(Duration::from_secs(6));
+        assert!(pair.to_b_tun.is_empty(), "{what}: a packet got through");
+        let stats = match counted_by {
+            Side::A => pair.a.stats(),
+            Side::B => pair.b.stats(),
+        };
+        assert!(
+            stats.drops(reason) >= 2,
+            "{what}: {} counted {} {} (initial try and a retry); all: {:?}",
+            if counted_by == Side::A { "A" } else { "B" },
+            stats.drops(reason),
+            reason.name(),
+            stats.nonzero_drops().collect::<Vec<_>>()
+        );
+    }
 }
 
 #[test]
