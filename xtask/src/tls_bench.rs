@@ -148,7 +148,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
     // Each tunneld row, preceded by the same row for the baseline build when one is given,
     // so the two alternate within each round.
-    let tunneld_rows: [(&str, fn(PathBuf) -> Route); 3] = [
+    type MakeRoute = fn(PathBuf) -> Route;
+    let tunneld_rows: [(&str, MakeRoute); 3] = [
         ("tunneld WireGuard (UDP, 1 worker)", Route::WireGuard),
         (
             "tunneld WireGuard over TLS (1 worker)",
