@@ -15,6 +15,8 @@ use tunneld_testnet::require_netns;
 /// "wireguard-go v0.0.20250522"; pinned for reproducibility.
 const WIREGUARD_GO_MODULE: &str = "golang.zx2c4.com/wireguard@v0.0.0-20260522210424-ecfc5a8d5446";
 const BORINGTUN_CLI_VERSION: &str = "0.7.1";
+/// gotatun-cli from crates.io (Mullvad's fork of boringtun, the peer table of DESIGN.md).
+const GOTATUN_CLI_VERSION: &str = "0.10.2";
 
 /// The options `bench` and `bench-tls` share.
 pub(crate) struct Options {
@@ -129,7 +131,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ),
     ];
     if options.quick {
-        eprintln!("--quick: one short round; the offload steps, Go-module wireguard-go, boringtun-cli and kernel rows are left out");
+        eprintln!("--quick: one short round; the offload steps, Go-module wireguard-go, boringtun-cli, gotatun-cli and kernel rows are left out");
     } else {
         // Each offload step on its own row, so the gain of each shows.
         contenders.insert(
@@ -193,7 +195,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ));
         contenders.push(contender(
             "boringtun-cli 0.7.1",
-            build_boringtun(&tools).map(Impl::Boringtun),
+            install_crate(
+                &tools,
+                "boringtun-cli",
+                BORINGTUN_CLI_VERSION,
+                "boringtun-cli",
+            )
+            .map(Impl::Boringtun),
+        ));
+        contenders.push(contender(
+            "gotatun-cli 0.10.2",
+            install_crate(&tools, "gotatun-cli", GOTATUN_CLI_VERSION, "gotatun")
+                .map(Impl::Boringtun),
         ));
         contenders.push(contender(
             "kernel WireGuard",
@@ -482,20 +495,26 @@ fn build_wireguard_go(tools: &Path) -> Result<PathBuf, String> {
         .ok_or_else(|| "go install produced no binary".into())
 }
 
-/// Installs boringtun-cli from crates.io into target/bench-tools.
-fn build_boringtun(tools: &Path) -> Result<PathBuf, String> {
-    let bin = tools.join("bin/boringtun-cli");
+/// Installs a WireGuard implementation's command-line crate (boringtun-cli, gotatun-cli) from
+/// crates.io into target/bench-tools, once; returns its binary, `bin_name`.
+fn install_crate(
+    tools: &Path,
+    name: &str,
+    version: &str,
+    bin_name: &str,
+) -> Result<PathBuf, String> {
+    let bin = tools.join("bin").join(bin_name);
     if bin.is_file() {
         return Ok(bin);
     }
-    eprintln!("==> building boringtun-cli {BORINGTUN_CLI_VERSION} (cargo install, a few minutes)");
+    eprintln!("==> building {name} {version} (cargo install, a few minutes)");
     system::run(Command::new(system::cargo()).args([
         "install",
         "--quiet",
         "--locked",
-        "boringtun-cli",
+        name,
         "--version",
-        BORINGTUN_CLI_VERSION,
+        version,
         "--root",
         &tools.to_string_lossy(),
     ]))?;

@@ -18,7 +18,8 @@ commands:
                    --compare adds wireguard-go in the same testbed
   bench [--quick] [--rounds N] [--seconds S] [--only NAME,NAME]
                    end-to-end comparison in namespaces: direct, tunneld, wireguard-go
-                   (Debian; Go-module build), boringtun-cli, kernel WireGuard where present;
+                   (Debian; Go-module build), boringtun-cli, gotatun-cli, kernel WireGuard
+                   where present;
                    interleaved rounds, medians; report in target/bench-report/;
                    --only keeps the rows whose name contains one of the NAMEs
   bench-tls [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--tunneld-baseline BIN]

@@ -32,7 +32,8 @@ pub enum Impl {
     },
     /// A wireguard-go binary (the Debian package, or a module build), configured with `wg`.
     WireguardGo(PathBuf),
-    /// boringtun-cli, configured with `wg`.
+    /// boringtun-cli, or gotatun-cli (Mullvad's fork, the same command line), configured
+    /// with `wg`.
     Boringtun(PathBuf),
     /// The kernel's WireGuard module, configured with `ip` and `wg`.
     Kernel,
