@@ -94,24 +94,28 @@ impl RelayPool {
         )
     }
 
-    /// Hands a connection whose handshake is done to the least busy worker; `on_end` runs
-    /// on that worker when the relay ends.
+    /// Hands a connection whose handshake is done to the least busy worker (the next one,
+    /// should a worker have stopped); `on_end` runs on that worker when the relay ends.
     pub fn relay(&self, relay: Relay, on_end: OnEnd) {
-        let Some(worker) = self
-            .workers
-            .iter()
-            .min_by_key(|w| w.carried.load(Ordering::Relaxed))
-        else {
-            return on_end(Err(anyhow::anyhow!("no TLS relay worker")));
-        };
-        worker.carried.fetch_add(1, Ordering::Relaxed);
-        if let Err(mpsc::SendError(h)) = worker.to_worker.send(Carried { relay, on_end }) {
-            worker.carried.fetch_sub(1, Ordering::Relaxed);
-            return (h.on_end)(Err(anyhow::anyhow!("the TLS relay worker has stopped")));
+        let mut by_load: Vec<&WorkerHandle> = self.workers.iter().collect();
+        by_load.sort_by_key(|w| w.carried.load(Ordering::Relaxed));
+        let mut handed = Carried { relay, on_end };
+        for worker in by_load {
+            worker.carried.fetch_add(1, Ordering::Relaxed);
+            match worker.to_worker.send(handed) {
+                Ok(()) => {
+                    if let Err(e) = worker.waker.wake() {
+                        tracing::warn!("cannot wake a TLS relay worker: {e}");
+                    }
+                    return;
+                }
+                Err(mpsc::SendError(back)) => {
+                    worker.carried.fetch_sub(1, Ordering::Relaxed);
+                    handed = back;
+                }
+            }
         }
-        if let Err(e) = worker.waker.wake() {
-            tracing::warn!("cannot wake a TLS relay worker: {e}");
-        }
+        (handed.on_end)(Err(anyhow::anyhow!("every TLS relay worker has stopped")));
     }
 }
 
@@ -136,6 +140,10 @@ fn run(mut poll: Poll, from_pool: mpsc::Receiver<Carried>, carried: Arc<AtomicUs
                 continue;
             }
             tracing::error!("TLS relay worker: poll failed: {e}; its connections are dropped");
+            for c in slots.into_iter().flatten() {
+                carried.fetch_sub(1, Ordering::Relaxed);
+                (c.on_end)(Err(anyhow::anyhow!("its relay worker stopped: {e}")));
+            }
             return;
         }
         ready.clear();
