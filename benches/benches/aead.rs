@@ -3,6 +3,10 @@
 //! boringtun's `Session` does before sealing or opening in place. This is the crypto ceiling
 //! of one core for the data path; `core.rs` shows what the rest of the core costs on top.
 //!
+//! A second group seals a full TLS record (16 KiB, AES-256-GCM, a 5-byte header as associated
+//! data) with ring and with aws-lc-rs: the record crypto of tunneld's TLS tunnels is ring's
+//! because of what this group shows on CPUs with VAES and AVX2 (see `tls::provider`).
+//!
 //! When run by `cargo bench` and an `openssl` binary is on PATH, `openssl speed` for the same
 //! AEAD runs once first (at most 60 s) and its table is printed to stderr as a reference
 //! ceiling for this machine.
@@ -166,7 +170,51 @@ fn openssl_reference() {
     }
 }
 
-criterion_group!(benches, bench_aead);
+/// The largest TLS record's plaintext.
+const TLS_RECORD: usize = 16 * 1024;
+
+fn bench_tls_record(c: &mut Criterion) {
+    let key_bytes = [7u8; 32];
+    let header = [23u8, 3, 3, 0x40, 0x11];
+    let mut record = vec![0x5au8; TLS_RECORD];
+    let mut group = c.benchmark_group("aes256gcm_tls_record");
+    group.throughput(Throughput::Bytes(TLS_RECORD as u64));
+
+    let ring_key = LessSafeKey::new(
+        UnboundKey::new(&ring::aead::AES_256_GCM, &key_bytes).expect("32-byte key"),
+    );
+    let mut counter = 0u64;
+    group.bench_function("ring/seal/16KiB", |bench| {
+        bench.iter(|| {
+            counter += 1;
+            ring_key
+                .seal_in_place_separate_tag(nonce(counter), Aad::from(header), &mut record)
+                .expect("seal")
+        })
+    });
+
+    use aws_lc_rs::aead as lc;
+    let lc_key = lc::LessSafeKey::new(
+        lc::UnboundKey::new(&lc::AES_256_GCM, &key_bytes).expect("32-byte key"),
+    );
+    group.bench_function("aws-lc-rs/seal/16KiB", |bench| {
+        bench.iter(|| {
+            counter += 1;
+            let mut n = [0u8; 12];
+            n[4..].copy_from_slice(&counter.to_le_bytes());
+            lc_key
+                .seal_in_place_separate_tag(
+                    lc::Nonce::assume_unique_for_key(n),
+                    lc::Aad::from(header),
+                    &mut record,
+                )
+                .expect("seal")
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_aead, bench_tls_record);
 
 fn main() {
     if benchmarking() {
