@@ -1005,3 +1005,197 @@ fn a_reload_leaves_a_new_tls_transport_peer_for_a_restart() {
         assert_eq!(dump[1][2], "192.0.2.2:51820", "its endpoint is its own");
     }
 }
+
+/// An `openssl s_client` or `s_server` in a namespace: lines written to its stdin (text, or
+/// its one-letter commands), its output (stdout and stderr) read line by line; killed on
+/// drop.
+struct OpenSsl {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl OpenSsl {
+    fn start(ns: &NetNs, dir: &Path, args: &[&str]) -> OpenSsl {
+        step(&format!("openssl {}", args.join(" ")));
+        let mut child = ns
+            .command("sh")
+            .current_dir(dir)
+            .arg("-c")
+            // Line-buffered: s_server reports a KeyUpdate with printf.
+            .arg(format!("exec stdbuf -oL openssl {} 2>&1", args.join(" ")))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        OpenSsl {
+            child,
+            stdin,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Waits for an output line containing `text`.
+    fn expect(&mut self, text: &str) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(text);
+                    self.seen.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(_) => panic!(
+                    "no {text:?} from openssl; it said:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+}
+
+impl Drop for OpenSsl {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads from `stream` until `text` has come.
+fn read_until(stream: &mut TcpStream, text: &str) {
+    let mut got = Vec::new();
+    let mut buf = [0; 4096];
+    while !String::from_utf8_lossy(&got).contains(text) {
+        match stream.read(&mut buf) {
+            Ok(0) => panic!(
+                "EOF before {text:?}; got {:?}",
+                String::from_utf8_lossy(&got)
+            ),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!(
+                "reading for {text:?}: {e}; got {:?}",
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+}
+
+#[test]
+fn standard_tls_peers_on_either_side_work_through_key_updates() {
+    if !require("standard_tls_peers_on_either_side_work_through_key_updates") {
+        return;
+    }
+    let s = setup();
+    let certs = s.dir.path().display().to_string();
+
+    step("tunneld's listener, OpenSSL's client: echoes across KeyUpdates both ways");
+    let gb = TlsGateway::start(
+        &s.b,
+        s.dir.path(),
+        "site-b",
+        &listen_config(""),
+        &[B_TLS.parse().unwrap()],
+    );
+    let mut client = OpenSsl::start(
+        &s.a,
+        s.dir.path(),
+        &[
+            "s_client",
+            "-connect",
+            B_TLS,
+            "-servername",
+            SERVER_NAME,
+            "-CAfile",
+            "ca.pem",
+            "-tls1_3",
+        ],
+    );
+    client.expect("Verify return code: 0");
+    client.send("hello-1");
+    client.expect("hello-1");
+    // "K": a KeyUpdate asking for tunneld's in return; "k": one that does not.
+    client.send("K");
+    client.expect("KEYUPDATE");
+    client.send("hello-2");
+    client.expect("hello-2");
+    client.send("k");
+    client.expect("KEYUPDATE");
+    client.send("hello-3");
+    client.expect("hello-3");
+    drop(client);
+    drop(gb);
+
+    step("tunneld's forward, OpenSSL's server (with session tickets): the same");
+    let mut server = OpenSsl::start(
+        &s.b,
+        s.dir.path(),
+        &[
+            "s_server",
+            "-accept",
+            B_TLS,
+            "-cert",
+            "server.pem",
+            "-key",
+            "server.key",
+            "-tls1_3",
+        ],
+    );
+    server.expect("ACCEPT");
+    let ga = TlsGateway::start(
+        &s.a,
+        s.dir.path(),
+        "site-a",
+        &forward_config(""),
+        &[A_PLAIN.parse().unwrap()],
+    );
+    let mut plain = s.a.in_ns(|| {
+        let c = TcpStream::connect_timeout(&A_PLAIN.parse().unwrap(), WAIT).unwrap();
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        c
+    });
+    plain.write_all(b"hello-1\n").unwrap();
+    server.expect("hello-1");
+    server.send("from-server-1");
+    read_until(&mut plain, "from-server-1");
+    server.send("K");
+    server.expect("SSL_do_handshake -> 1");
+    server.send("from-server-2");
+    read_until(&mut plain, "from-server-2");
+    plain.write_all(b"hello-2\n").unwrap();
+    server.expect("hello-2");
+    server.send("k");
+    server.expect("SSL_do_handshake -> 1");
+    server.send("from-server-3");
+    read_until(&mut plain, "from-server-3");
+    plain.write_all(b"hello-3\n").unwrap();
+    server.expect("hello-3");
+    let log = ga.log_text();
+    assert!(
+        !log.contains("WARN") && !log.contains("ERROR"),
+        "{certs}:\n{log}"
+    );
+}

@@ -9,6 +9,7 @@
 
 mod datagrams;
 mod pool;
+mod records;
 mod relay;
 
 use anyhow::Context;
@@ -250,7 +251,7 @@ fn client_config(
         .with_protocol_versions(&[&rustls::version::TLS13])
         .context("TLS 1.3")?
         .with_root_certificates(roots(base, ca_file, "ca_file")?);
-    let config = match client_cert {
+    let mut config = match client_cert {
         None => builder.with_no_client_auth(),
         Some(ck) => {
             let (chain, key) = cert_and_key(base, ck)?;
@@ -259,6 +260,8 @@ fn client_config(
                 .map_err(|e| anyhow::anyhow!("cert_file/key_file: {e}"))?
         }
     };
+    // Forwarded connections hand their secrets to tunneld's record layer (`records.rs`).
+    config.enable_secret_extraction = true;
     Ok(Arc::new(config))
 }
 
@@ -279,9 +282,10 @@ fn server_config(l: &TlsListen, base: &Path) -> anyhow::Result<Arc<ServerConfig>
         }
     };
     let (chain, key) = cert_and_key(base, &l.cert)?;
-    let config = builder
+    let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| anyhow::anyhow!("cert_file/key_file: {e}"))?;
+    config.enable_secret_extraction = true;
     Ok(Arc::new(config))
 }
 
@@ -512,17 +516,21 @@ fn connection(
             let remote = connect(&forward.connect)?;
             let name = ServerName::try_from(forward.server_name.clone())
                 .map_err(|e| anyhow::anyhow!("server_name: {e}"))?;
-            let conn = rustls::ClientConnection::new(config, name)
+            let conn = rustls::client::UnbufferedClientConnection::new(config, name)
                 .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
-            let mut conn = rustls::Connection::from(conn);
-            relay::handshake(&mut conn, &remote).with_context(|| {
+            let established = relay::handshake_for_records(
+                relay::Unbuffered::Client(conn),
+                &remote,
+                ring_has_faster_aes_gcm(),
+            )
+            .with_context(|| {
                 format!(
                     "TLS handshake with {} ({}) failed",
                     forward.connect, forward.server_name
                 )
             })?;
             tracing::debug!(%peer, remote = %forward.connect, "TLS connection up");
-            let relay = relay::Relay::new(accepted, remote, conn, stats)?;
+            let relay = relay::Relay::new(accepted, remote, established, stats)?;
             Ok(Some((relay, format!("TLS to {}", forward.connect))))
         }
         Side::Server {
@@ -531,18 +539,26 @@ fn connection(
             wg_port,
         } => {
             let config = config.read().unwrap_or_else(|p| p.into_inner()).clone();
-            let conn = rustls::ServerConnection::new(config)
-                .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
-            let mut conn = rustls::Connection::from(conn);
-            relay::handshake(&mut conn, &accepted).context("TLS handshake failed")?;
             match &listen.forward_to {
                 TlsTarget::Tcp(to) => {
+                    let conn = rustls::server::UnbufferedServerConnection::new(config)
+                        .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
+                    let established = relay::handshake_for_records(
+                        relay::Unbuffered::Server(conn),
+                        &accepted,
+                        ring_has_faster_aes_gcm(),
+                    )
+                    .context("TLS handshake failed")?;
                     let target = connect(to)?;
                     tracing::debug!(%peer, target = %to, "TLS connection up");
-                    let relay = relay::Relay::new(target, accepted, conn, stats)?;
+                    let relay = relay::Relay::new(target, accepted, established, stats)?;
                     Ok(Some((relay, format!("forwarding to {to}"))))
                 }
                 TlsTarget::WireGuard => {
+                    let conn = rustls::ServerConnection::new(config)
+                        .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
+                    let mut conn = rustls::Connection::from(conn);
+                    relay::handshake(&mut conn, &accepted).context("TLS handshake failed")?;
                     let mut udp = datagrams::bridge_socket().context("bridge socket")?;
                     tracing::info!(%peer, "WireGuard over TLS: stream accepted");
                     let target = datagrams::UdpPeer::Port(wg_port.clone());

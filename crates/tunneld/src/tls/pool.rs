@@ -12,7 +12,7 @@
 //! forwards for, and on the testbed two proxies share two cores; pinning both proxies'
 //! busiest worker to the first CPU would put one stream's both ends on one core.
 
-use super::relay::{Relay, Step, CHUNK};
+use super::relay::{Relay, Step};
 use anyhow::Context;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -124,7 +124,6 @@ fn run(mut poll: Poll, from_pool: mpsc::Receiver<Carried>, carried: Arc<AtomicUs
     let mut events = Events::with_capacity(EVENTS);
     let mut slots: Vec<Option<Carried>> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
-    let mut scratch = vec![0u8; CHUNK].into_boxed_slice();
     // The connections to step this turn, each once, whichever of its sockets woke it; and
     // those whose last turn ended with more to move, stepped again without an event.
     let mut ready: Vec<usize> = Vec::with_capacity(EVENTS);
@@ -186,7 +185,7 @@ fn run(mut poll: Poll, from_pool: mpsc::Receiver<Carried>, carried: Arc<AtomicUs
             let Some(c) = slots[slot].as_mut() else {
                 continue;
             };
-            let ended = match c.relay.step(&mut scratch) {
+            let ended = match c.relay.step() {
                 Ok(Step::Idle) => continue,
                 Ok(Step::Busy) => {
                     busy.push(slot);
