@@ -484,3 +484,203 @@ impl Records {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::relay::{handshake_for_records, Unbuffered};
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Both ends of a real handshake over loopback (rustls, the production handshake code),
+    /// as record layers, the client's having taken the server's session tickets.
+    fn pair() -> (Records, Records) {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let der = cert.cert.der().clone();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+        let mut server = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![der.clone()], key)
+            .unwrap();
+        server.enable_secret_extraction = true;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let mut client = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.enable_secret_extraction = true;
+
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
+            handshake_for_records(Unbuffered::Server(conn), &sock, true).unwrap()
+        });
+        let sock = TcpStream::connect(addr).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let conn = rustls::client::UnbufferedClientConnection::new(Arc::new(client), name).unwrap();
+        let (client, mut read) = handshake_for_records(Unbuffered::Client(conn), &sock, true)
+            .unwrap()
+            .into_parts();
+        let (server, _) = server.join().unwrap().into_parts();
+        sock.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut buf = [0; 4096];
+        while let Ok(n @ 1..) = (&sock).read(&mut buf) {
+            read.extend_from_slice(&buf[..n]);
+        }
+        let mut client = client;
+        // What followed the client's handshake is the server's session tickets: no data.
+        assert!(!read.is_empty(), "rustls servers send session tickets");
+        assert_eq!(opened(&mut client, &mut read), b"");
+        (client, server)
+    }
+
+    /// `text` sealed by `from` as one application-data record.
+    fn sealed(from: &mut Records, text: &[u8]) -> Vec<u8> {
+        let mut buf = vec![0; HEADER + text.len() + 1 + TAG];
+        buf[HEADER..HEADER + text.len()].copy_from_slice(text);
+        let n = from.seal(&mut buf, text.len(), APPLICATION_DATA).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    /// The plaintext `to` opens from `records`, which must all be whole.
+    fn opened(to: &mut Records, records: &mut [u8]) -> Vec<u8> {
+        let mut pieces = Vec::new();
+        let found = to.open(records, &mut pieces).unwrap();
+        assert_eq!(found.consumed, records.len());
+        pieces
+            .iter()
+            .flat_map(|&(at, len)| records[at..at + len].to_vec())
+            .collect()
+    }
+
+    fn refusal(to: &mut Records, records: &mut [u8]) -> AlertDescription {
+        let e = to.open(records, &mut Vec::new()).unwrap_err();
+        e.downcast_ref::<Refused>()
+            .unwrap_or_else(|| panic!("not a refusal: {e:#}"))
+            .alert
+    }
+
+    #[test]
+    fn records_cross_both_ways_after_the_session_tickets() {
+        let (mut client, mut server) = pair();
+        let mut two = sealed(&mut client, b"hello, ");
+        two.extend(sealed(&mut client, b"server"));
+        assert_eq!(opened(&mut server, &mut two), b"hello, server");
+        let mut back = sealed(&mut server, &[7; MAX_PLAINTEXT]);
+        assert_eq!(opened(&mut client, &mut back), vec![7; MAX_PLAINTEXT]);
+    }
+
+    #[test]
+    fn a_record_not_yet_whole_waits_and_close_notify_ends_the_stream() {
+        let (mut client, mut server) = pair();
+        let mut record = sealed(&mut client, b"in two reads");
+        let mut pieces = Vec::new();
+        let partial = server.open(&mut record[..9], &mut pieces).unwrap();
+        assert_eq!((partial.consumed, pieces.len()), (0, 0));
+        assert_eq!(opened(&mut server, &mut record), b"in two reads");
+
+        let mut end = vec![0; 64];
+        let n = client.close_notify(&mut end).unwrap();
+        end.truncate(n);
+        end.extend(sealed(&mut client, b"after the end"));
+        let found = server.open(&mut end, &mut pieces).unwrap();
+        assert!(found.close_notify);
+        assert_eq!(found.consumed, n, "nothing after close_notify is read");
+    }
+
+    #[test]
+    fn key_updates_change_keys_on_both_sides_in_step() {
+        let (mut client, mut server) = pair();
+        // The client's key is worn: its KeyUpdate goes first, then records under the new key.
+        let mut buf = vec![0; 64];
+        let n = client.due(&mut buf, u64::MAX).unwrap();
+        assert!(n > 0);
+        buf.truncate(n);
+        buf.extend(sealed(&mut client, b"new key"));
+        assert_eq!(opened(&mut server, &mut buf), b"new key");
+        assert!(!server.key_update_owed, "update_not_requested");
+
+        // A KeyUpdate asking for one back: the server owes its own before its next record.
+        let mut ask = vec![0; 64];
+        let n = client
+            .seal_message(&mut ask, HANDSHAKE, &[KEY_UPDATE, 0, 0, 1, 1])
+            .unwrap();
+        ask.truncate(n);
+        client.tx = Direction::new(client.kernel.next_tx().unwrap(), true).unwrap();
+        assert_eq!(opened(&mut server, &mut ask), b"");
+        let mut answer = vec![0; 64];
+        let n = server.due(&mut answer, 1).unwrap();
+        assert!(
+            n > 0 && server.due(&mut answer, 1).unwrap() == 0,
+            "owed once"
+        );
+        answer.truncate(n);
+        answer.extend(sealed(&mut server, b"both new"));
+        assert_eq!(opened(&mut client, &mut answer), b"both new");
+        let mut more = sealed(&mut client, b"still fine");
+        assert_eq!(opened(&mut server, &mut more), b"still fine");
+    }
+
+    #[test]
+    fn broken_records_are_refused_with_the_right_alert() {
+        let (mut client, mut server) = pair();
+        let mut tampered = sealed(&mut client, b"payload");
+        tampered[HEADER + 2] ^= 1;
+        assert_eq!(
+            refusal(&mut server, &mut tampered),
+            AlertDescription::BadRecordMac
+        );
+
+        let (mut client, mut server) = pair();
+        let mut typed = sealed(&mut client, b"payload");
+        typed[0] = HANDSHAKE;
+        assert_eq!(
+            refusal(&mut server, &mut typed),
+            AlertDescription::UnexpectedMessage
+        );
+
+        let mut huge = vec![APPLICATION_DATA, 3, 3, 0x41, 0x01];
+        huge.resize(HEADER + 0x4101, 0);
+        assert_eq!(
+            refusal(&mut server, &mut huge),
+            AlertDescription::RecordOverflow
+        );
+        let mut tiny = vec![APPLICATION_DATA, 3, 3, 0, 16];
+        tiny.resize(HEADER + 16, 0);
+        assert_eq!(
+            refusal(&mut server, &mut tiny),
+            AlertDescription::DecodeError
+        );
+
+        // All padding, no content type.
+        let (mut client, mut server) = pair();
+        let mut buf = vec![0; HEADER + 4 + 1 + TAG];
+        let n = client.seal(&mut buf, 4, 0).unwrap();
+        assert_eq!(
+            refusal(&mut server, &mut buf[..n]),
+            AlertDescription::UnexpectedMessage
+        );
+    }
+
+    #[test]
+    fn other_alerts_end_the_connection_with_their_name() {
+        let (mut client, mut server) = pair();
+        let mut buf = vec![0; 64];
+        let n = client
+            .alert(&mut buf, AlertDescription::HandshakeFailure)
+            .unwrap();
+        let e = server.open(&mut buf[..n], &mut Vec::new()).unwrap_err();
+        assert!(format!("{e}").contains("HandshakeFailure"), "{e}");
+    }
+}

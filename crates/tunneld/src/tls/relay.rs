@@ -88,6 +88,14 @@ pub struct Established {
     early: Vec<u8>,
 }
 
+#[cfg(test)]
+impl Established {
+    /// The record layer, and the bytes read past the handshake.
+    pub fn into_parts(self) -> (Records, Vec<u8>) {
+        (self.records, self.received[..self.received_end].to_vec())
+    }
+}
+
 /// A connection to run the handshake of with [`handshake_for_records`].
 pub enum Unbuffered {
     Client(UnbufferedClientConnection),
