@@ -18,9 +18,10 @@
 //! back with one `sendmmsg` per batch, runs of equal size as one GSO send, so a datagram
 //! costs no system call of its own on either side of the bridge.
 
-use anyhow::{bail, Context};
-use rustls::Connection;
-use std::io::{self, ErrorKind, Read, Write};
+use super::relay::Established;
+use super::stream::RecordStream;
+use anyhow::Context;
+use std::io::{self, ErrorKind, IoSlice};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, OnceLock};
@@ -31,7 +32,7 @@ use tunneld_tunnel::framing::{length_prefix, Deframer};
 
 /// Batches taken from the UDP socket per turn at most, so the other direction gets turns.
 const BURST: usize = 4;
-/// Bytes of framed datagrams handed to rustls at once (it cuts them into records).
+/// Bytes of framed datagrams taken from the bridge socket before they are sealed.
 const FRAMES: usize = 256 * 1024;
 /// Reconnect backoff: from the first to the last delay, doubling.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(10));
@@ -51,75 +52,66 @@ pub fn bridge(
     udp: &mut UdpSocket,
     peer: &UdpPeer,
     learnt: &mut Option<SocketAddr>,
-    mut tls: TcpStream,
-    mut conn: Connection,
+    tls: TcpStream,
+    established: Established,
 ) -> anyhow::Result<()> {
-    tls.set_nonblocking(true)?;
-    conn.set_buffer_limit(None);
-    // Grows to its high-water mark (about FRAMES plus a batch) once, then stays.
+    let (mut stream, early) = RecordStream::new(tls, established)?;
+    // Framed datagrams waiting for record slots: `frames[frames_at..]`. Grows to its
+    // high-water mark (about FRAMES plus a batch) once, then stays.
     let mut frames: Vec<u8> = Vec::with_capacity(FRAMES);
+    let mut frames_at = 0;
     // Both batches hold only datagrams of this turn; their frames stay allocated throughout.
     let mut from_udp = Box::new(Batch::new());
     let mut to_udp = Box::new(Batch::new());
     let mut deframer = Deframer::new();
+    let to = |learnt: Option<SocketAddr>| match peer {
+        UdpPeer::Learnt => learnt,
+        UdpPeer::Port(port) => port.get().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))),
+    };
     // Datagrams that came with the other side's last handshake message were decrypted during
     // the handshake: deliver them now, or they would wait for the stream's next bytes.
-    if deliver(&mut conn, &mut deframer, udp, &mut to_udp, peer, *learnt)? {
-        return Ok(());
-    }
+    deliver(&early, &mut deframer, udp, &mut to_udp, to(*learnt))?;
+    send(udp, &mut to_udp)?;
     loop {
-        let mut progress = super::relay::flush_tls(&mut conn, &mut tls)?;
+        let mut progress = stream.flush()?;
         // UDP → TLS, once the stream has taken what came before.
-        if !conn.wants_write() {
-            frames.clear();
-            for _ in 0..BURST {
-                from_udp.clear();
-                let received = match udp.recv_batch(&mut from_udp) {
-                    Ok(n) => n,
-                    Err(e) => return Err(e).context("bridge socket receive"),
-                };
-                for i in 0..received {
-                    if matches!(peer, UdpPeer::Learnt) {
-                        *learnt = Some(from_udp.addr(i));
-                    }
-                    for datagram in from_udp.datagrams(i) {
-                        if let Some(prefix) =
-                            length_prefix(datagram.len()).filter(|_| !datagram.is_empty())
-                        {
-                            frames.extend_from_slice(&prefix);
-                            frames.extend_from_slice(datagram);
-                        }
-                    }
-                }
-                if received == 0 || frames.len() >= FRAMES {
-                    break;
-                }
+        if !stream.sending() {
+            if frames_at == frames.len() {
+                frames.clear();
+                frames_at = 0;
+                take_datagrams(udp, &mut from_udp, &mut frames, peer, learnt)?;
             }
-            if !frames.is_empty() {
-                conn.writer().write_all(&frames).context("TLS encrypt")?;
+            if frames_at < frames.len() {
+                if !stream.seal_due()? {
+                    let mut filled = 0;
+                    for slot in stream.slots().iter_mut() {
+                        let n = slot.len().min(frames.len() - frames_at - filled);
+                        slot[..n].copy_from_slice(&frames[frames_at + filled..][..n]);
+                        filled += n;
+                    }
+                    stream.seal(filled)?;
+                    frames_at += filled;
+                }
                 progress = true;
             }
         }
-        // TLS → UDP.
-        match conn.read_tls(&mut tls) {
-            Ok(0) => {
-                conn.process_new_packets().context("TLS")?;
-                deliver(&mut conn, &mut deframer, udp, &mut to_udp, peer, *learnt)?;
-                bail!("the other side closed the TLS stream");
+        // TLS → UDP: the bridge polls level-triggered, so every turn may read.
+        stream.mark_readable();
+        progress |= stream.receive()?;
+        let destination = to(*learnt);
+        while stream.has_pending() {
+            let mut iov = [IoSlice::new(&[]); 16];
+            let count = stream.pending(&mut iov);
+            let mut taken = 0;
+            for piece in &iov[..count] {
+                deliver(piece, &mut deframer, udp, &mut to_udp, destination)?;
+                taken += piece.len();
             }
-            Ok(_) => {
-                if let Err(e) = conn.process_new_packets() {
-                    let _ = conn.write_tls(&mut tls);
-                    return Err(e).context("TLS");
-                }
-                if deliver(&mut conn, &mut deframer, udp, &mut to_udp, peer, *learnt)? {
-                    return Ok(());
-                }
-                progress = true;
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == ErrorKind::Interrupted => progress = true,
-            Err(e) => return Err(e).context("TLS read"),
+            stream.take(taken);
+        }
+        send(udp, &mut to_udp)?;
+        if stream.closed() {
+            return Ok(());
         }
         if progress {
             continue;
@@ -127,12 +119,12 @@ pub fn bridge(
         let mut fds = [
             libc::pollfd {
                 fd: udp.fd().unwrap_or(-1),
-                events: if conn.wants_write() { 0 } else { libc::POLLIN },
+                events: if stream.sending() { 0 } else { libc::POLLIN },
                 revents: 0,
             },
             libc::pollfd {
-                fd: tls.as_raw_fd(),
-                events: libc::POLLIN | if conn.wants_write() { libc::POLLOUT } else { 0 },
+                fd: stream.socket().as_raw_fd(),
+                events: libc::POLLIN | if stream.sending() { libc::POLLOUT } else { 0 },
                 revents: 0,
             },
         ];
@@ -147,22 +139,51 @@ pub fn bridge(
     }
 }
 
-/// Sends every complete datagram rustls has decrypted to the worker, a batch at a time.
-/// Returns whether the other side's close_notify was reached.
+/// Up to `BURST` batches from the bridge socket, framed into `frames`.
+fn take_datagrams(
+    udp: &mut UdpSocket,
+    batch: &mut Batch,
+    frames: &mut Vec<u8>,
+    peer: &UdpPeer,
+    learnt: &mut Option<SocketAddr>,
+) -> anyhow::Result<()> {
+    for _ in 0..BURST {
+        batch.clear();
+        let received = udp.recv_batch(batch).context("bridge socket receive")?;
+        for i in 0..received {
+            if matches!(peer, UdpPeer::Learnt) {
+                *learnt = Some(batch.addr(i));
+            }
+            for datagram in batch.datagrams(i) {
+                if let Some(prefix) = length_prefix(datagram.len()).filter(|_| !datagram.is_empty())
+                {
+                    frames.extend_from_slice(&prefix);
+                    frames.extend_from_slice(datagram);
+                }
+            }
+        }
+        if received == 0 || frames.len() >= FRAMES {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Feeds stream bytes to the deframer and queues every datagram they complete for the
+/// worker at `to`, sending a batch whenever it fills.
 fn deliver(
-    conn: &mut Connection,
+    mut bytes: &[u8],
     deframer: &mut Deframer,
     udp: &mut UdpSocket,
     batch: &mut Batch,
-    peer: &UdpPeer,
-    learnt: Option<SocketAddr>,
-) -> anyhow::Result<bool> {
-    let to = match peer {
-        UdpPeer::Learnt => learnt,
-        UdpPeer::Port(port) => port.get().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))),
-    };
-    batch.clear();
-    let closed = loop {
+    to: Option<SocketAddr>,
+) -> anyhow::Result<()> {
+    while !bytes.is_empty() {
+        let space = deframer.space();
+        let n = space.len().min(bytes.len());
+        space[..n].copy_from_slice(&bytes[..n]);
+        deframer.filled(n);
+        bytes = &bytes[n..];
         while let Some(datagram) = deframer.next_datagram() {
             // Until the worker has spoken (client side) there is nowhere to deliver; like a
             // full socket buffer, that loses the datagram, which WireGuard retries.
@@ -176,18 +197,8 @@ fn deliver(
                 batch.commit(datagram.len(), to);
             }
         }
-        match conn.reader().read(deframer.space()) {
-            Ok(0) => break true,
-            Ok(n) => deframer.filled(n),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
-            Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
-                bail!("the TLS stream ended without close_notify (cut short)")
-            }
-            Err(e) => return Err(e).context("TLS read"),
-        }
-    };
-    send(udp, batch)?;
-    Ok(closed)
+    }
+    Ok(())
 }
 
 /// Sends the batch to the worker and empties it. What the socket refuses (a full buffer, the
@@ -212,7 +223,7 @@ pub fn bridge_socket() -> io::Result<UdpSocket> {
 pub fn run_client(
     name: String,
     mut udp: UdpSocket,
-    connect: impl Fn() -> anyhow::Result<(TcpStream, Connection)>,
+    connect: impl Fn() -> anyhow::Result<(TcpStream, Established)>,
     connected: impl Fn(),
 ) {
     let mut delay = BACKOFF.0;
@@ -221,11 +232,11 @@ pub fn run_client(
     loop {
         let started = Instant::now();
         match connect() {
-            Ok((tls, conn)) => {
+            Ok((tls, established)) => {
                 tracing::info!("{name}: WireGuard over TLS connected");
                 failures = 0;
                 connected();
-                let ended = bridge(&mut udp, &UdpPeer::Learnt, &mut learnt, tls, conn);
+                let ended = bridge(&mut udp, &UdpPeer::Learnt, &mut learnt, tls, established);
                 match ended {
                     Ok(()) => tracing::info!("{name}: the TLS stream was closed; reconnecting"),
                     Err(e) => tracing::warn!("{name}: TLS stream ended: {e:#}; reconnecting"),

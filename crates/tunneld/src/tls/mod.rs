@@ -11,6 +11,7 @@ mod datagrams;
 mod pool;
 mod records;
 mod relay;
+mod stream;
 
 use anyhow::Context;
 use rustls::crypto::CryptoProvider;
@@ -555,14 +556,18 @@ fn connection(
                     Ok(Some((relay, format!("forwarding to {to}"))))
                 }
                 TlsTarget::WireGuard => {
-                    let conn = rustls::ServerConnection::new(config)
+                    let conn = rustls::server::UnbufferedServerConnection::new(config)
                         .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
-                    let mut conn = rustls::Connection::from(conn);
-                    relay::handshake(&mut conn, &accepted).context("TLS handshake failed")?;
+                    let established = relay::handshake_for_records(
+                        relay::Unbuffered::Server(conn),
+                        &accepted,
+                        ring_has_faster_aes_gcm(),
+                    )
+                    .context("TLS handshake failed")?;
                     let mut udp = datagrams::bridge_socket().context("bridge socket")?;
                     tracing::info!(%peer, "WireGuard over TLS: stream accepted");
                     let target = datagrams::UdpPeer::Port(wg_port.clone());
-                    datagrams::bridge(&mut udp, &target, &mut None, accepted, conn)
+                    datagrams::bridge(&mut udp, &target, &mut None, accepted, established)
                         .context("WireGuard over TLS")?;
                     Ok(None)
                 }
@@ -658,17 +663,19 @@ impl TlsTransport {
                 handle.run_each(move |device, _| device.request_handshake(&key));
             }
         };
-        let connect = move || -> anyhow::Result<(TcpStream, rustls::Connection)> {
+        let connect = move || -> anyhow::Result<(TcpStream, relay::Established)> {
             let stream = connect(&remote)?;
             let server = ServerName::try_from(tls.server_name.clone())
                 .map_err(|e| anyhow::anyhow!("tls_server_name: {e}"))?;
-            let conn = rustls::ClientConnection::new(client.clone(), server)
+            let conn = rustls::client::UnbufferedClientConnection::new(client.clone(), server)
                 .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
-            let mut conn = rustls::Connection::from(conn);
-            relay::handshake(&mut conn, &stream).with_context(|| {
-                format!("TLS handshake with {remote} ({}) failed", tls.server_name)
-            })?;
-            Ok((stream, conn))
+            let established = relay::handshake_for_records(
+                relay::Unbuffered::Client(conn),
+                &stream,
+                ring_has_faster_aes_gcm(),
+            )
+            .with_context(|| format!("TLS handshake with {remote} ({}) failed", tls.server_name))?;
+            Ok((stream, established))
         };
         std::thread::Builder::new()
             .name(format!("{name}-tls"))

@@ -527,10 +527,12 @@ mod tests {
         let sock = TcpStream::connect(addr).unwrap();
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
         let conn = rustls::client::UnbufferedClientConnection::new(Arc::new(client), name).unwrap();
-        let (client, mut read) = handshake_for_records(Unbuffered::Client(conn), &sock, true)
-            .unwrap()
-            .into_parts();
-        let (server, _) = server.join().unwrap().into_parts();
+        let (client, received, end, _) =
+            handshake_for_records(Unbuffered::Client(conn), &sock, true)
+                .unwrap()
+                .into_parts();
+        let mut read = received[..end].to_vec();
+        let (server, ..) = server.join().unwrap().into_parts();
         sock.set_read_timeout(Some(Duration::from_millis(300)))
             .unwrap();
         let mut buf = [0; 4096];

@@ -4,8 +4,8 @@
 //! Backpressure is by construction: plaintext is read only once everything encrypted before
 //! it has left for the TLS socket, and TLS is read only once the plaintext it held has left
 //! for the plain socket. So a connection holds at most one chunk per direction, whatever the
-//! speeds of the two ends. Reads and writes are large (`CHUNK`), and rustls writes many
-//! records with one vectored call, to keep system calls few.
+//! speeds of the two ends. Reads and writes are large (`CHUNK`, many records per system
+//! call), to keep system calls few.
 //!
 //! Half-close: EOF on the plaintext side becomes a TLS close_notify (and a shutdown of the
 //! TLS socket's write side); a close_notify received becomes a shutdown of the plaintext
@@ -13,7 +13,8 @@
 //! an error or on a TLS stream cut without close_notify (a truncation that must not pass for
 //! a clean end).
 
-use super::records::{self, Kernel, Records};
+use super::records::{Kernel, Records};
+use super::stream::RecordStream;
 use super::ListenerStats;
 use anyhow::{bail, Context};
 use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
@@ -22,8 +23,7 @@ use rustls::unbuffered::{
     ConnectionState, EncodeError, InsufficientSizeError, UnbufferedConnectionCommon,
     UnbufferedStatus,
 };
-use rustls::Connection;
-use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -47,37 +47,6 @@ impl std::fmt::Display for ClosedEarly {
 
 impl std::error::Error for ClosedEarly {}
 
-/// Runs the handshake on a blocking socket, with a deadline.
-pub fn handshake(conn: &mut Connection, sock: &TcpStream) -> anyhow::Result<()> {
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-    let mut sock = sock;
-    while conn.is_handshaking() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            bail!("no answer within {HANDSHAKE_TIMEOUT:?}");
-        }
-        sock.set_read_timeout(Some(left))?;
-        sock.set_write_timeout(Some(left))?;
-        match conn.complete_io(&mut sock) {
-            Ok((0, 0)) if conn.is_handshaking() => return Err(ClosedEarly.into()),
-            Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Err(ClosedEarly.into()),
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                bail!("no answer within {HANDSHAKE_TIMEOUT:?}")
-            }
-            Err(e) => {
-                // Tell the other side why, when rustls has an alert queued.
-                let _ = conn.write_tls(&mut sock);
-                return Err(e.into());
-            }
-        }
-    }
-    // Leftover handshake bytes (a TLS 1.3 server's session tickets) go in the relay.
-    sock.set_read_timeout(None)?;
-    sock.set_write_timeout(None)?;
-    Ok(())
-}
-
 /// A TLS connection whose handshake is done, ready for [`Relay::new`].
 pub struct Established {
     records: Records,
@@ -88,11 +57,11 @@ pub struct Established {
     early: Vec<u8>,
 }
 
-#[cfg(test)]
 impl Established {
-    /// The record layer, and the bytes read past the handshake.
-    pub fn into_parts(self) -> (Records, Vec<u8>) {
-        (self.records, self.received[..self.received_end].to_vec())
+    /// The record layer, the receive buffer and how much of it is filled, and the early
+    /// plaintext.
+    pub fn into_parts(self) -> (Records, Box<[u8]>, usize, Vec<u8>) {
+        (self.records, self.received, self.received_end, self.early)
     }
 }
 
@@ -289,8 +258,6 @@ fn send_queued_alert<C: Process>(conn: &mut C, sock: &TcpStream, received: &mut 
     }
 }
 
-/// Record slots in the send buffer: plaintext is read into up to this many records at once.
-const SLOTS: usize = CHUNK / records::MAX_PLAINTEXT;
 /// Plaintext pieces written to the plaintext socket by one `writev`.
 const PIECES_PER_WRITE: usize = 64;
 
@@ -309,46 +276,24 @@ pub enum Step {
     Done,
 }
 
-/// One connection's relay after its handshake: both sockets (non-blocking), the record
-/// layer and the two buffers, one per direction. A relay worker (`pool.rs`) calls
-/// [`Relay::step`] whenever either socket reports readiness.
-///
-/// Towards TLS, plaintext is read (`readv`) straight into the plaintext slots of up to
-/// `SLOTS` records laid end to end in `sealed`, sealed in place, and written as one run.
-/// From TLS, bytes are read into `received`, whose whole records are opened in place, and
-/// their plaintext pieces written (`writev`) from there; only the start of a record left
-/// at the end moves to the front.
+/// One connection's relay after its handshake: the plaintext socket and the TLS stream
+/// (`stream.rs`), both non-blocking. A relay worker (`pool.rs`) calls [`Relay::step`]
+/// whenever either socket reports readiness. Plaintext is read (`readv`) straight into the
+/// stream's record slots, and the stream's opened plaintext written (`writev`) from where
+/// it was received: no copy between the system calls.
 pub struct Relay {
     plain: TcpStream,
-    tls: TcpStream,
-    records: Records,
-    /// Sealed records waiting for the TLS socket: `sealed[sealed_at..sealed_end]`.
-    sealed: Box<[u8]>,
-    sealed_at: usize,
-    sealed_end: usize,
-    /// TLS bytes read: `received[..received_end]`, whole records opened up to
-    /// `received_opened`.
-    received: Box<[u8]>,
-    received_end: usize,
-    received_opened: usize,
-    /// Plaintext in `received` not yet written: (start, length) pieces from `piece`, the
-    /// first of them `piece_written` bytes in.
-    pieces: Vec<(usize, usize)>,
-    piece: usize,
-    piece_written: usize,
+    stream: RecordStream,
     /// Plaintext rustls decrypted during the handshake, written before the rest.
     early: Vec<u8>,
-    tls_eof: bool,
     /// Plaintext side sent EOF (and close_notify is sealed).
     plain_done: bool,
-    /// TLS side sent close_notify (and, once written, the plain write side is shut).
-    tls_done: bool,
     plain_shut: bool,
     tls_shut: bool,
-    /// Whether a read of each socket may find something: set by readiness, cleared by
-    /// `WouldBlock`, so that a step does not spend a system call on a socket known empty.
+    /// Whether a read of the plaintext socket may find something: set by readiness,
+    /// cleared by `WouldBlock`, so that a step does not spend a system call on a socket
+    /// known empty.
     plain_readable: bool,
-    tls_readable: bool,
     /// The listener's counters, which the relay adds its bytes to.
     stats: Arc<ListenerStats>,
 }
@@ -362,41 +307,22 @@ impl Relay {
         stats: Arc<ListenerStats>,
     ) -> io::Result<Relay> {
         plain.set_nonblocking(true)?;
-        tls.set_nonblocking(true)?;
-        let Established {
-            records,
-            received,
-            received_end,
-            early,
-        } = established;
+        let (stream, early) = RecordStream::new(tls, established)?;
         Ok(Relay {
             plain,
-            tls,
-            records,
-            sealed: vec![0; SLOTS * records::FULL_RECORD].into_boxed_slice(),
-            sealed_at: 0,
-            sealed_end: 0,
-            received,
-            received_end,
-            received_opened: 0,
-            pieces: Vec::with_capacity(PIECES_PER_WRITE),
-            piece: 0,
-            piece_written: 0,
+            stream,
             early,
-            tls_eof: false,
             plain_done: false,
-            tls_done: false,
             plain_shut: false,
             tls_shut: false,
             plain_readable: true,
-            tls_readable: true,
             stats,
         })
     }
 
     /// The two sockets, for registering with a poller.
     pub fn sockets(&self) -> (&TcpStream, &TcpStream) {
-        (&self.plain, &self.tls)
+        (&self.plain, self.stream.socket())
     }
 
     /// Notes that the plaintext (`plain`) or the TLS socket may have something to read.
@@ -404,7 +330,7 @@ impl Relay {
         if plain {
             self.plain_readable = true;
         } else {
-            self.tls_readable = true;
+            self.stream.mark_readable();
         }
     }
 
@@ -415,18 +341,15 @@ impl Relay {
     /// stepped again soon, without an event.
     pub fn step(&mut self) -> anyhow::Result<Step> {
         for _ in 0..ROUNDS_PER_STEP {
-            let mut progress = self.sealed_out()?;
-            if self.plain_done && self.sealed_at == self.sealed_end && !self.tls_shut {
+            let mut progress = self.stream.flush()?;
+            if self.plain_done && !self.stream.sending() && !self.tls_shut {
                 // close_notify is out: half-close the TCP stream too.
-                let _ = self.tls.shutdown(Shutdown::Write);
+                let _ = self.stream.socket().shutdown(Shutdown::Write);
                 self.tls_shut = true;
             }
             progress |= self.plaintext_in()?;
-            progress |= match self.plaintext_out() {
-                Err(e) => return Err(self.refused(e)),
-                Ok(p) => p,
-            };
-            if self.plain_done && self.tls_done && self.tls_shut && self.plain_shut {
+            progress |= self.plaintext_out()?;
+            if self.plain_done && self.stream.closed() && self.tls_shut && self.plain_shut {
                 return Ok(Step::Done);
             }
             if !progress {
@@ -436,79 +359,23 @@ impl Relay {
         Ok(Step::Busy)
     }
 
-    /// Tells the other side, best effort, why a record of its ends the connection.
-    fn refused(&mut self, e: anyhow::Error) -> anyhow::Error {
-        if let Some(refused) = e.downcast_ref::<records::Refused>() {
-            let mut alert = [0; 64];
-            if let Ok(n) = self.records.alert(&mut alert, refused.alert) {
-                let _ = self.tls.write(&alert[..n]);
-            }
-        }
-        e.context("TLS")
-    }
-
-    /// Writes sealed records to the TLS socket until it takes no more. Returns whether
-    /// anything was written.
-    fn sealed_out(&mut self) -> anyhow::Result<bool> {
-        let mut wrote = false;
-        while self.sealed_at < self.sealed_end {
-            match self
-                .tls
-                .write(&self.sealed[self.sealed_at..self.sealed_end])
-            {
-                Ok(0) => bail!("the TLS socket accepts no more data"),
-                Ok(n) => {
-                    self.sealed_at += n;
-                    wrote = true;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e).context("TLS write"),
-            }
-        }
-        Ok(wrote)
-    }
-
     /// Plaintext in, sealed into records, once the TLS side has taken everything before it.
     /// A KeyUpdate that is due goes first, on its own.
     fn plaintext_in(&mut self) -> anyhow::Result<bool> {
-        if self.plain_done || self.sealed_at < self.sealed_end || !self.plain_readable {
+        if self.plain_done || self.stream.sending() || !self.plain_readable {
             return Ok(false);
         }
-        (self.sealed_at, self.sealed_end) = (0, 0);
-        let due = self.records.due(&mut self.sealed, SLOTS as u64)?;
-        if due > 0 {
-            self.sealed_end = due;
+        if self.stream.seal_due()? {
             return Ok(true);
         }
-        let read = {
-            let mut slots: [IoSliceMut<'_>; SLOTS] =
-                std::array::from_fn(|_| IoSliceMut::new(&mut []));
-            for (slot, record) in slots
-                .iter_mut()
-                .zip(self.sealed.chunks_exact_mut(records::FULL_RECORD))
-            {
-                *slot = IoSliceMut::new(&mut record[5..5 + records::MAX_PLAINTEXT]);
-            }
-            self.plain.read_vectored(&mut slots)
-        };
+        let read = self.plain.read_vectored(&mut self.stream.slots());
         match read {
             Ok(0) => {
                 self.plain_done = true;
-                self.sealed_end = self.records.close_notify(&mut self.sealed)?;
+                self.stream.seal_close_notify()?;
             }
             Ok(n) => {
-                // The read filled whole slots before the last, so the records lie end to end.
-                let mut left = n;
-                for record in self.sealed.chunks_exact_mut(records::FULL_RECORD) {
-                    if left == 0 {
-                        break;
-                    }
-                    let len = left.min(records::MAX_PLAINTEXT);
-                    let size = self.records.seal(record, len, records::APPLICATION_DATA)?;
-                    self.sealed_end += size;
-                    left -= len;
-                }
+                self.stream.seal(n)?;
                 self.stats
                     .to_tls_bytes
                     .fetch_add(n as u64, Ordering::Relaxed);
@@ -523,48 +390,19 @@ impl Relay {
         Ok(true)
     }
 
-    /// Plaintext out: what the handshake left, the pieces of records already opened, and
-    /// (once both are written) one large read from the TLS socket, its whole records opened.
+    /// Plaintext out: what the handshake left, the stream's opened pieces, and (once both
+    /// are written) the next records from the TLS socket.
     fn plaintext_out(&mut self) -> anyhow::Result<bool> {
         let mut progress = self.write_early()?;
         if !self.early.is_empty() {
             return Ok(progress);
         }
-        progress |= self.write_pieces()?;
-        if self.piece < self.pieces.len() {
-            return Ok(progress);
+        progress |= self.write_pending()?;
+        if !self.stream.has_pending() && !self.stream.closed() {
+            progress |= self.stream.receive()?;
+            progress |= self.write_pending()?;
         }
-        if !self.tls_done {
-            // Every piece is out: keep only the start of a record, then read behind it.
-            self.pieces.clear();
-            (self.piece, self.piece_written) = (0, 0);
-            self.received
-                .copy_within(self.received_opened..self.received_end, 0);
-            self.received_end -= self.received_opened;
-            self.received_opened = 0;
-            if !self.tls_eof && self.tls_readable {
-                let before = self.received_end;
-                match self.tls.read(&mut self.received[self.received_end..]) {
-                    Ok(0) => self.tls_eof = true,
-                    Ok(n) => self.received_end += n,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => self.tls_readable = false,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e).context("TLS read"),
-                }
-                progress |= self.tls_eof || self.received_end > before;
-            }
-            let opened = self
-                .records
-                .open(&mut self.received[..self.received_end], &mut self.pieces)?;
-            self.received_opened = opened.consumed;
-            self.tls_done = opened.close_notify;
-            if self.tls_eof && !self.tls_done {
-                // A clean end comes with close_notify; without it the stream was cut.
-                bail!("the TLS stream ended without close_notify (cut short)");
-            }
-            progress |= self.write_pieces()?;
-        }
-        if self.tls_done && self.piece == self.pieces.len() && !self.plain_shut {
+        if self.stream.closed() && !self.stream.has_pending() && !self.plain_shut {
             let _ = self.plain.shutdown(Shutdown::Write);
             self.plain_shut = true;
             progress = true;
@@ -592,38 +430,20 @@ impl Relay {
         Ok(progress)
     }
 
-    /// Writes the opened plaintext pieces until the socket takes no more.
-    fn write_pieces(&mut self) -> anyhow::Result<bool> {
+    /// Writes the stream's opened plaintext until the socket takes no more.
+    fn write_pending(&mut self) -> anyhow::Result<bool> {
         let mut progress = false;
-        while self.piece < self.pieces.len() {
+        while self.stream.has_pending() {
             let mut iov = [IoSlice::new(&[]); PIECES_PER_WRITE];
-            let mut count = 0;
-            for (i, &(start, len)) in self.pieces[self.piece..]
-                .iter()
-                .take(PIECES_PER_WRITE)
-                .enumerate()
-            {
-                let skip = if i == 0 { self.piece_written } else { 0 };
-                iov[i] = IoSlice::new(&self.received[start + skip..start + len]);
-                count += 1;
-            }
+            let count = self.stream.pending(&mut iov);
             match self.plain.write_vectored(&iov[..count]) {
                 Ok(0) => bail!("the plaintext socket accepts no more data"),
-                Ok(mut n) => {
+                Ok(n) => {
+                    self.stream.take(n);
                     self.stats
                         .from_tls_bytes
                         .fetch_add(n as u64, Ordering::Relaxed);
                     progress = true;
-                    while n > 0 {
-                        let left = self.pieces[self.piece].1 - self.piece_written;
-                        if n < left {
-                            self.piece_written += n;
-                            break;
-                        }
-                        n -= left;
-                        self.piece += 1;
-                        self.piece_written = 0;
-                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -632,20 +452,4 @@ impl Relay {
         }
         Ok(progress)
     }
-}
-
-/// Writes the TLS records rustls has ready to the non-blocking `tls` socket until it takes no
-/// more. Returns whether anything was written.
-pub fn flush_tls(conn: &mut Connection, tls: &mut TcpStream) -> anyhow::Result<bool> {
-    let mut wrote = false;
-    while conn.wants_write() {
-        match conn.write_tls(tls) {
-            Ok(0) => bail!("the TLS socket accepts no more data"),
-            Ok(_) => wrote = true,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e).context("TLS write"),
-        }
-    }
-    Ok(wrote)
 }

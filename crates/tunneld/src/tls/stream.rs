@@ -1,0 +1,238 @@
+//! The TLS side of a connection after its handshake: the socket (non-blocking), the record
+//! layer (`records.rs`) and one buffer per direction. Used by the forwarding relay
+//! (`relay.rs`) and the WireGuard-over-TLS bridge (`datagrams.rs`).
+//!
+//! Going out, the user fills the plaintext slots of up to `SLOTS` records laid end to end
+//! (`slots`: a `readv` straight from a socket, or a copy), which are sealed where they lie
+//! and written as one run. Coming in, one large read is opened in place and its plaintext
+//! handed out as pieces of the receive buffer (`pending`, `take`); only the start of a
+//! record left at its end moves to the front before the next read. One buffer each way is
+//! also the backpressure: nothing more is sealed until the socket has taken the last run,
+//! nothing more is read until the pieces have been taken.
+
+use super::records::{self, Records};
+use super::relay::{Established, CHUNK};
+use anyhow::{bail, Context};
+use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read, Write};
+use std::net::TcpStream;
+
+/// Record slots in the send buffer.
+pub const SLOTS: usize = CHUNK / records::MAX_PLAINTEXT;
+
+pub struct RecordStream {
+    tls: TcpStream,
+    records: Records,
+    /// Sealed records waiting for the socket: `sealed[sealed_at..sealed_end]`.
+    sealed: Box<[u8]>,
+    sealed_at: usize,
+    sealed_end: usize,
+    /// Bytes read: `received[..received_end]`, whole records opened up to
+    /// `received_opened`.
+    received: Box<[u8]>,
+    received_end: usize,
+    received_opened: usize,
+    /// Plaintext in `received` not yet taken: (start, length) pieces from `piece`, the first
+    /// of them `piece_taken` bytes in.
+    pieces: Vec<(usize, usize)>,
+    piece: usize,
+    piece_taken: usize,
+    eof: bool,
+    /// The other side's close_notify has come.
+    closed: bool,
+    /// Whether a read may find something: set by readiness, cleared by `WouldBlock`.
+    readable: bool,
+}
+
+impl RecordStream {
+    /// The stream of an established connection, and the plaintext rustls decrypted with the
+    /// handshake's last messages (to be delivered before anything `pending` gives).
+    pub fn new(tls: TcpStream, established: Established) -> io::Result<(RecordStream, Vec<u8>)> {
+        tls.set_nonblocking(true)?;
+        let (records, received, received_end, early) = established.into_parts();
+        let stream = RecordStream {
+            tls,
+            records,
+            sealed: vec![0; SLOTS * records::FULL_RECORD].into_boxed_slice(),
+            sealed_at: 0,
+            sealed_end: 0,
+            received,
+            received_end,
+            received_opened: 0,
+            pieces: Vec::with_capacity(64),
+            piece: 0,
+            piece_taken: 0,
+            eof: false,
+            closed: false,
+            readable: true,
+        };
+        Ok((stream, early))
+    }
+
+    pub fn socket(&self) -> &TcpStream {
+        &self.tls
+    }
+
+    /// Notes that the socket may have something to read.
+    pub fn mark_readable(&mut self) {
+        self.readable = true;
+    }
+
+    /// Whether the other side's close_notify has come (nothing after it is read).
+    pub fn closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Whether sealed records still wait for the socket (then nothing more may be sealed).
+    pub fn sending(&self) -> bool {
+        self.sealed_at < self.sealed_end
+    }
+
+    /// Writes sealed records until the socket takes no more. Returns whether it took any.
+    pub fn flush(&mut self) -> anyhow::Result<bool> {
+        let mut wrote = false;
+        while self.sending() {
+            match self
+                .tls
+                .write(&self.sealed[self.sealed_at..self.sealed_end])
+            {
+                Ok(0) => bail!("the TLS socket accepts no more data"),
+                Ok(n) => {
+                    self.sealed_at += n;
+                    wrote = true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e).context("TLS write"),
+            }
+        }
+        Ok(wrote)
+    }
+
+    /// Seals a KeyUpdate if one is due (asked for, or the key has sealed enough); it must be
+    /// flushed before more is sealed. Call only when not `sending`.
+    pub fn seal_due(&mut self) -> anyhow::Result<bool> {
+        let n = self.records.due(&mut self.sealed, SLOTS as u64)?;
+        (self.sealed_at, self.sealed_end) = (0, n);
+        Ok(n > 0)
+    }
+
+    /// The plaintext slots of the next run of records, to fill in order (each whole before
+    /// the next), then [`RecordStream::seal`]. Call only when not `sending`.
+    pub fn slots(&mut self) -> [IoSliceMut<'_>; SLOTS] {
+        let mut slots: [IoSliceMut<'_>; SLOTS] = std::array::from_fn(|_| IoSliceMut::new(&mut []));
+        for (slot, record) in slots
+            .iter_mut()
+            .zip(self.sealed.chunks_exact_mut(records::FULL_RECORD))
+        {
+            *slot = IoSliceMut::new(&mut record[5..5 + records::MAX_PLAINTEXT]);
+        }
+        slots
+    }
+
+    /// Seals the `n` bytes of plaintext put in the slots and queues them for the socket.
+    pub fn seal(&mut self, n: usize) -> anyhow::Result<()> {
+        (self.sealed_at, self.sealed_end) = (0, 0);
+        let mut left = n;
+        // Every slot before the last is full, so the records lie end to end.
+        for record in self.sealed.chunks_exact_mut(records::FULL_RECORD) {
+            if left == 0 {
+                break;
+            }
+            let len = left.min(records::MAX_PLAINTEXT);
+            self.sealed_end += self.records.seal(record, len, records::APPLICATION_DATA)?;
+            left -= len;
+        }
+        Ok(())
+    }
+
+    /// Queues a close_notify (the end of what this side sends).
+    pub fn seal_close_notify(&mut self) -> anyhow::Result<()> {
+        let n = self.records.close_notify(&mut self.sealed)?;
+        (self.sealed_at, self.sealed_end) = (0, n);
+        Ok(())
+    }
+
+    /// Reads and opens the next records, once every piece before has been taken. Returns
+    /// whether anything came. A stream cut without close_notify is an error, and so is a
+    /// record that breaks the protocol (the other side is told why, best effort).
+    pub fn receive(&mut self) -> anyhow::Result<bool> {
+        if self.piece < self.pieces.len() || self.closed {
+            return Ok(false);
+        }
+        self.pieces.clear();
+        (self.piece, self.piece_taken) = (0, 0);
+        self.received
+            .copy_within(self.received_opened..self.received_end, 0);
+        self.received_end -= self.received_opened;
+        self.received_opened = 0;
+        let mut came = false;
+        if !self.eof && self.readable {
+            let before = self.received_end;
+            match self.tls.read(&mut self.received[self.received_end..]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.received_end += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => self.readable = false,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e).context("TLS read"),
+            }
+            came = self.eof || self.received_end > before;
+        }
+        let opened = match self
+            .records
+            .open(&mut self.received[..self.received_end], &mut self.pieces)
+        {
+            Ok(opened) => opened,
+            Err(e) => return Err(self.refused(e)),
+        };
+        self.received_opened = opened.consumed;
+        self.closed = opened.close_notify;
+        if self.eof && !self.closed {
+            bail!("the TLS stream ended without close_notify (cut short)");
+        }
+        Ok(came)
+    }
+
+    /// Tells the other side, best effort, why its record ends the connection.
+    fn refused(&mut self, e: anyhow::Error) -> anyhow::Error {
+        if let Some(refused) = e.downcast_ref::<records::Refused>() {
+            let mut alert = [0; 64];
+            if let Ok(n) = self.records.alert(&mut alert, refused.alert) {
+                let _ = self.tls.write(&alert[..n]);
+            }
+        }
+        e.context("TLS")
+    }
+
+    /// Whether opened plaintext waits to be taken.
+    pub fn has_pending(&self) -> bool {
+        self.piece < self.pieces.len()
+    }
+
+    /// The plaintext not yet taken, in order, as up to `iov.len()` slices; returns how many.
+    pub fn pending<'a>(&'a self, iov: &mut [IoSlice<'a>]) -> usize {
+        let mut count = 0;
+        for (i, &(start, len)) in self.pieces[self.piece..].iter().enumerate() {
+            if count == iov.len() {
+                break;
+            }
+            let skip = if i == 0 { self.piece_taken } else { 0 };
+            iov[count] = IoSlice::new(&self.received[start + skip..start + len]);
+            count += 1;
+        }
+        count
+    }
+
+    /// Marks the first `n` bytes of the pending plaintext taken.
+    pub fn take(&mut self, mut n: usize) {
+        while n > 0 && self.piece < self.pieces.len() {
+            let left = self.pieces[self.piece].1 - self.piece_taken;
+            if n < left {
+                self.piece_taken += n;
+                return;
+            }
+            n -= left;
+            self.piece += 1;
+            self.piece_taken = 0;
+        }
+    }
+}
