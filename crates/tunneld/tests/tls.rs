@@ -209,6 +209,11 @@ impl Drop for TlsGateway {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            // A panic on a connection's thread leaves the process running: the log tells.
+            let log = self.log_text();
+            if !std::thread::panicking() && log.contains("panicked at") {
+                panic!("tunneld panicked ({}):\n{log}", self.log.display());
+            }
             if std::thread::panicking() {
                 eprintln!(
                     "--- tunneld log ({}) ---\n{}",

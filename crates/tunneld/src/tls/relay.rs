@@ -240,20 +240,15 @@ fn timed_out(e: io::Error, doing: &str) -> anyhow::Error {
 }
 
 /// After a handshake error, sends the alert rustls queued for it (best effort), so the
-/// other side learns why.
+/// other side learns why. rustls hands a queued record out before it looks at the input
+/// again; asking once more would make it read the offending bytes a second time.
 fn send_queued_alert<C: Process>(conn: &mut C, sock: &TcpStream, received: &mut [u8]) {
     let mut sock = sock;
-    for _ in 0..4 {
-        // The bytes rustls has seen go back in: it may hold positions in them.
-        match conn.process(received).state {
-            Ok(ConnectionState::EncodeTlsData(mut data)) => {
-                let mut alert = [0; 256];
-                if let Ok(n) = data.encode(&mut alert) {
-                    let _ = sock.write_all(&alert[..n]);
-                }
-            }
-            Ok(ConnectionState::TransmitTlsData(transmit)) => transmit.done(),
-            _ => return,
+    // The bytes rustls has seen go back in: it may hold positions in them.
+    if let Ok(ConnectionState::EncodeTlsData(mut data)) = conn.process(received).state {
+        let mut alert = [0; 256];
+        if let Ok(n) = data.encode(&mut alert) {
+            let _ = sock.write_all(&alert[..n]);
         }
     }
 }
