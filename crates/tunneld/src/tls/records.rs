@@ -21,7 +21,8 @@ use rustls::kernel::KernelConnection;
 use rustls::server::ServerConnectionData;
 use rustls::{AlertDescription, ConnectionTrafficSecrets, ExtractedSecrets, SupportedCipherSuite};
 
-const HEADER: usize = 5;
+/// A record header's size: type, legacy version, length.
+pub const HEADER: usize = 5;
 const TAG: usize = 16;
 /// The most plaintext one record carries.
 pub const MAX_PLAINTEXT: usize = 16 * 1024;
@@ -257,7 +258,7 @@ impl Records {
         })
     }
 
-    /// Seals the `len` bytes of plaintext at `buf[5..5 + len]` into one record of type
+    /// Seals the `len` bytes of plaintext at `buf[HEADER..HEADER + len]` into one record of type
     /// `content_type` at the front of `buf`, in place (`buf` has room for 17 more bytes after
     /// them; `len` is at most [`MAX_PLAINTEXT`]). Returns the record's size.
     pub fn seal(&mut self, buf: &mut [u8], len: usize, content_type: u8) -> anyhow::Result<usize> {

@@ -124,7 +124,9 @@ impl RecordStream {
             .iter_mut()
             .zip(self.sealed.chunks_exact_mut(records::FULL_RECORD))
         {
-            *slot = IoSliceMut::new(&mut record[5..5 + records::MAX_PLAINTEXT]);
+            *slot = IoSliceMut::new(
+                &mut record[records::HEADER..records::HEADER + records::MAX_PLAINTEXT],
+            );
         }
         slots
     }
