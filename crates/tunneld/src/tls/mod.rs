@@ -540,30 +540,22 @@ fn connection(
             wg_port,
         } => {
             let config = config.read().unwrap_or_else(|p| p.into_inner()).clone();
+            let conn = rustls::server::UnbufferedServerConnection::new(config)
+                .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
+            let established = relay::handshake_for_records(
+                relay::Unbuffered::Server(conn),
+                &accepted,
+                ring_has_faster_aes_gcm(),
+            )
+            .context("TLS handshake failed")?;
             match &listen.forward_to {
                 TlsTarget::Tcp(to) => {
-                    let conn = rustls::server::UnbufferedServerConnection::new(config)
-                        .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
-                    let established = relay::handshake_for_records(
-                        relay::Unbuffered::Server(conn),
-                        &accepted,
-                        ring_has_faster_aes_gcm(),
-                    )
-                    .context("TLS handshake failed")?;
                     let target = connect(to)?;
                     tracing::debug!(%peer, target = %to, "TLS connection up");
                     let relay = relay::Relay::new(target, accepted, established, stats)?;
                     Ok(Some((relay, format!("forwarding to {to}"))))
                 }
                 TlsTarget::WireGuard => {
-                    let conn = rustls::server::UnbufferedServerConnection::new(config)
-                        .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
-                    let established = relay::handshake_for_records(
-                        relay::Unbuffered::Server(conn),
-                        &accepted,
-                        ring_has_faster_aes_gcm(),
-                    )
-                    .context("TLS handshake failed")?;
                     let mut udp = datagrams::bridge_socket().context("bridge socket")?;
                     tracing::info!(%peer, "WireGuard over TLS: stream accepted");
                     let target = datagrams::UdpPeer::Port(wg_port.clone());

@@ -495,9 +495,9 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    /// Both ends of a real handshake over loopback (rustls, the production handshake code),
-    /// as record layers, the client's having taken the server's session tickets.
-    fn pair() -> (Records, Records) {
+    /// A server config with a fresh self-signed certificate and a client config that
+    /// trusts it, both for tunneld's record layer.
+    fn configs() -> (rustls::ServerConfig, rustls::ClientConfig) {
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         let der = cert.cert.der().clone();
         let key =
@@ -517,7 +517,13 @@ mod tests {
             .with_root_certificates(roots)
             .with_no_client_auth();
         client.enable_secret_extraction = true;
+        (server, client)
+    }
 
+    /// Both ends of a real handshake over loopback (rustls, the production handshake code),
+    /// as record layers, the client's having taken the server's session tickets.
+    fn pair() -> (Records, Records) {
+        let (server, client) = configs();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
@@ -528,12 +534,10 @@ mod tests {
         let sock = TcpStream::connect(addr).unwrap();
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
         let conn = rustls::client::UnbufferedClientConnection::new(Arc::new(client), name).unwrap();
-        let (client, received, end, _) =
-            handshake_for_records(Unbuffered::Client(conn), &sock, true)
-                .unwrap()
-                .into_parts();
-        let mut read = received[..end].to_vec();
-        let (server, ..) = server.join().unwrap().into_parts();
+        let client = handshake_for_records(Unbuffered::Client(conn), &sock, true).unwrap();
+        let mut read = client.received[..client.received_end].to_vec();
+        let client = client.records;
+        let server = server.join().unwrap().records;
         sock.set_read_timeout(Some(Duration::from_millis(300)))
             .unwrap();
         let mut buf = [0; 4096];
@@ -572,6 +576,38 @@ mod tests {
         e.downcast_ref::<Refused>()
             .unwrap_or_else(|| panic!("not a refusal: {e:#}"))
             .alert
+    }
+
+    #[test]
+    fn a_request_and_its_close_sent_with_the_clients_finished_are_kept() {
+        let (server, client) = configs();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
+            handshake_for_records(Unbuffered::Server(conn), &sock, true)
+        });
+        // rustls's buffered client, held back so that its Finished, what was written
+        // early and the close_notify leave in one write.
+        let mut sock = TcpStream::connect(addr).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut conn = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+        std::io::Write::write_all(&mut conn.writer(), b"request").unwrap();
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        while conn.is_handshaking() {
+            conn.read_tls(&mut sock).unwrap();
+            conn.process_new_packets().unwrap();
+        }
+        conn.send_close_notify();
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        let established = server.join().unwrap().expect("the handshake completes");
+        assert_eq!(established.early, b"request");
+        assert!(established.peer_closed);
     }
 
     #[test]

@@ -47,22 +47,18 @@ impl std::fmt::Display for ClosedEarly {
 
 impl std::error::Error for ClosedEarly {}
 
-/// A TLS connection whose handshake is done, ready for [`Relay::new`].
+/// A TLS connection whose handshake is done, ready for [`Relay::new`] (through
+/// `stream.rs`).
 pub struct Established {
-    records: Records,
+    pub(super) records: Records,
     /// The receive buffer, holding `received_end` bytes read past the handshake.
-    received: Box<[u8]>,
-    received_end: usize,
+    pub(super) received: Box<[u8]>,
+    pub(super) received_end: usize,
     /// Application data rustls decrypted with the handshake's last messages.
-    early: Vec<u8>,
-}
-
-impl Established {
-    /// The record layer, the receive buffer and how much of it is filled, and the early
-    /// plaintext.
-    pub fn into_parts(self) -> (Records, Box<[u8]>, usize, Vec<u8>) {
-        (self.records, self.received, self.received_end, self.early)
-    }
+    pub(super) early: Vec<u8>,
+    /// The other side's close_notify came with them too (a short request and its
+    /// half-close can arrive with the client's Finished).
+    pub(super) peer_closed: bool,
 }
 
 /// A connection to run the handshake of with [`handshake_for_records`].
@@ -80,7 +76,7 @@ pub fn handshake_for_records(
 ) -> anyhow::Result<Established> {
     let mut received = vec![0; CHUNK].into_boxed_slice();
     let mut early = Vec::new();
-    let (received_end, secrets, kernel) = match conn {
+    let ((received_end, peer_closed), secrets, kernel) = match conn {
         Unbuffered::Client(mut conn) => {
             let end = drive_handshake(&mut *conn, sock, &mut received, &mut early)?;
             let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
@@ -99,18 +95,20 @@ pub fn handshake_for_records(
         received,
         received_end,
         early,
+        peer_closed,
     })
 }
 
 /// Drives rustls's unbuffered state machine until the handshake is over and nothing is
 /// left to send. Returns how many bytes at the front of `received` are past the handshake
-/// (the start of the records that follow).
+/// (the start of the records that follow), and whether the other side's close_notify has
+/// already come.
 fn drive_handshake<C: Process>(
     conn: &mut C,
     sock: &TcpStream,
     received: &mut [u8],
     early: &mut Vec<u8>,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<(usize, bool)> {
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let mut sock = sock;
     let mut received_end = 0;
@@ -133,7 +131,7 @@ fn drive_handshake<C: Process>(
                 return Err(e.into());
             }
         };
-        let mut read_more = false;
+        let (mut read_more, mut peer_closed) = (false, false);
         match state {
             ConnectionState::ReadTraffic(mut traffic) => {
                 while let Some(record) = traffic.next_record() {
@@ -164,17 +162,26 @@ fn drive_handshake<C: Process>(
                 // A server may write once its own flight is out, before the client's last
                 // message: the handshake is over only when that has come too.
                 if !conn.handshaking() {
-                    return Ok(received_end);
+                    return Ok((received_end, false));
                 }
                 read_more = true;
             }
             ConnectionState::BlockedHandshake => read_more = true,
-            ConnectionState::PeerClosed | ConnectionState::Closed => return Err(ClosedEarly.into()),
+            ConnectionState::PeerClosed => peer_closed = true,
+            ConnectionState::Closed => return Err(ClosedEarly.into()),
             other => bail!("TLS: unexpected handshake state {other:?}"),
         }
         if discard > 0 {
             received.copy_within(discard..received_end, 0);
             received_end -= discard;
+        }
+        if peer_closed {
+            // Closed in the handshake: a probe. After it: a request sent with the client's
+            // last handshake message, already complete.
+            if conn.handshaking() {
+                return Err(ClosedEarly.into());
+            }
+            return Ok((received_end, true));
         }
         if read_more {
             if received_end == received.len() {
@@ -408,19 +415,12 @@ impl Relay {
     fn write_early(&mut self) -> anyhow::Result<bool> {
         let mut progress = false;
         while !self.early.is_empty() {
-            match self.plain.write(&self.early) {
-                Ok(0) => bail!("the plaintext socket accepts no more data"),
-                Ok(n) => {
-                    self.early.drain(..n);
-                    self.stats
-                        .from_tls_bytes
-                        .fetch_add(n as u64, Ordering::Relaxed);
-                    progress = true;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e).context("plaintext write"),
-            }
+            let iov = [IoSlice::new(&self.early)];
+            let Some(n) = write_plain(&mut self.plain, &self.stats, &iov)? else {
+                break;
+            };
+            self.early.drain(..n);
+            progress = true;
         }
         Ok(progress)
     }
@@ -431,20 +431,32 @@ impl Relay {
         while self.stream.has_pending() {
             let mut iov = [IoSlice::new(&[]); PIECES_PER_WRITE];
             let count = self.stream.pending(&mut iov);
-            match self.plain.write_vectored(&iov[..count]) {
-                Ok(0) => bail!("the plaintext socket accepts no more data"),
-                Ok(n) => {
-                    self.stream.take(n);
-                    self.stats
-                        .from_tls_bytes
-                        .fetch_add(n as u64, Ordering::Relaxed);
-                    progress = true;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e).context("plaintext write"),
-            }
+            let Some(n) = write_plain(&mut self.plain, &self.stats, &iov[..count])? else {
+                break;
+            };
+            self.stream.take(n);
+            progress = true;
         }
         Ok(progress)
+    }
+}
+
+/// One `writev` to the plaintext socket, counted; `None` when it would block.
+fn write_plain(
+    plain: &mut TcpStream,
+    stats: &ListenerStats,
+    iov: &[IoSlice<'_>],
+) -> anyhow::Result<Option<usize>> {
+    loop {
+        match plain.write_vectored(iov) {
+            Ok(0) => bail!("the plaintext socket accepts no more data"),
+            Ok(n) => {
+                stats.from_tls_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                return Ok(Some(n));
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("plaintext write"),
+        }
     }
 }

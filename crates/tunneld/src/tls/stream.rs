@@ -48,7 +48,13 @@ impl RecordStream {
     /// handshake's last messages (to be delivered before anything `pending` gives).
     pub fn new(tls: TcpStream, established: Established) -> io::Result<(RecordStream, Vec<u8>)> {
         tls.set_nonblocking(true)?;
-        let (records, received, received_end, early) = established.into_parts();
+        let Established {
+            records,
+            received,
+            received_end,
+            early,
+            peer_closed,
+        } = established;
         let stream = RecordStream {
             tls,
             records,
@@ -62,7 +68,7 @@ impl RecordStream {
             piece: 0,
             piece_taken: 0,
             eof: false,
-            closed: false,
+            closed: peer_closed,
             readable: true,
         };
         Ok((stream, early))
