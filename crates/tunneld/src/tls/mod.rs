@@ -3,7 +3,9 @@
 //!
 //! A thread per listener accepts; a short-lived thread per connection connects and runs the
 //! handshake, then hands the connection to the relay workers, one event loop per CPU, which
-//! relay both directions with non-blocking sockets (`pool.rs`, `relay.rs`). The TLS settings of
+//! relay both directions with non-blocking sockets (`pool.rs`, `relay.rs`), records sealed and
+//! opened in place by tunneld's own record layer once rustls's handshake is done
+//! (`stream.rs`, `records.rs`). The TLS settings of
 //! each listener sit behind a lock taken once per accepted connection, so SIGHUP can swap in
 //! re-read certificates while live connections keep the ones they started with.
 

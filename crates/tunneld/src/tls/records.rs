@@ -219,7 +219,7 @@ fn refuse<T>(alert: AlertDescription, why: impl Into<String>) -> anyhow::Result<
 }
 
 /// What [`Records::open`] found in a buffer of TLS bytes.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Opened {
     /// Bytes of whole records used; the rest is the start of a record.
     pub consumed: usize,
