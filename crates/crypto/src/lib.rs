@@ -3,12 +3,15 @@
 //! Keys are 32 bytes, written as standard base64 (44 characters) exactly like `wg genkey`,
 //! `wg pubkey` and `wg genpsk`. Secret keys zeroize on drop and never print themselves:
 //! their `Debug` shows only that they are secret. This crate does no networking.
+//!
+//! [`aead`] is WireGuard's transport AEAD (ChaCha20-Poly1305 on data messages, in place).
 
 #![forbid(unsafe_code)]
 // Input from the network, config files and the UAPI socket must never panic: no unwrap or
 // expect outside tests (an invariant that cannot fail says so with an `allow` and a reason).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod aead;
 mod keyfile;
 mod keys;
 

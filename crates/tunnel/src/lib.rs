@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod device;
 pub mod framing;
+pub mod noise;
 pub mod packet;
 mod peer;
 pub mod sink;

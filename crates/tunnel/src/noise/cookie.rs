@@ -1,0 +1,433 @@
+//! WireGuard's cookies (section 5.4.7 of the WireGuard paper): under load a responder answers a
+//! handshake message that lacks a valid mac2 with a cookie reply instead of doing any
+//! Diffie-Hellman. The cookie is a MAC of the sender's address, so a sender must own the
+//! address it claims before it can make the responder work.
+
+use super::handshake::{
+    array, ct_eq, mac, HandshakeError, LocalIdentity, PeerIdentity, COOKIE_REPLY_LEN,
+    INITIATION_LEN, MSG_COOKIE_REPLY, MSG_INITIATION, MSG_RESPONSE, RESPONSE_LEN,
+};
+use chacha20poly1305::aead::AeadInPlace;
+use chacha20poly1305::{Key, KeyInit as _, Tag, XChaCha20Poly1305, XNonce};
+use rand_core::{CryptoRng, RngCore};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+use zeroize::Zeroizing;
+
+/// How long the responder's cookie secret lives (the protocol's two minutes).
+const SECRET_LIFETIME: Duration = Duration::from_secs(120);
+
+/// Cookie reply fields.
+const RECEIVER: usize = 4;
+const NONCE: usize = 8;
+const COOKIE: usize = 32;
+const TAG: usize = 48;
+
+/// The responder's side of cookies: a random secret, renewed every two minutes, that cookies
+/// are made from. Time comes in as `now`.
+pub struct CookieJar {
+    secret: Zeroizing<[u8; 32]>,
+    /// When the secret was first used; `None` until then, since `new` has no `now`.
+    born: Option<Instant>,
+}
+
+impl CookieJar {
+    pub fn new(rng: &mut (impl RngCore + CryptoRng)) -> Self {
+        let mut secret = Zeroizing::new([0u8; 32]);
+        rng.fill_bytes(&mut *secret);
+        Self { secret, born: None }
+    }
+
+    /// Whether `msg`, an initiation or a response, carries a mac2 made with the cookie we
+    /// would give `source` now. Check mac1 first ([`LocalIdentity::verify_mac1`]): mac2 only
+    /// says that the sender owns its address.
+    pub fn mac2_valid(
+        &mut self,
+        msg: &[u8],
+        source: SocketAddr,
+        now: Instant,
+        rng: &mut (impl RngCore + CryptoRng),
+    ) -> bool {
+        if msg.len() != INITIATION_LEN && msg.len() != RESPONSE_LEN {
+            return false;
+        }
+        let cookie = self.cookie(source, now, rng);
+        let (body, mac2) = msg.split_at(msg.len() - 16);
+        ct_eq(&mac(&cookie, &[body]), mac2)
+    }
+
+    /// Writes into `out` the cookie reply to `msg`, an initiation or a response sent to us
+    /// (`local`) from `source`. Refuses messages whose mac1 is not ours, so that only someone
+    /// who knows our public key can make us send replies.
+    pub fn write_reply(
+        &mut self,
+        local: &LocalIdentity,
+        msg: &[u8],
+        source: SocketAddr,
+        now: Instant,
+        rng: &mut (impl RngCore + CryptoRng),
+        out: &mut [u8; COOKIE_REPLY_LEN],
+    ) -> Result<(), HandshakeError> {
+        let kind = match msg.len() {
+            INITIATION_LEN => MSG_INITIATION,
+            RESPONSE_LEN => MSG_RESPONSE,
+            _ => return Err(HandshakeError::WrongLength),
+        };
+        if msg.get(..4) != Some(&[kind, 0, 0, 0][..]) {
+            return Err(HandshakeError::WrongType);
+        }
+        if !local.verify_mac1(msg) {
+            return Err(HandshakeError::BadMac1);
+        }
+        let mac1: [u8; 16] = array(msg, msg.len() - 32);
+        let cookie = self.cookie(source, now, rng);
+
+        out[..4].copy_from_slice(&[MSG_COOKIE_REPLY, 0, 0, 0]);
+        // Both handshake messages carry their sender index at 4: the reply names it.
+        out[RECEIVER..NONCE].copy_from_slice(&array::<4>(msg, 4));
+        rng.fill_bytes(&mut out[NONCE..COOKIE]);
+        let nonce = XNonce::clone_from_slice(&out[NONCE..COOKIE]);
+        out[COOKIE..TAG].copy_from_slice(&cookie);
+        // XChaCha20-Poly1305 refuses only plaintexts of more than 256 GiB; this is 16 bytes.
+        #[allow(clippy::expect_used)]
+        let tag = XChaCha20Poly1305::new(Key::from_slice(local.cookie_key()))
+            .encrypt_in_place_detached(&nonce, &mac1, &mut out[COOKIE..TAG])
+            .expect("a cookie is 16 bytes");
+        out[TAG..].copy_from_slice(&tag);
+        Ok(())
+    }
+
+    /// The cookie for `source`: MAC(secret, IP address ‖ port), under a secret at most two
+    /// minutes old.
+    fn cookie(
+        &mut self,
+        source: SocketAddr,
+        now: Instant,
+        rng: &mut (impl RngCore + CryptoRng),
+    ) -> [u8; 16] {
+        match self.born {
+            None => self.born = Some(now),
+            Some(born) if now.saturating_duration_since(born) >= SECRET_LIFETIME => {
+                rng.fill_bytes(&mut *self.secret);
+                self.born = Some(now);
+            }
+            Some(_) => {}
+        }
+        let port = source.port().to_be_bytes();
+        // An IPv4 peer seen through a dual-stack socket as ::ffff:a.b.c.d gets the same cookie
+        // as when seen as a.b.c.d.
+        match source.ip().to_canonical() {
+            IpAddr::V4(ip) => mac(&self.secret, &[&ip.octets(), &port]),
+            IpAddr::V6(ip) => mac(&self.secret, &[&ip.octets(), &port]),
+        }
+    }
+}
+
+impl fmt::Debug for CookieJar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CookieJar")
+            .field("born", &self.born)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens a cookie reply from `peer` to our last handshake message to it, whose mac1 was
+/// `last_mac1`. Returns the cookie, to make mac2 with for the next 120 seconds. The caller
+/// checks that the reply's receiver index (bytes 4..8) is that message's sender index.
+pub fn consume_cookie_reply(
+    peer: &PeerIdentity,
+    last_mac1: &[u8; 16],
+    msg: &[u8],
+) -> Result<[u8; 16], HandshakeError> {
+    let msg: &[u8; COOKIE_REPLY_LEN] = msg.try_into().map_err(|_| HandshakeError::WrongLength)?;
+    if msg[..4] != [MSG_COOKIE_REPLY, 0, 0, 0] {
+        return Err(HandshakeError::WrongType);
+    }
+    let mut cookie: [u8; 16] = array(msg, COOKIE);
+    XChaCha20Poly1305::new(Key::from_slice(peer.cookie_key()))
+        .decrypt_in_place_detached(
+            XNonce::from_slice(&msg[NONCE..COOKIE]),
+            last_mac1,
+            &mut cookie,
+            Tag::from_slice(&msg[TAG..]),
+        )
+        .map_err(|_| HandshakeError::Decryption)?;
+    Ok(cookie)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::noise::handshake::tests::{boringtun, keys, to_network, unix_now};
+    use crate::noise::handshake::{
+        consume_initiation, consume_response, create_initiation, create_response, tai64n,
+        InitiationState,
+    };
+    use boringtun::noise::rate_limiter::RateLimiter;
+    use boringtun::noise::TunnResult;
+    use rand_core::OsRng;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    use std::sync::Arc;
+
+    struct Side {
+        local: LocalIdentity,
+        peer: PeerIdentity,
+    }
+
+    /// `a` initiates to `b`.
+    fn sides() -> (Side, Side) {
+        let (ka, kb) = (keys(), keys());
+        let (la, lb) = (
+            LocalIdentity::new(ka.private),
+            LocalIdentity::new(kb.private),
+        );
+        let b_at_a = PeerIdentity::new(&la, kb.public).unwrap();
+        let a_at_b = PeerIdentity::new(&lb, ka.public).unwrap();
+        (
+            Side {
+                local: la,
+                peer: b_at_a,
+            },
+            Side {
+                local: lb,
+                peer: a_at_b,
+            },
+        )
+    }
+
+    fn initiate(a: &Side, cookie: Option<&[u8; 16]>) -> (InitiationState, [u8; INITIATION_LEN]) {
+        let mut msg = [0u8; INITIATION_LEN];
+        let state = create_initiation(
+            &a.local,
+            &a.peer,
+            &[0; 32],
+            0x0102_0304,
+            tai64n(unix_now()),
+            cookie,
+            &mut OsRng,
+            &mut msg,
+        )
+        .unwrap();
+        (state, msg)
+    }
+
+    #[test]
+    fn cookie_reply_round_trip_and_mac2_binds_the_source() {
+        let (a, b) = sides();
+        let mut jar = CookieJar::new(&mut OsRng);
+        let now = Instant::now();
+        let source: SocketAddr = (Ipv4Addr::new(192, 0, 2, 1), 51820).into();
+
+        let (state, first) = initiate(&a, None);
+        assert!(
+            !jar.mac2_valid(&first, source, now, &mut OsRng),
+            "no cookie yet"
+        );
+
+        let mut reply = [0u8; COOKIE_REPLY_LEN];
+        jar.write_reply(&b.local, &first, source, now, &mut OsRng, &mut reply)
+            .unwrap();
+        assert_eq!(reply[..4], [3, 0, 0, 0]);
+        assert_eq!(
+            reply[4..8],
+            first[4..8],
+            "the reply names the initiator's index"
+        );
+        let cookie = consume_cookie_reply(&a.peer, &state.mac1(), &reply).unwrap();
+
+        let (_, second) = initiate(&a, Some(&cookie));
+        assert!(jar.mac2_valid(&second, source, now, &mut OsRng));
+        // A mac2 does not stop the message from being an ordinary initiation.
+        assert!(consume_initiation(&b.local, &second, |_| Some(&b.peer)).is_ok());
+
+        // Another address or port, or a later secret, does not own this cookie.
+        let other_ip: SocketAddr = (Ipv4Addr::new(192, 0, 2, 2), 51820).into();
+        let other_port: SocketAddr = (Ipv4Addr::new(192, 0, 2, 1), 51821).into();
+        assert!(!jar.mac2_valid(&second, other_ip, now, &mut OsRng));
+        assert!(!jar.mac2_valid(&second, other_port, now, &mut OsRng));
+        let mapped: SocketAddr = (Ipv4Addr::new(192, 0, 2, 1).to_ipv6_mapped(), 51820).into();
+        assert!(jar.mac2_valid(&second, mapped, now, &mut OsRng));
+        let later = now + Duration::from_secs(119);
+        assert!(jar.mac2_valid(&second, source, later, &mut OsRng));
+        let renewed = now + Duration::from_secs(120);
+        assert!(!jar.mac2_valid(&second, source, renewed, &mut OsRng));
+
+        // The reply opens only for the message it answers and from the peer that sent it.
+        assert_eq!(
+            consume_cookie_reply(&a.peer, &[0; 16], &reply).unwrap_err(),
+            HandshakeError::Decryption
+        );
+        assert_eq!(
+            consume_cookie_reply(&b.peer, &state.mac1(), &reply).unwrap_err(),
+            HandshakeError::Decryption
+        );
+        for i in 0..COOKIE_REPLY_LEN {
+            let mut bad = reply;
+            bad[i] ^= 0x04;
+            let err = consume_cookie_reply(&a.peer, &state.mac1(), &bad);
+            match i {
+                0..4 => assert_eq!(err, Err(HandshakeError::WrongType), "byte {i}"),
+                // The receiver index is for the caller to match; it is not sealed.
+                4..8 => assert_eq!(err, Ok(cookie), "byte {i}"),
+                _ => assert_eq!(err, Err(HandshakeError::Decryption), "byte {i}"),
+            }
+        }
+    }
+
+    #[test]
+    fn cookie_reply_to_a_response_over_ipv6() {
+        let (a, b) = sides();
+        let mut jar = CookieJar::new(&mut OsRng);
+        let now = Instant::now();
+        let source: SocketAddr = (Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7), 4242).into();
+
+        // b answers a's initiation; a, under load, answers b's response with a cookie.
+        let (state, initiation) = initiate(&a, None);
+        let received = consume_initiation(&b.local, &initiation, |_| Some(&b.peer)).unwrap();
+        let mut response = [0u8; RESPONSE_LEN];
+        let (_, mac1) = create_response(
+            &b.local,
+            &b.peer,
+            &received,
+            &[0; 32],
+            77,
+            None,
+            &mut OsRng,
+            &mut response,
+        )
+        .unwrap();
+        let mut reply = [0u8; COOKIE_REPLY_LEN];
+        jar.write_reply(&a.local, &response, source, now, &mut OsRng, &mut reply)
+            .unwrap();
+        assert_eq!(reply[4..8], 77u32.to_le_bytes());
+        let cookie = consume_cookie_reply(&b.peer, &mac1, &reply).unwrap();
+
+        let mut again = [0u8; RESPONSE_LEN];
+        create_response(
+            &b.local,
+            &b.peer,
+            &received,
+            &[0; 32],
+            78,
+            Some(&cookie),
+            &mut OsRng,
+            &mut again,
+        )
+        .unwrap();
+        assert!(jar.mac2_valid(&again, source, now, &mut OsRng));
+        assert!(consume_response(&state, &a.local, &a.peer, &[0; 32], &again).is_ok());
+    }
+
+    #[test]
+    fn malformed_messages_get_no_reply_and_never_panic() {
+        let (a, b) = sides();
+        let mut jar = CookieJar::new(&mut OsRng);
+        let now = Instant::now();
+        let source: SocketAddr = (Ipv4Addr::LOCALHOST, 1).into();
+        let (_, good) = initiate(&a, None);
+        let mut reply = [0u8; COOKIE_REPLY_LEN];
+        let mut long = good.to_vec();
+        long.extend_from_slice(&good);
+        for n in 0..long.len() {
+            let msg = &long[..n];
+            if n != INITIATION_LEN {
+                assert!(!jar.mac2_valid(msg, source, now, &mut OsRng));
+                let err = jar.write_reply(&b.local, msg, source, now, &mut OsRng, &mut reply);
+                if n == RESPONSE_LEN {
+                    assert_eq!(err, Err(HandshakeError::WrongType));
+                } else {
+                    assert_eq!(err, Err(HandshakeError::WrongLength), "length {n}");
+                }
+            }
+            if n != COOKIE_REPLY_LEN {
+                assert_eq!(
+                    consume_cookie_reply(&a.peer, &[0; 16], msg),
+                    Err(HandshakeError::WrongLength)
+                );
+            }
+        }
+        // An initiation meant for someone else gets no reply from us.
+        assert_eq!(
+            jar.write_reply(&a.local, &good, source, now, &mut OsRng, &mut reply),
+            Err(HandshakeError::BadMac1)
+        );
+    }
+
+    /// boringtun, always under load (limit 0), answers our initiation with a cookie reply; we
+    /// open it, and the initiation we then make with the cookie is answered.
+    #[test]
+    fn boringtun_under_load_sends_a_cookie_we_accept() {
+        let ours = keys();
+        let theirs = keys();
+        let local = LocalIdentity::new(ours.private);
+        let peer = PeerIdentity::new(&local, theirs.public).unwrap();
+        let limiter = Arc::new(RateLimiter::new(
+            &boringtun::x25519::PublicKey::from(theirs.public),
+            0,
+        ));
+        let mut tunn = boringtun(&theirs, ours.public, None, Some(limiter));
+        let mut buf = vec![0u8; 2048];
+        let source = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 9));
+
+        let mut first = [0u8; INITIATION_LEN];
+        let state = create_initiation(
+            &local,
+            &peer,
+            &[0; 32],
+            0x55,
+            tai64n(unix_now()),
+            None,
+            &mut OsRng,
+            &mut first,
+        )
+        .unwrap();
+        let reply = to_network(tunn.decapsulate(Some(source), &first, &mut buf));
+        assert_eq!(reply.len(), COOKIE_REPLY_LEN);
+        assert_eq!(reply[4..8], 0x55u32.to_le_bytes());
+        let cookie = consume_cookie_reply(&peer, &state.mac1(), &reply).unwrap();
+
+        let mut second = [0u8; INITIATION_LEN];
+        let state = create_initiation(
+            &local,
+            &peer,
+            &[0; 32],
+            0x56,
+            tai64n(unix_now()),
+            Some(&cookie),
+            &mut OsRng,
+            &mut second,
+        )
+        .unwrap();
+        let response = to_network(tunn.decapsulate(Some(source), &second, &mut buf));
+        assert_eq!(response.len(), RESPONSE_LEN, "boringtun took our mac2");
+        assert!(consume_response(&state, &local, &peer, &[0; 32], &response).is_ok());
+    }
+
+    /// The other way: our cookie reply is accepted by boringtun, whose next initiation then
+    /// carries a mac2 our jar accepts.
+    #[test]
+    fn boringtun_accepts_our_cookie_reply() {
+        let ours = keys();
+        let theirs = keys();
+        let local = LocalIdentity::new(ours.private);
+        let mut tunn = boringtun(&theirs, ours.public, None, None);
+        let mut buf = vec![0u8; 2048];
+        let mut jar = CookieJar::new(&mut OsRng);
+        let now = Instant::now();
+        let source: SocketAddr = (Ipv4Addr::new(203, 0, 113, 5), 9999).into();
+
+        let first = to_network(tunn.format_handshake_initiation(&mut buf, false));
+        assert!(!jar.mac2_valid(&first, source, now, &mut OsRng));
+        let mut reply = [0u8; COOKIE_REPLY_LEN];
+        jar.write_reply(&local, &first, source, now, &mut OsRng, &mut reply)
+            .unwrap();
+        assert!(matches!(
+            tunn.decapsulate(Some(source.ip()), &reply, &mut buf),
+            TunnResult::Done
+        ));
+
+        let second = to_network(tunn.format_handshake_initiation(&mut buf, true));
+        assert!(jar.mac2_valid(&second, source, now, &mut OsRng));
+    }
+}

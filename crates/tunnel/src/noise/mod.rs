@@ -1,0 +1,27 @@
+//! tunneld's own WireGuard protocol: the Noise IKpsk2 handshake, cookies, sessions with
+//! their replay windows, and the timers that drive them. Data messages are sealed and opened
+//! in place by `tunneld_crypto::aead`.
+
+pub mod cookie;
+pub mod handshake;
+pub mod replay;
+pub mod session;
+pub mod tunnel;
+
+pub use tunnel::{Local, Received, Sent, Timer, Tunnel};
+
+use crate::stats::DropReason;
+use handshake::HandshakeError;
+
+/// The drop counter a failed handshake message counts under.
+pub(crate) fn drop_reason(e: &HandshakeError) -> DropReason {
+    match e {
+        HandshakeError::WrongLength | HandshakeError::WrongType => DropReason::Malformed,
+        HandshakeError::BadMac1 => DropReason::InvalidMac,
+        HandshakeError::UnknownPeer => DropReason::UnknownPeer,
+        HandshakeError::WrongIndex => DropReason::UnknownIndex,
+        // A sealed handshake field that does not open: most often, the preshared keys differ.
+        HandshakeError::Decryption => DropReason::DecryptFailed,
+        HandshakeError::LowOrderKey => DropReason::HandshakeRejected,
+    }
+}

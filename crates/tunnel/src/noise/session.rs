@@ -1,0 +1,99 @@
+//! One WireGuard session: the two transport keys a handshake derived, the send counter and
+//! the receive side's replay window. Data messages are sealed and opened here.
+
+use super::replay::{ReplayWindow, REJECT_AFTER_MESSAGES};
+use crate::stats::DropReason;
+use std::time::Instant;
+use tunneld_crypto::aead::{TransportKey, TAG_LEN};
+
+/// The data message's type byte.
+pub const MSG_DATA: u8 = 4;
+/// Type (1), reserved (3), receiver index (4), counter (8).
+pub const DATA_HEADER: usize = 16;
+
+#[derive(Debug)]
+pub struct Session {
+    /// Our index: data messages to us name it.
+    pub local_index: u32,
+    /// The peer's index, written into every data message we send.
+    pub peer_index: u32,
+    sending: TransportKey,
+    receiving: TransportKey,
+    next_counter: u64,
+    replay: ReplayWindow,
+    /// When the handshake that made it finished.
+    pub born: Instant,
+    /// Whether we sent the initiation: only the initiator rekeys by age.
+    pub initiator: bool,
+}
+
+impl Session {
+    pub fn new(
+        local_index: u32,
+        peer_index: u32,
+        sending: &[u8; 32],
+        receiving: &[u8; 32],
+        born: Instant,
+        initiator: bool,
+    ) -> Self {
+        Self {
+            local_index,
+            peer_index,
+            sending: TransportKey::new(sending),
+            receiving: TransportKey::new(receiving),
+            next_counter: 0,
+            replay: ReplayWindow::default(),
+            born,
+            initiator,
+        }
+    }
+
+    /// Messages sent so far.
+    pub fn sent(&self) -> u64 {
+        self.next_counter
+    }
+
+    /// Writes `packet` (already padded) as a data message into `out`, which must hold
+    /// `packet.len() + 32` bytes. `None` when the counter is used up (the session must end)
+    /// or `out` is too small.
+    pub fn seal(&mut self, packet: &[u8], out: &mut [u8]) -> Option<usize> {
+        let len = DATA_HEADER + packet.len() + TAG_LEN;
+        if self.next_counter >= REJECT_AFTER_MESSAGES || out.len() < len {
+            return None;
+        }
+        let counter = self.next_counter;
+        self.next_counter += 1;
+        out[..4].copy_from_slice(&[MSG_DATA, 0, 0, 0]);
+        out[4..8].copy_from_slice(&self.peer_index.to_le_bytes());
+        out[8..16].copy_from_slice(&counter.to_le_bytes());
+        let (body, tag) = out[DATA_HEADER..len].split_at_mut(packet.len());
+        body.copy_from_slice(packet);
+        tag.copy_from_slice(&self.sending.seal(counter, body));
+        Some(len)
+    }
+
+    /// Opens data message `datagram` (addressed to this session) into `out`: the plaintext's
+    /// length, or why it was dropped. Nothing changes unless it authenticates.
+    pub fn open(&mut self, datagram: &[u8], out: &mut [u8]) -> Result<usize, DropReason> {
+        if datagram.len() < DATA_HEADER + TAG_LEN {
+            return Err(DropReason::Malformed);
+        }
+        let mut counter = [0u8; 8];
+        counter.copy_from_slice(&datagram[8..16]);
+        let counter = u64::from_le_bytes(counter);
+        if !self.replay.fresh(counter) {
+            return Err(DropReason::Replay);
+        }
+        let sealed = &datagram[DATA_HEADER..];
+        let Some(buf) = out.get_mut(..sealed.len()) else {
+            return Err(DropReason::Other);
+        };
+        buf.copy_from_slice(sealed);
+        let len = self
+            .receiving
+            .open(counter, buf)
+            .map_err(|_| DropReason::DecryptFailed)?;
+        self.replay.accept(counter);
+        Ok(len)
+    }
+}

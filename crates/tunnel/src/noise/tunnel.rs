@@ -1,0 +1,619 @@
+//! One peer's WireGuard state machine: its handshakes, its sessions (current, previous and
+//! the responder's unconfirmed next) and the protocol's timers (section 6 of the WireGuard
+//! paper). Time comes in as `now`; the only other input from outside is randomness for
+//! ephemeral keys, indices and jitter.
+
+use super::cookie::consume_cookie_reply;
+use super::handshake::{
+    consume_response, create_initiation, create_response, tai64n, InitiationState, LocalIdentity,
+    PeerIdentity, ReceivedInitiation, INITIATION_LEN, RESPONSE_LEN,
+};
+use super::session::{Session, DATA_HEADER};
+use crate::stats::DropReason;
+use rand_core::{OsRng, RngCore};
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tunneld_crypto::aead::TAG_LEN;
+use zeroize::Zeroizing;
+
+const REKEY_AFTER_MESSAGES: u64 = 1 << 60;
+const REKEY_AFTER_TIME: Duration = Duration::from_secs(120);
+const REJECT_AFTER_TIME: Duration = Duration::from_secs(180);
+const REKEY_ATTEMPT_TIME: Duration = Duration::from_secs(90);
+const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A received initiation closer than this to the previous one is ignored (the kernel's 50
+/// per second), so a flood of replayed-but-newer initiations cannot churn sessions.
+const MIN_INITIATION_INTERVAL: Duration = Duration::from_millis(20);
+/// A cookie from a peer under load is used for this long.
+const COOKIE_LIFETIME: Duration = Duration::from_secs(120);
+/// Packets held while a handshake is under way; more are dropped.
+const MAX_QUEUED: usize = 128;
+
+/// Our side of every handshake: the static key pair and the wall clock anchor that
+/// handshake timestamps are made from.
+pub struct Local {
+    pub identity: LocalIdentity,
+    /// Wall-clock time at `anchor`: timestamps must keep rising across restarts, which a
+    /// monotonic clock alone cannot give. Read once, when the device starts.
+    unix_at_anchor: Duration,
+    anchor: Instant,
+}
+
+impl std::fmt::Debug for Local {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Local").finish_non_exhaustive()
+    }
+}
+
+impl Local {
+    pub fn new(private: [u8; 32], now: Instant) -> Self {
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        Self {
+            identity: LocalIdentity::new(private),
+            unix_at_anchor: unix,
+            anchor: now,
+        }
+    }
+
+    fn timestamp(&self, now: Instant) -> [u8; 12] {
+        tai64n(self.unix_at_anchor + now.saturating_duration_since(self.anchor))
+    }
+}
+
+/// What became of a packet given to [`Tunnel::encapsulate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// A data message of this length is in `out`.
+    Data(usize),
+    /// No session: the packet was queued and a handshake initiation of this length is in `out`.
+    Initiation(usize),
+    /// No session yet, a handshake is under way: the packet was queued.
+    Queued,
+    Dropped(DropReason),
+}
+
+/// What came of a datagram given to [`Tunnel::receive`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    /// An IP packet of `len` bytes from `source` is at the start of `out`.
+    Packet {
+        len: usize,
+        source: IpAddr,
+    },
+    Keepalive,
+    /// A message to send back to the peer, `len` bytes in `out`.
+    Reply(usize),
+    /// Taken in (a handshake response or a cookie); nothing to send.
+    Consumed,
+    Dropped(DropReason),
+}
+
+/// What a timer turn produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timer {
+    Idle,
+    /// A message to send (an initiation or a keepalive), `len` bytes in `out`.
+    Send(usize),
+    /// No handshake for three times the session lifetime: every key is gone.
+    Expired,
+}
+
+struct Pending {
+    state: InitiationState,
+    sent_at: Instant,
+    /// When the first initiation of this attempt went out: retries stop after
+    /// REKEY_ATTEMPT_TIME.
+    started_at: Instant,
+    retry_after: Duration,
+}
+
+pub struct Tunnel {
+    peer: PeerIdentity,
+    psk: Zeroizing<[u8; 32]>,
+    /// The high 24 bits of our indices: the device's peer slot.
+    slot: u32,
+    next_index: u8,
+    pending: Option<Pending>,
+    current: Option<Session>,
+    previous: Option<Session>,
+    /// A session we answered for; it becomes current when the initiator first uses it.
+    next: Option<Session>,
+    cookie: Option<([u8; 16], Instant)>,
+    /// mac1 of the last handshake message we sent and its sender index: a cookie reply
+    /// names the index and is bound to the mac1.
+    last_mac1: Option<([u8; 16], u32)>,
+    last_timestamp: Option<[u8; 12]>,
+    last_initiation_at: Option<Instant>,
+    last_handshake: Option<Instant>,
+    queue: VecDeque<Vec<u8>>,
+    spare: Vec<Vec<u8>>,
+    rekey_wanted: bool,
+    /// Data sent with no packet received since: a handshake starts if it lasts.
+    unanswered_send: Option<Instant>,
+    /// Data received with nothing sent since: a keepalive goes out if it lasts.
+    unanswered_receive: Option<Instant>,
+    expired: bool,
+}
+
+impl std::fmt::Debug for Tunnel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tunnel")
+            .field("slot", &self.slot)
+            .field("current", &self.current.as_ref().map(|s| s.local_index))
+            .field("pending", &self.pending.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tunnel {
+    /// A tunnel to `peer_public`, whose indices carry `slot` in their high 24 bits.
+    pub fn new(
+        local: &Local,
+        peer_public: [u8; 32],
+        psk: Option<[u8; 32]>,
+        slot: u32,
+    ) -> Result<Self, DropReason> {
+        let peer = PeerIdentity::new(&local.identity, peer_public)
+            .map_err(|_| DropReason::HandshakeRejected)?;
+        Ok(Self {
+            peer,
+            psk: Zeroizing::new(psk.unwrap_or([0; 32])),
+            slot,
+            next_index: (OsRng.next_u32() & 0xff) as u8,
+            pending: None,
+            current: None,
+            previous: None,
+            next: None,
+            cookie: None,
+            last_mac1: None,
+            last_timestamp: None,
+            last_initiation_at: None,
+            last_handshake: None,
+            queue: VecDeque::new(),
+            spare: Vec::new(),
+            rekey_wanted: false,
+            unanswered_send: None,
+            unanswered_receive: None,
+            expired: false,
+        })
+    }
+
+    /// Our static key changed: every session and handshake made with the old one ends.
+    pub fn set_local(&mut self, local: &Local) -> Result<(), DropReason> {
+        self.peer = PeerIdentity::new(&local.identity, self.peer.public())
+            .map_err(|_| DropReason::HandshakeRejected)?;
+        self.clear();
+        Ok(())
+    }
+
+    /// The peer's keys, for finding it by the static key an initiation carries.
+    pub fn identity(&self) -> &PeerIdentity {
+        &self.peer
+    }
+
+    pub fn time_since_last_handshake(&self, now: Instant) -> Option<Duration> {
+        self.last_handshake
+            .map(|t| now.saturating_duration_since(t))
+    }
+
+    /// Whether a session can carry data now.
+    pub fn has_session(&self, now: Instant) -> bool {
+        self.usable(now).is_some()
+    }
+
+    fn usable(&self, now: Instant) -> Option<&Session> {
+        self.current
+            .as_ref()
+            .filter(|s| now.saturating_duration_since(s.born) < REJECT_AFTER_TIME)
+    }
+
+    /// Seals `packet` (padded) into `out` (room for `packet.len() + 32`), or queues it and
+    /// starts a handshake when there is no session.
+    pub fn encapsulate(
+        &mut self,
+        local: &Local,
+        packet: &[u8],
+        out: &mut [u8],
+        now: Instant,
+    ) -> Sent {
+        if self.usable(now).is_some() {
+            return match self.seal(packet, out, now) {
+                Some(n) => Sent::Data(n),
+                None => Sent::Dropped(DropReason::Other),
+            };
+        }
+        self.enqueue(packet);
+        // A session we answered for is about to be confirmed: wait for it rather than
+        // crossing the initiator's handshake with one of our own.
+        let confirming = self
+            .next
+            .as_ref()
+            .is_some_and(|s| now.saturating_duration_since(s.born) < REKEY_TIMEOUT);
+        if confirming {
+            return Sent::Queued;
+        }
+        match self.initiate(local, out, now, false) {
+            Some(n) => Sent::Initiation(n),
+            None => Sent::Queued,
+        }
+    }
+
+    /// Seals the next queued packet into `out` once a session is up.
+    pub fn send_queued(&mut self, out: &mut [u8], now: Instant) -> Option<usize> {
+        self.usable(now)?;
+        let packet = self.queue.pop_front()?;
+        let n = self.seal(&packet, out, now);
+        self.spare.push(packet);
+        n
+    }
+
+    pub fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// A keepalive (an empty data message) into `out`, if a session is up.
+    pub fn keepalive(&mut self, out: &mut [u8], now: Instant) -> Option<usize> {
+        self.usable(now)?;
+        self.seal(&[], out, now)
+    }
+
+    fn seal(&mut self, packet: &[u8], out: &mut [u8], now: Instant) -> Option<usize> {
+        let session = self.current.as_mut()?;
+        let n = session.seal(packet, out)?;
+        let age = now.saturating_duration_since(session.born);
+        if session.sent() >= REKEY_AFTER_MESSAGES || (session.initiator && age >= REKEY_AFTER_TIME)
+        {
+            self.rekey_wanted = true;
+        }
+        self.unanswered_receive = None;
+        if !packet.is_empty() {
+            self.unanswered_send.get_or_insert(now);
+        }
+        Some(n)
+    }
+
+    fn enqueue(&mut self, packet: &[u8]) {
+        if self.queue.len() >= MAX_QUEUED {
+            return;
+        }
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(packet);
+        self.queue.push_back(buf);
+    }
+
+    /// Writes a handshake initiation into `out`, unless one went out less than
+    /// REKEY_TIMEOUT ago and `force` is false.
+    pub fn initiate(
+        &mut self,
+        local: &Local,
+        out: &mut [u8],
+        now: Instant,
+        force: bool,
+    ) -> Option<usize> {
+        if let Some(p) = &self.pending {
+            if !force && now.saturating_duration_since(p.sent_at) < REKEY_TIMEOUT {
+                return None;
+            }
+        }
+        let msg: &mut [u8; INITIATION_LEN] = out.get_mut(..INITIATION_LEN)?.try_into().ok()?;
+        let index = self.new_index();
+        let cookie = self.fresh_cookie(now);
+        let state = create_initiation(
+            &local.identity,
+            &self.peer,
+            &self.psk,
+            index,
+            local.timestamp(now),
+            cookie.as_ref(),
+            &mut OsRng,
+            msg,
+        )
+        .ok()?;
+        self.last_mac1 = Some((state.mac1(), index));
+        let started_at = self.pending.as_ref().map_or(now, |p| p.started_at);
+        // Jitter keeps two sides that lost packets together from retrying in lock step.
+        let jitter = Duration::from_millis(u64::from(OsRng.next_u32() % 334));
+        self.pending = Some(Pending {
+            state,
+            sent_at: now,
+            started_at,
+            retry_after: REKEY_TIMEOUT + jitter,
+        });
+        Some(INITIATION_LEN)
+    }
+
+    /// Answers an initiation from this peer (found by the device from its static key) with a
+    /// response in `out`.
+    pub fn respond(
+        &mut self,
+        local: &Local,
+        received: &ReceivedInitiation,
+        out: &mut [u8],
+        now: Instant,
+    ) -> Result<usize, DropReason> {
+        let timestamp = received.timestamp();
+        // TAI64N is big-endian: byte order is time order. An older or equal one is a replay.
+        if self.last_timestamp.is_some_and(|last| timestamp <= last) {
+            return Err(DropReason::Replay);
+        }
+        if self
+            .last_initiation_at
+            .is_some_and(|t| now.saturating_duration_since(t) < MIN_INITIATION_INTERVAL)
+        {
+            return Err(DropReason::UnderLoad);
+        }
+        let msg: &mut [u8; RESPONSE_LEN] = out
+            .get_mut(..RESPONSE_LEN)
+            .and_then(|m| m.try_into().ok())
+            .ok_or(DropReason::Other)?;
+        let index = self.new_index();
+        let cookie = self.fresh_cookie(now);
+        let (keys, mac1) = create_response(
+            &local.identity,
+            &self.peer,
+            received,
+            &self.psk,
+            index,
+            cookie.as_ref(),
+            &mut OsRng,
+            msg,
+        )
+        .map_err(|_| DropReason::HandshakeRejected)?;
+        self.last_timestamp = Some(timestamp);
+        self.last_initiation_at = Some(now);
+        self.last_mac1 = Some((mac1, index));
+        self.next = Some(Session::new(
+            index,
+            received.peer_index(),
+            &keys.sending,
+            &keys.receiving,
+            now,
+            false,
+        ));
+        self.unanswered_send = None;
+        Ok(RESPONSE_LEN)
+    }
+
+    /// Takes a handshake response, cookie reply or data message addressed to one of our
+    /// indices; a decrypted packet or a reply lands in `out`.
+    pub fn receive(
+        &mut self,
+        local: &Local,
+        datagram: &[u8],
+        out: &mut [u8],
+        now: Instant,
+    ) -> Received {
+        match datagram.first() {
+            Some(2) => self.receive_response(local, datagram, out, now),
+            Some(3) => self.receive_cookie(datagram, now),
+            Some(4) => self.receive_data(datagram, out, now),
+            _ => Received::Dropped(DropReason::Malformed),
+        }
+    }
+
+    fn receive_response(
+        &mut self,
+        local: &Local,
+        msg: &[u8],
+        out: &mut [u8],
+        now: Instant,
+    ) -> Received {
+        let Some(pending) = &self.pending else {
+            return Received::Dropped(DropReason::UnknownIndex);
+        };
+        let response =
+            match consume_response(&pending.state, &local.identity, &self.peer, &self.psk, msg) {
+                Ok(r) => r,
+                Err(e) => return Received::Dropped(super::drop_reason(&e)),
+            };
+        let index = pending.state.local_index();
+        self.pending = None;
+        self.previous = self.current.take();
+        self.next = None;
+        self.current = Some(Session::new(
+            index,
+            response.peer_index,
+            &response.keys.sending,
+            &response.keys.receiving,
+            now,
+            true,
+        ));
+        self.handshake_done(now);
+        if self.queue.is_empty() {
+            // The responder may not send until it hears from us on the new session.
+            if let Some(n) = self.keepalive(out, now) {
+                return Received::Reply(n);
+            }
+        }
+        Received::Consumed
+    }
+
+    fn receive_cookie(&mut self, msg: &[u8], now: Instant) -> Received {
+        let Some((mac1, index)) = self.last_mac1 else {
+            return Received::Dropped(DropReason::UnknownIndex);
+        };
+        if msg.get(4..8) != Some(&index.to_le_bytes()[..]) {
+            return Received::Dropped(DropReason::UnknownIndex);
+        }
+        match consume_cookie_reply(&self.peer, &mac1, msg) {
+            Ok(cookie) => {
+                self.cookie = Some((cookie, now));
+                Received::Consumed
+            }
+            Err(e) => Received::Dropped(super::drop_reason(&e)),
+        }
+    }
+
+    fn receive_data(&mut self, datagram: &[u8], out: &mut [u8], now: Instant) -> Received {
+        let Some(index) = datagram.get(4..8) else {
+            return Received::Dropped(DropReason::Malformed);
+        };
+        let index = u32::from_le_bytes([index[0], index[1], index[2], index[3]]);
+        let named = |s: &Option<Session>| s.as_ref().is_some_and(|s| s.local_index == index);
+        let which = if named(&self.current) {
+            &mut self.current
+        } else if named(&self.next) {
+            &mut self.next
+        } else if named(&self.previous) {
+            &mut self.previous
+        } else {
+            return Received::Dropped(DropReason::UnknownIndex);
+        };
+        let Some(session) = which.as_mut() else {
+            return Received::Dropped(DropReason::UnknownIndex);
+        };
+        if now.saturating_duration_since(session.born) >= REJECT_AFTER_TIME {
+            return Received::Dropped(DropReason::Expired);
+        }
+        let len = match session.open(datagram, out) {
+            Ok(len) => len,
+            Err(reason) => return Received::Dropped(reason),
+        };
+        let rekey_on_receive = session.initiator
+            && now.saturating_duration_since(session.born)
+                >= REJECT_AFTER_TIME - KEEPALIVE_TIMEOUT - REKEY_TIMEOUT;
+        if named(&self.next) {
+            // The initiator used the session we answered for: it is confirmed.
+            self.previous = self.current.take();
+            self.current = self.next.take();
+            self.handshake_done(now);
+        }
+        if rekey_on_receive && named(&self.current) {
+            self.rekey_wanted = true;
+        }
+        self.unanswered_send = None;
+        if len == 0 {
+            return Received::Keepalive;
+        }
+        self.unanswered_receive.get_or_insert(now);
+        match inner_packet(&out[..len]) {
+            Some((len, source)) => Received::Packet { len, source },
+            None => Received::Dropped(DropReason::Malformed),
+        }
+    }
+
+    /// Runs the timers: handshake retries and their end, rekeys, keepalives, expiry.
+    pub fn tick(&mut self, local: &Local, out: &mut [u8], now: Instant) -> Timer {
+        let since = |t: Instant| now.saturating_duration_since(t);
+        if !self.expired
+            && self
+                .last_handshake
+                .is_some_and(|t| since(t) >= REJECT_AFTER_TIME * 3)
+        {
+            self.clear();
+            self.expired = true;
+            return Timer::Expired;
+        }
+        if let Some(p) = &self.pending {
+            if since(p.started_at) >= REKEY_ATTEMPT_TIME {
+                // Give up; the next packet to send starts a new attempt.
+                self.pending = None;
+                self.drop_queue();
+                self.unanswered_send = None;
+            } else if since(p.sent_at) >= p.retry_after {
+                return self.timer_initiation(local, out, now);
+            }
+        } else if self.rekey_wanted
+            || self
+                .unanswered_send
+                .is_some_and(|t| since(t) >= KEEPALIVE_TIMEOUT + REKEY_TIMEOUT)
+        {
+            self.rekey_wanted = false;
+            self.unanswered_send = None;
+            return self.timer_initiation(local, out, now);
+        }
+        if self
+            .unanswered_receive
+            .is_some_and(|t| since(t) >= KEEPALIVE_TIMEOUT)
+        {
+            if let Some(n) = self.keepalive(out, now) {
+                return Timer::Send(n);
+            }
+        }
+        Timer::Idle
+    }
+
+    fn timer_initiation(&mut self, local: &Local, out: &mut [u8], now: Instant) -> Timer {
+        match self.initiate(local, out, now, true) {
+            Some(n) => Timer::Send(n),
+            None => Timer::Idle,
+        }
+    }
+
+    fn handshake_done(&mut self, now: Instant) {
+        self.last_handshake = Some(now);
+        self.expired = false;
+        self.rekey_wanted = false;
+    }
+
+    fn clear(&mut self) {
+        self.pending = None;
+        self.current = None;
+        self.previous = None;
+        self.next = None;
+        self.drop_queue();
+        self.rekey_wanted = false;
+        self.unanswered_send = None;
+        self.unanswered_receive = None;
+    }
+
+    fn drop_queue(&mut self) {
+        while let Some(buf) = self.queue.pop_front() {
+            self.spare.push(buf);
+        }
+    }
+
+    fn fresh_cookie(&self, now: Instant) -> Option<[u8; 16]> {
+        self.cookie
+            .filter(|(_, at)| now.saturating_duration_since(*at) < COOKIE_LIFETIME)
+            .map(|(c, _)| c)
+    }
+
+    /// A new index: the slot, and a counter that no live session or handshake uses.
+    fn new_index(&mut self) -> u32 {
+        loop {
+            self.next_index = self.next_index.wrapping_add(1);
+            let index = (self.slot << 8) | u32::from(self.next_index);
+            let used = [&self.current, &self.previous, &self.next]
+                .iter()
+                .any(|s| s.as_ref().is_some_and(|s| s.local_index == index))
+                || self
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| p.state.local_index() == index);
+            if !used {
+                return index;
+            }
+        }
+    }
+}
+
+/// The length (without padding) and source of the IP packet a data message carried, `None`
+/// if it is not a whole IPv4 or IPv6 packet.
+fn inner_packet(plain: &[u8]) -> Option<(usize, IpAddr)> {
+    match plain.first()? >> 4 {
+        4 if plain.len() >= 20 => {
+            let len = usize::from(u16::from_be_bytes([plain[2], plain[3]]));
+            let source: [u8; 4] = plain[12..16].try_into().ok()?;
+            (20..=plain.len())
+                .contains(&len)
+                .then_some((len, IpAddr::V4(Ipv4Addr::from(source))))
+        }
+        6 if plain.len() >= 40 => {
+            let len = 40 + usize::from(u16::from_be_bytes([plain[4], plain[5]]));
+            let source: [u8; 16] = plain[8..24].try_into().ok()?;
+            (len <= plain.len()).then_some((len, IpAddr::V6(Ipv6Addr::from(source))))
+        }
+        _ => None,
+    }
+}
+
+/// Room a data message needs in `out` for a (padded) packet of `len` bytes.
+pub const fn sealed_len(len: usize) -> usize {
+    DATA_HEADER + len + TAG_LEN
+}
