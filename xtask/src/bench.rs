@@ -94,8 +94,33 @@ struct Sample {
     peak_rss_kib: f64,
 }
 
+/// Takes `--tunneld-baseline PATH` out of `args` (an option of `bench` and `bench-tls`),
+/// leaving the options every bench shares to [`parse_options`]. The path comes back absolute
+/// (tunneld starts from `ip netns exec`), and a typo fails here, not in every round.
+pub(crate) fn take_baseline(args: &[String]) -> Result<(Option<PathBuf>, Vec<String>), String> {
+    let mut baseline = None;
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--tunneld-baseline" {
+            let path = it
+                .next()
+                .ok_or("--tunneld-baseline takes the path of a tunneld binary")?;
+            let absolute = fs::canonicalize(path)
+                .ok()
+                .filter(|p| p.is_file())
+                .ok_or_else(|| format!("--tunneld-baseline {path}: no such file"))?;
+            baseline = Some(absolute);
+        } else {
+            rest.push(arg.clone());
+        }
+    }
+    Ok((baseline, rest))
+}
+
 pub fn run(args: &[String]) -> Result<(), String> {
-    let options = parse_options(args)?;
+    let (baseline, args) = take_baseline(args)?;
+    let options = parse_options(&args)?;
     system::install_tools()?;
     if !require_netns("cargo xtask bench") {
         return Err("the benchmark needs root (network namespaces)".into());
@@ -216,6 +241,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 Err("not available on this kernel".into())
             },
         ));
+    }
+    if let Some(bin) = &baseline {
+        // Each tunneld row, preceded by the same row for the baseline build, so the two
+        // alternate within each round.
+        let mut with_baseline = Vec::new();
+        for c in contenders {
+            if let Ok(Impl::Tunneld(_, dataplane, peer)) = &c.which {
+                with_baseline.push(contender(
+                    &format!("{} (baseline)", c.name),
+                    Ok(Impl::Tunneld(bin.clone(), dataplane, peer)),
+                ));
+            }
+            with_baseline.push(c);
+        }
+        contenders = with_baseline;
     }
     contenders.retain(|c| options.keeps(&c.name));
     if contenders.is_empty() {
@@ -530,5 +570,26 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(vec![f64::NAN]).is_nan());
+    }
+
+    #[test]
+    fn baseline_is_taken_out_and_made_absolute() {
+        // Any file that exists will do: this test's own binary.
+        let exe = std::env::current_exe().unwrap();
+        let args: Vec<String> = vec![
+            "--quick".into(),
+            "--tunneld-baseline".into(),
+            exe.to_string_lossy().into(),
+            "--only".into(),
+            "TLS".into(),
+        ];
+        let (baseline, rest) = take_baseline(&args).unwrap();
+        assert_eq!(baseline, Some(fs::canonicalize(&exe).unwrap()));
+        assert_eq!(rest, ["--quick", "--only", "TLS"]);
+        assert!(take_baseline(&["--tunneld-baseline".into()]).is_err());
+        let missing = ["--tunneld-baseline".into(), "no/such/tunneld".into()];
+        assert!(take_baseline(&missing)
+            .unwrap_err()
+            .contains("no/such/tunneld"));
     }
 }

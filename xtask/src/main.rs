@@ -16,12 +16,13 @@ commands:
   test             install missing tools, then fmt, clippy, all tests (incl. netns end to end)
   demo [--compare] two sites joined by tunneld in namespaces: ping, TCP transfer, speed;
                    --compare adds wireguard-go in the same testbed
-  bench [--quick] [--rounds N] [--seconds S] [--only NAME,NAME]
+  bench [--quick] [--rounds N] [--seconds S] [--only NAME,NAME] [--tunneld-baseline BIN]
                    end-to-end comparison in namespaces: direct, tunneld, wireguard-go
                    (Debian; Go-module build), boringtun-cli, gotatun-cli, kernel WireGuard
                    where present;
                    interleaved rounds, medians; report in target/bench-report/;
-                   --only keeps the rows whose name contains one of the NAMEs
+                   --only keeps the rows whose name contains one of the NAMEs;
+                   --tunneld-baseline adds each tunneld row for another tunneld build too
   bench-tls [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--tunneld-baseline BIN]
                    TCP forwarded over TLS in namespaces: direct, stunnel4, tunneld's
                    [[tls.forward]]/[[tls.listen]]; throughput, proxy CPU, echo latency,

@@ -18,7 +18,7 @@
 //! build (say, the previous commit's, copied out of target/ so a rebuild does not replace
 //! it), so the two alternate within each round.
 
-use crate::bench::{parse_options, Options};
+use crate::bench::{parse_options, take_baseline, Options};
 use crate::system;
 use crate::testbed::{cpu_seconds, json_number_after, peak_rss_kib, Guard, Impl, Testbed};
 use std::fmt::Write as _;
@@ -121,15 +121,6 @@ struct Sample {
 pub fn run(args: &[String]) -> Result<(), String> {
     let (baseline, args) = take_baseline(args)?;
     let options = parse_options(&args)?;
-    // Absolute (the proxies start from `ip netns exec`), and a typo fails here, not per round.
-    let baseline = baseline
-        .map(|p| {
-            fs::canonicalize(&p)
-                .ok()
-                .filter(|p| p.is_file())
-                .ok_or_else(|| format!("--tunneld-baseline {}: no such file", p.display()))
-        })
-        .transpose()?;
     system::install_tools()?;
     if !require_netns("cargo xtask bench-tls") {
         return Err("the benchmark needs root (network namespaces)".into());
@@ -228,25 +219,6 @@ fn contender(name: &str, which: Result<Route, String>) -> Contender {
         samples: Vec::new(),
         last_error: None,
     }
-}
-
-/// Takes `--tunneld-baseline PATH` (this command's own option) out of `args`, leaving the
-/// options every bench shares to [`parse_options`].
-fn take_baseline(args: &[String]) -> Result<(Option<PathBuf>, Vec<String>), String> {
-    let mut baseline = None;
-    let mut rest = Vec::new();
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        if arg == "--tunneld-baseline" {
-            let path = it
-                .next()
-                .ok_or("--tunneld-baseline takes the path of a tunneld binary")?;
-            baseline = Some(PathBuf::from(path));
-        } else {
-            rest.push(arg.clone());
-        }
-    }
-    Ok((baseline, rest))
 }
 
 /// One round of one row, in a testbed of its own that is gone when this returns.
@@ -1139,12 +1111,5 @@ mod tests {
         let o = parse_options(&["--quick".into()]).unwrap();
         assert_eq!((o.rounds, o.seconds), (1, 1));
         assert!(parse_options(&["--only".into()]).is_err());
-        let args: Vec<String> = ["--quick", "--tunneld-baseline", "/tmp/t", "--only", "TLS"]
-            .map(String::from)
-            .into();
-        let (baseline, rest) = take_baseline(&args).unwrap();
-        assert_eq!(baseline, Some(PathBuf::from("/tmp/t")));
-        assert_eq!(rest, ["--quick", "--only", "TLS"]);
-        assert!(take_baseline(&["--tunneld-baseline".into()]).is_err());
     }
 }
