@@ -1,7 +1,8 @@
-//! ChaCha20-Poly1305 alone, with `ring` (the AEAD boringtun's data path uses), by message
-//! size: seal and open, each including the copy of the message into the working buffer that
-//! boringtun's `Session` does before sealing or opening in place. This is the crypto ceiling
-//! of one core for the data path; `core.rs` shows what the rest of the core costs on top.
+//! ChaCha20-Poly1305 alone, through `tunneld_crypto::aead::TransportKey` (ring underneath:
+//! the data path's own AEAD), by message size: seal and open, each including the copy of the
+//! message into the output buffer that `noise::Session` does before sealing or opening in
+//! place. This is the crypto ceiling of one core for the data path; `core.rs` shows what the
+//! rest of the core costs on top.
 //!
 //! A second group seals a full TLS record (16 KiB, AES-256-GCM, a 5-byte header as associated
 //! data) with ring and with aws-lc-rs: the record crypto of tunneld's TLS tunnels is ring's
@@ -12,13 +13,13 @@
 //! ceiling for this machine.
 
 use criterion::{black_box, criterion_group, Criterion, Throughput};
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey};
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use tunneld_crypto::aead::{TransportKey, TAG_LEN};
 
 const SIZES: [usize; 6] = [64, 256, 1420, 4096, 16384, 65536];
-const TAG_LEN: usize = 16;
 const OPENSSL_LIMIT: Duration = Duration::from_secs(60);
 
 /// WireGuard's nonce: 4 zero bytes, then the 64-bit little-endian counter.
@@ -28,13 +29,9 @@ fn nonce(counter: u64) -> Nonce {
     Nonce::assume_unique_for_key(n)
 }
 
-fn key() -> LessSafeKey {
-    let bytes: [u8; 32] = std::array::from_fn(|i| i as u8);
-    LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &bytes).expect("32-byte key"))
-}
-
 fn bench_aead(c: &mut Criterion) {
-    let key = key();
+    let key_bytes: [u8; 32] = std::array::from_fn(|i| i as u8);
+    let mut key = TransportKey::new(&key_bytes);
     let mut group = c.benchmark_group("chacha20poly1305_ring");
     for size in SIZES {
         let plaintext: Vec<u8> = (0..size).map(|i| i as u8).collect();
@@ -47,26 +44,19 @@ fn bench_aead(c: &mut Criterion) {
                 counter += 1;
                 let (data, tag_out) = buf.split_at_mut(size);
                 data.copy_from_slice(black_box(&plaintext));
-                let tag = key
-                    .seal_in_place_separate_tag(nonce(counter), Aad::empty(), data)
-                    .expect("seal");
-                tag_out.copy_from_slice(tag.as_ref());
+                tag_out.copy_from_slice(&key.seal(counter, data));
             })
         });
 
         // One sealed message, opened (copy + decrypt + verify) every iteration.
         let mut sealed = plaintext.clone();
-        let tag = key
-            .seal_in_place_separate_tag(nonce(0), Aad::empty(), &mut sealed)
-            .expect("seal");
-        sealed.extend_from_slice(tag.as_ref());
+        let tag = key.seal(0, &mut sealed);
+        sealed.extend_from_slice(&tag);
         group.bench_function(format!("open/{size}B"), |bench| {
             bench.iter(|| {
                 buf.copy_from_slice(black_box(&sealed));
-                let opened = key
-                    .open_in_place(nonce(0), Aad::empty(), &mut buf)
-                    .expect("authentic message");
-                black_box(opened.len())
+                let opened = key.open(0, &mut buf).expect("authentic message");
+                black_box(opened)
             })
         });
     }

@@ -1,11 +1,11 @@
 //! The sans-IO core, no syscalls, per 64-packet batch at 1420 and 64 bytes:
 //!
 //! - `encrypt+decrypt`: the batch encrypted by one device and decrypted by its peer (session
-//!   up), i.e. the whole core data path both ways, boringtun's crypto included.
-//! - `framing (no crypto)`: only the per-packet work the core does around boringtun on the
+//!   up), i.e. the whole core data path both ways, crypto included.
+//! - `framing (no crypto)`: only the per-packet work the core does around the session on the
 //!   way out: find the destination, look it up in the allowed-IPs table, compute the padded
-//!   length. It excludes everything boringtun does (header, counter, AEAD, the copy into the
-//!   datagram) and the receive side's source check, so it is a floor on the core's own
+//!   length. It excludes everything `noise::Session::seal` does (header, counter, AEAD, the
+//!   copy into the datagram) and the receive side's source check, so it is a floor on the core's own
 //!   overhead, not a cost of a full encapsulation.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};

@@ -140,28 +140,7 @@ fn test() -> ExitCode {
                 "warnings",
             ],
         ),
-        // The pair harness only builds with its feature; lint it in that build too.
-        (
-            "clippy (virtual time)",
-            &[
-                "clippy",
-                "-p",
-                "tunneld-tunnel",
-                "--all-targets",
-                "--features",
-                "virtual-time",
-                "--",
-                "-D",
-                "warnings",
-            ],
-        ),
         ("unit and end-to-end tests", &["test", "--workspace"]),
-        // The pair harness drives boringtun from virtual time; that feature must never share a
-        // build with the daemon, so it has its own invocation.
-        (
-            "pair harness (virtual time)",
-            &["test", "-p", "tunneld-tunnel", "--features", "virtual-time"],
-        ),
         ("benches build", &["bench", "--workspace", "--no-run"]),
         // The fuzz crate lives outside the workspace: its own fmt, lint, and the stable
         // replay of its targets over the seeds.

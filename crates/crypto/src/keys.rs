@@ -118,9 +118,6 @@ impl PublicKey {
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
-    pub fn to_x25519(&self) -> x25519_dalek::PublicKey {
-        x25519_dalek::PublicKey::from(self.0)
-    }
 }
 
 impl fmt::Debug for PublicKey {

@@ -5,27 +5,25 @@
 //! [`Device::apply`] (a UAPI `set`). Output goes into the caller's sinks.
 
 use crate::allowed_ips::AllowedIps;
-use crate::clock::Clock;
+use crate::noise::cookie::CookieJar;
+use crate::noise::handshake::{consume_initiation, ReceivedInitiation};
+use crate::noise::{self, Local, Received, Sent, Timer, Tunnel};
 use crate::packet::{self, flow_hash, padded_len};
-use crate::peer::{new_tunn, Peer};
+use crate::peer::Peer;
 use crate::sink::{DatagramSink, PacketSink};
 use crate::stats::{DropReason, Stats};
 use crate::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, SetRequest, UapiError};
-use boringtun::noise::handshake::parse_handshake_anon;
-use boringtun::noise::rate_limiter::RateLimiter;
-use boringtun::noise::{Packet, TunnResult};
 use ipnet::IpNet;
+use rand_core::OsRng;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
 
-/// Handshake messages per second above which the device answers with cookies (boringtun's
-/// device uses 100). Initiations pass the limiter twice (once to find the peer, once inside
-/// `Tunn`), so this is twice the intended rate.
-const HANDSHAKE_RATE_LIMIT: u64 = 200;
-/// Peer slots must fit in the 24 high bits of a receiver index (`Tunn` uses the low 8).
+/// Handshake messages per second above which the device is under load: a handshake message
+/// then needs a valid mac2 (a cookie proving its source address), else it gets a cookie reply.
+const HANDSHAKE_RATE_LIMIT: u64 = 100;
+/// Peer slots must fit in the 24 high bits of a receiver index (a session uses the low 8).
 const MAX_PEERS: usize = 1 << 24;
 const RATE_LIMIT_RESET: Duration = Duration::from_secs(1);
 
@@ -98,8 +96,7 @@ pub fn owner_of(key: &PublicKey, parallel: u8, sub: u8, workers: usize) -> usize
 
 pub struct Device {
     private_key: PrivateKey,
-    static_secret: boringtun::x25519::StaticSecret,
-    static_public: boringtun::x25519::PublicKey,
+    local: Local,
     listen_port: u16,
     mtu: u16,
     fwmark: u32,
@@ -111,8 +108,9 @@ pub struct Device {
     slot_stride: usize,
     slot_offset: usize,
     routes: AllowedIps<usize>,
-    rate_limiter: Arc<RateLimiter>,
-    clock: Clock,
+    cookies: CookieJar,
+    /// Handshake messages received since `last_rate_reset`.
+    handshakes_received: u64,
     last_rate_reset: Instant,
     stats: Stats,
 }
@@ -127,10 +125,6 @@ impl std::fmt::Debug for Device {
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
-}
-
-fn new_rate_limiter(public: &boringtun::x25519::PublicKey) -> Arc<RateLimiter> {
-    Arc::new(RateLimiter::new(public, HANDSHAKE_RATE_LIMIT))
 }
 
 impl Device {
@@ -150,21 +144,17 @@ impl Device {
         workers: usize,
     ) -> Self {
         let workers = workers.max(1);
-        let clock = Clock::new(now);
-        let static_secret = settings.private_key.to_static_secret();
-        let static_public = boringtun::x25519::PublicKey::from(&static_secret);
         let mut device = Self {
-            rate_limiter: new_rate_limiter(&static_public),
+            local: Local::new(*settings.private_key.as_bytes(), now),
             private_key: settings.private_key,
-            static_secret,
-            static_public,
             listen_port: settings.listen_port,
             mtu: settings.mtu,
             fwmark: settings.fwmark,
             peers: Vec::new(),
             by_key: HashMap::new(),
             routes: AllowedIps::new(),
-            clock,
+            cookies: CookieJar::new(&mut OsRng),
+            handshakes_received: 0,
             last_rate_reset: now,
             stats: Stats::default(),
             slot_stride: workers,
@@ -205,10 +195,9 @@ impl Device {
         previous: &[PeerSettings],
         now: Instant,
     ) -> SyncReport {
-        self.clock.sync(now);
         let mut report = SyncReport::default();
         if private_key != self.private_key {
-            self.set_private_key(private_key);
+            self.set_private_key(private_key, now);
             report.key_changed = true;
         }
         let gone: Vec<PublicKey> = self
@@ -267,7 +256,8 @@ impl Device {
                 allowed_ips: if new_allowed { allowed } else { Vec::new() },
             });
             if new_psk {
-                // boringtun cannot change the key of a live session (DESIGN.md).
+                // A new key takes effect at once, in a new session, rather than at the next
+                // rekey up to two minutes later: a mistyped key shows when it is made.
                 report.restarted.push(p.public_key);
             } else {
                 report.changed += 1;
@@ -384,8 +374,7 @@ impl Device {
             self.stats.drop(DropReason::NoEndpoint);
             return Disposition::Done;
         };
-        self.clock.sync(now);
-        if peer.sub > 0 && peer.tunn.time_since_last_handshake().is_none() {
+        if peer.sub > 0 && peer.tunnel.time_since_last_handshake(now).is_none() {
             // No session on this sub-tunnel: the packet goes over sub-tunnel 0, so that a side
             // that does not split the peer (yet) loses nothing, and this one asks for a
             // session at the next tick. Not at once: sub-tunnel 0 is likely handshaking now,
@@ -405,27 +394,33 @@ impl Device {
             self.stats.drop(DropReason::NetworkBatchFull);
             return Disposition::Done;
         };
-        match peer.tunn.encapsulate(&frame[..padded], buf) {
-            TunnResult::WriteToNetwork(datagram) => {
-                let n = datagram.len();
-                if datagram[0] == MSG_INITIATION {
-                    // No session yet: the packet was queued and this is a handshake initiation.
-                    peer.maybe_queued = true;
-                    self.stats.handshakes_sent += 1;
-                } else {
-                    self.stats.tx_packets += 1;
-                }
-                out.push(n, endpoint);
-                peer.last_sent = Some(now);
-                peer.tx_bytes += n as u64;
-                self.stats.tx_bytes += n as u64;
+        let n = match peer
+            .tunnel
+            .encapsulate(&self.local, &frame[..padded], buf, now)
+        {
+            Sent::Data(n) => {
+                self.stats.tx_packets += 1;
+                n
             }
-            TunnResult::Done => peer.maybe_queued = true,
-            TunnResult::Err(e) => self.stats.drop(DropReason::from(&e)),
-            TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => {
-                self.stats.drop(DropReason::Other)
+            Sent::Initiation(n) => {
+                // No session yet: the packet was queued and this is a handshake initiation.
+                peer.maybe_queued = true;
+                self.stats.handshakes_sent += 1;
+                n
             }
-        }
+            Sent::Queued => {
+                peer.maybe_queued = true;
+                return Disposition::Done;
+            }
+            Sent::Dropped(reason) => {
+                self.stats.drop(reason);
+                return Disposition::Done;
+            }
+        };
+        out.push(n, endpoint);
+        peer.last_sent = Some(now);
+        peer.tx_bytes += n as u64;
+        self.stats.tx_bytes += n as u64;
         Disposition::Done
     }
 
@@ -443,10 +438,19 @@ impl Device {
             self.stats.drop(DropReason::Malformed);
             return Disposition::Done;
         }
-        self.clock.sync(now);
-        let slot = match datagram[0] {
-            MSG_INITIATION => match self.initiator_slot(from, datagram, network) {
-                Some(slot) => slot,
+        let kind = datagram[0];
+        if matches!(kind, MSG_INITIATION | MSG_RESPONSE)
+            && !self.admit_handshake(from, datagram, now, network)
+        {
+            return Disposition::Done;
+        }
+        let mut initiation = None;
+        let slot = match kind {
+            MSG_INITIATION => match self.initiator_slot(datagram) {
+                Some((slot, received)) => {
+                    initiation = Some(received);
+                    slot
+                }
                 None => return Disposition::Done,
             },
             // The receiver index (ours) follows the type, except in a response, where the
@@ -458,7 +462,7 @@ impl Device {
                 return Disposition::Done;
             }
         };
-        if datagram[0] == MSG_INITIATION {
+        if kind == MSG_INITIATION {
             // Initiations arrive at any worker: the one carrying the session answers. A
             // split peer's initiator names its sub-tunnel by its own index (`add_peer`).
             let Some(Some(peer)) = self.peers.get(slot) else {
@@ -474,85 +478,95 @@ impl Device {
             return Disposition::Done;
         };
 
-        if datagram[0] == MSG_DATA {
-            let Some(buf) = tunnel.slot() else {
-                self.stats.drop(DropReason::TunnelBatchFull);
-                return Disposition::Done;
-            };
-            match peer.tunn.decapsulate(Some(from.ip()), datagram, buf) {
-                TunnResult::WriteToTunnelV4(p, src) => {
-                    let n = p.len();
-                    if self.routes.lookup_cached(IpAddr::V4(src)) == Some(slot) {
-                        tunnel.push(n);
-                        self.stats.rx_packets += 1;
-                    } else {
-                        self.stats.drop(DropReason::SourceNotAllowed);
-                    }
-                }
-                TunnResult::WriteToTunnelV6(p, src) => {
-                    let n = p.len();
-                    if self.routes.lookup_cached(IpAddr::V6(src)) == Some(slot) {
-                        tunnel.push(n);
-                        self.stats.rx_packets += 1;
-                    } else {
-                        self.stats.drop(DropReason::SourceNotAllowed);
-                    }
-                }
-                TunnResult::Done => {} // a keepalive
-                TunnResult::Err(e) => {
-                    self.stats.drop(DropReason::from(&e));
+        match kind {
+            MSG_DATA => {
+                let Some(buf) = tunnel.slot() else {
+                    self.stats.drop(DropReason::TunnelBatchFull);
                     return Disposition::Done;
-                }
-                TunnResult::WriteToNetwork(_) => {
-                    self.stats.drop(DropReason::Other);
-                    return Disposition::Done;
+                };
+                match peer.tunnel.receive(&self.local, datagram, buf, now) {
+                    Received::Packet { len, source } => {
+                        if self.routes.lookup_cached(source) == Some(slot) {
+                            tunnel.push(len);
+                            self.stats.rx_packets += 1;
+                        } else {
+                            self.stats.drop(DropReason::SourceNotAllowed);
+                        }
+                    }
+                    Received::Keepalive | Received::Consumed => {}
+                    Received::Reply(_) => {
+                        self.stats.drop(DropReason::Other);
+                        return Disposition::Done;
+                    }
+                    Received::Dropped(reason) => {
+                        self.stats.drop(reason);
+                        return Disposition::Done;
+                    }
                 }
             }
-        } else {
-            let Some(buf) = network.slot() else {
-                self.stats.drop(DropReason::NetworkBatchFull);
-                return Disposition::Done;
-            };
-            match peer.tunn.decapsulate(Some(from.ip()), datagram, buf) {
-                TunnResult::WriteToNetwork(reply) => {
-                    let n = reply.len();
-                    network.push(n, from);
-                    peer.last_sent = Some(now);
-                    peer.tx_bytes += n as u64;
-                    self.stats.tx_bytes += n as u64;
-                }
-                TunnResult::Done => {}
-                TunnResult::Err(e) => {
-                    // The usual cause: the other side does not split the peer the same way,
-                    // so it answers with another sub-tunnel's key. Said once per peer.
-                    if datagram[0] == MSG_RESPONSE && peer.sub > 0 && !peer.warned_sub_tunnel {
-                        peer.warned_sub_tunnel = true;
-                        tracing::warn!(
-                            peer = %peer.public_key,
-                            "sub-tunnel {} of {}: the handshake response does not authenticate; \
-                             its flows go over sub-tunnel 0 until it does. Is `parallel = {}` set \
-                             on the other side too?",
-                            peer.sub,
-                            peer.parallel,
-                            peer.parallel
-                        );
+            MSG_INITIATION => {
+                let (Some(received), Some(buf)) = (initiation.as_ref(), network.slot()) else {
+                    self.stats.drop(DropReason::NetworkBatchFull);
+                    return Disposition::Done;
+                };
+                match peer.tunnel.respond(&self.local, received, buf, now) {
+                    Ok(n) => {
+                        network.push(n, from);
+                        peer.last_sent = Some(now);
+                        peer.tx_bytes += n as u64;
+                        self.stats.tx_bytes += n as u64;
                     }
-                    self.stats.drop(DropReason::from(&e));
-                    return Disposition::Done;
-                }
-                TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..) => {
-                    self.stats.drop(DropReason::Other);
-                    return Disposition::Done;
+                    Err(reason) => {
+                        self.stats.drop(reason);
+                        return Disposition::Done;
+                    }
                 }
             }
-            peer.maybe_queued = true;
+            _ => {
+                let Some(buf) = network.slot() else {
+                    self.stats.drop(DropReason::NetworkBatchFull);
+                    return Disposition::Done;
+                };
+                match peer.tunnel.receive(&self.local, datagram, buf, now) {
+                    Received::Reply(n) => {
+                        network.push(n, from);
+                        peer.last_sent = Some(now);
+                        peer.tx_bytes += n as u64;
+                        self.stats.tx_bytes += n as u64;
+                    }
+                    Received::Consumed | Received::Keepalive => {}
+                    Received::Dropped(reason) => {
+                        // The usual cause: the other side does not split the peer the same way,
+                        // so it answers with another sub-tunnel's key. Said once per peer.
+                        if kind == MSG_RESPONSE && peer.sub > 0 && !peer.warned_sub_tunnel {
+                            peer.warned_sub_tunnel = true;
+                            tracing::warn!(
+                                peer = %peer.public_key,
+                                "sub-tunnel {} of {}: the handshake response does not authenticate; \
+                                 its flows go over sub-tunnel 0 until it does. Is `parallel = {}` set \
+                                 on the other side too?",
+                                peer.sub,
+                                peer.parallel,
+                                peer.parallel
+                            );
+                        }
+                        self.stats.drop(reason);
+                        return Disposition::Done;
+                    }
+                    Received::Packet { .. } => {
+                        self.stats.drop(DropReason::Other);
+                        return Disposition::Done;
+                    }
+                }
+                peer.maybe_queued = true;
+            }
         }
 
         // Authenticated: the peer may have roamed to a new address.
         if peer.endpoint != Some(from) && peer.connected {
             tracing::info!(peer = %peer.public_key, endpoint = %from, "peer roamed");
         }
-        if !peer.connected && datagram[0] != MSG_COOKIE {
+        if !peer.connected && kind != MSG_COOKIE {
             tracing::info!(peer = %peer.public_key, endpoint = %from, "session established");
             peer.connected = true;
         }
@@ -565,64 +579,76 @@ impl Device {
         Disposition::Done
     }
 
-    /// For a handshake initiation: checks MACs and load (answering with a cookie when under
-    /// load), then finds the initiating peer by its static key.
-    fn initiator_slot(
+    /// The first check of a handshake message (initiation or response): its mac1 must be
+    /// right, and when the device is under load its mac2 too, or the sender gets a cookie
+    /// reply instead. False when the message goes no further.
+    fn admit_handshake(
         &mut self,
         from: SocketAddr,
         datagram: &[u8],
+        now: Instant,
         network: &mut impl DatagramSink,
-    ) -> Option<usize> {
+    ) -> bool {
+        if !self.local.identity.verify_mac1(datagram) {
+            self.stats.drop(DropReason::InvalidMac);
+            return false;
+        }
+        self.handshakes_received += 1;
+        if self.handshakes_received <= HANDSHAKE_RATE_LIMIT
+            || self.cookies.mac2_valid(datagram, from, now, &mut OsRng)
+        {
+            return true;
+        }
         let Some(buf) = network.slot() else {
             self.stats.drop(DropReason::NetworkBatchFull);
-            return None;
+            return false;
         };
-        let half = match self
-            .rate_limiter
-            .verify_packet(Some(from.ip()), datagram, buf)
-        {
-            Ok(Packet::HandshakeInit(init)) => {
-                parse_handshake_anon(&self.static_secret, &self.static_public, &init)
-            }
-            Ok(_) => {
-                self.stats.drop(DropReason::Malformed);
-                return None;
-            }
-            Err(TunnResult::WriteToNetwork(cookie)) => {
-                let n = cookie.len();
-                network.push(n, from);
-                self.stats.cookie_replies_sent += 1;
-                return None;
-            }
-            Err(TunnResult::Err(e)) => {
-                self.stats.drop(DropReason::from(&e));
-                return None;
-            }
-            Err(_) => {
-                self.stats.drop(DropReason::Other);
-                return None;
-            }
-        };
-        match half {
-            Ok(half) => {
-                let key = PublicKey::from_bytes(half.peer_static_public);
-                let slot = self.by_key.get(&key).copied();
-                if slot.is_none() {
-                    self.stats.drop(DropReason::UnknownPeer);
+        let reply = buf
+            .get_mut(..noise::handshake::COOKIE_REPLY_LEN)
+            .and_then(|b| b.try_into().ok());
+        match reply {
+            Some(reply) => {
+                if self
+                    .cookies
+                    .write_reply(&self.local.identity, datagram, from, now, &mut OsRng, reply)
+                    .is_ok()
+                {
+                    network.push(noise::handshake::COOKIE_REPLY_LEN, from);
+                    self.stats.cookie_replies_sent += 1;
                 }
-                slot
             }
-            Err(e) => {
-                self.stats.drop(DropReason::from(&e));
+            None => self.stats.drop(DropReason::Other),
+        }
+        self.stats.drop(DropReason::UnderLoad);
+        false
+    }
+
+    /// For a handshake initiation: the slot of the initiating peer, found by the static key
+    /// it carries, and the initiation decrypted (a worker that hands it off wasted that).
+    fn initiator_slot(&mut self, datagram: &[u8]) -> Option<(usize, ReceivedInitiation)> {
+        let by_key = &self.by_key;
+        let peers = &self.peers;
+        let mut slot = None;
+        let found = consume_initiation(&self.local.identity, datagram, |key| {
+            let s = *by_key.get(&PublicKey::from_bytes(*key))?;
+            slot = Some(s);
+            peers.get(s)?.as_ref().map(|p| p.tunnel.identity())
+        });
+        match (found, slot) {
+            (Ok(received), Some(slot)) => Some((slot, received)),
+            (Ok(_), None) => None,
+            (Err(e), _) => {
+                self.stats.drop(noise::drop_reason(&e));
                 None
             }
         }
     }
 
-    /// Sends `peer` a handshake initiation, unless one is under way (not forced: boringtun
-    /// then declines and the handshake in progress is left to finish). False when `network`
+    /// Sends `peer` a handshake initiation, unless one went out less than REKEY_TIMEOUT ago
+    /// (the handshake in progress is left to finish). False when `network`
     /// has no room (counted).
     fn initiate(
+        local: &Local,
         peer: &mut Peer,
         now: Instant,
         network: &mut impl DatagramSink,
@@ -632,11 +658,10 @@ impl Device {
             stats.drop(DropReason::NetworkBatchFull);
             return false;
         };
-        if let (TunnResult::WriteToNetwork(datagram), Some(endpoint)) = (
-            peer.tunn.format_handshake_initiation(buf, false),
-            peer.endpoint,
-        ) {
-            let n = datagram.len();
+        let Some(endpoint) = peer.endpoint else {
+            return true;
+        };
+        if let Some(n) = peer.tunnel.initiate(local, buf, now, false) {
             network.push(n, endpoint);
             peer.last_sent = Some(now);
             peer.tx_bytes += n as u64;
@@ -646,7 +671,7 @@ impl Device {
         true
     }
 
-    /// Sends what `Tunn` queued while it had no session, now that it may have one.
+    /// Sends what the peer's tunnel queued while it had no session, now that it may have one.
     fn flush_queued(
         peer: &mut Peer,
         now: Instant,
@@ -656,27 +681,22 @@ impl Device {
         let Some(endpoint) = peer.endpoint else {
             return;
         };
-        // Without a session, `Tunn` would take each queued packet off the front and queue it
-        // again at the back, turning the queue round: they wait for the session instead.
-        if peer.tunn.time_since_last_handshake().is_none() {
+        if !peer.tunnel.has_session(now) {
             return;
         }
-        loop {
+        while peer.tunnel.has_queued() {
             let Some(buf) = network.slot() else {
                 // Try again on the next datagram or tick.
                 return;
             };
-            match peer.tunn.decapsulate(None, &[], buf) {
-                TunnResult::WriteToNetwork(datagram) => {
-                    let n = datagram.len();
-                    network.push(n, endpoint);
-                    peer.last_sent = Some(now);
-                    peer.tx_bytes += n as u64;
-                    stats.tx_bytes += n as u64;
-                    stats.tx_packets += 1;
-                }
-                _ => break,
-            }
+            let Some(n) = peer.tunnel.send_queued(buf, now) else {
+                break;
+            };
+            network.push(n, endpoint);
+            peer.last_sent = Some(now);
+            peer.tx_bytes += n as u64;
+            stats.tx_bytes += n as u64;
+            stats.tx_packets += 1;
         }
         peer.maybe_queued = false;
     }
@@ -723,9 +743,8 @@ impl Device {
     /// Runs the protocol timers (handshake retries, rekeys, keepalives) of every peer.
     /// Call it every few hundred milliseconds.
     pub fn tick(&mut self, now: Instant, network: &mut impl DatagramSink) {
-        self.clock.sync(now);
         if now.saturating_duration_since(self.last_rate_reset) >= RATE_LIMIT_RESET {
-            self.rate_limiter.reset_count();
+            self.handshakes_received = 0;
             self.last_rate_reset = now;
         }
         // Another worker runs the timers of the sessions it carries.
@@ -734,9 +753,8 @@ impl Device {
                 self.stats.drop(DropReason::NetworkBatchFull);
                 return;
             };
-            match peer.tunn.update_timers(buf) {
-                TunnResult::WriteToNetwork(datagram) => {
-                    let n = datagram.len();
+            match peer.tunnel.tick(&self.local, buf, now) {
+                Timer::Send(n) => {
                     if let Some(endpoint) = peer.endpoint {
                         network.push(n, endpoint);
                         peer.last_sent = Some(now);
@@ -744,17 +762,14 @@ impl Device {
                         self.stats.tx_bytes += n as u64;
                     }
                 }
-                TunnResult::Err(boringtun::noise::errors::WireGuardError::ConnectionExpired)
-                    if peer.connected =>
-                {
+                Timer::Expired if peer.connected => {
                     tracing::info!(peer = %peer.public_key, "session expired: no handshake for 9 minutes");
                     peer.connected = false;
                 }
-                TunnResult::Err(e) => tracing::trace!(peer = %peer.public_key, "timers: {e:?}"),
-                _ => {}
+                Timer::Expired | Timer::Idle => {}
             }
             if std::mem::take(&mut peer.handshake_requested)
-                && !Self::initiate(peer, now, network, &mut self.stats)
+                && !Self::initiate(&self.local, peer, now, network, &mut self.stats)
             {
                 return;
             }
@@ -763,10 +778,8 @@ impl Device {
                     self.stats.drop(DropReason::NetworkBatchFull);
                     return;
                 };
-                if let (TunnResult::WriteToNetwork(datagram), Some(endpoint)) =
-                    (peer.tunn.encapsulate(&[], buf), peer.endpoint)
+                if let (Some(n), Some(endpoint)) = (peer.tunnel.keepalive(buf, now), peer.endpoint)
                 {
-                    let n = datagram.len();
                     network.push(n, endpoint);
                     peer.last_sent = Some(now);
                     peer.tx_bytes += n as u64;
@@ -781,7 +794,6 @@ impl Device {
 
     /// The state `wg show` displays. `unix_now` is the wall-clock time, for handshake ages.
     pub fn snapshot(&self, now: Instant, unix_now: Duration) -> DeviceSnapshot {
-        self.clock.sync(now);
         let peers = self
             .peers
             .iter()
@@ -792,8 +804,8 @@ impl Device {
                 preshared_key: peer.preshared_key.clone(),
                 endpoint: peer.endpoint,
                 last_handshake: peer
-                    .tunn
-                    .time_since_last_handshake()
+                    .tunnel
+                    .time_since_last_handshake(now)
                     .map(|age| unix_now.saturating_sub(age)),
                 tx_bytes: peer.tx_bytes,
                 rx_bytes: peer.rx_bytes,
@@ -810,10 +822,9 @@ impl Device {
     }
 
     /// Applies a UAPI `set`, in order, as WireGuard does. Changing an existing peer keeps its
-    /// session, except for a new preshared key, which boringtun can only take in a new session.
+    /// session, except for a new preshared key, which starts a new one at once (see `sync`).
     /// Device-level changes tunneld cannot make live are refused before anything changes.
     pub fn apply(&mut self, request: SetRequest, now: Instant) -> Result<(), UapiError> {
-        self.clock.sync(now);
         let unsupported = |message: String| UapiError {
             errno: libc_errno::EOPNOTSUPP,
             message,
@@ -831,7 +842,7 @@ impl Device {
             )));
         }
         match request.private_key {
-            Some(Some(key)) => self.set_private_key(key),
+            Some(Some(key)) => self.set_private_key(key, now),
             Some(None) => {
                 return Err(unsupported(
                     "private_key: removing the private key is not supported".into(),
@@ -851,20 +862,23 @@ impl Device {
         Ok(())
     }
 
-    fn set_private_key(&mut self, key: PrivateKey) {
+    fn set_private_key(&mut self, key: PrivateKey, now: Instant) {
         if key == self.private_key {
             return;
         }
-        self.static_secret = key.to_static_secret();
-        self.static_public = boringtun::x25519::PublicKey::from(&self.static_secret);
-        self.rate_limiter = new_rate_limiter(&self.static_public);
+        self.local = Local::new(*key.as_bytes(), now);
         self.private_key = key;
+        let mut unusable = Vec::new();
         for peer in self.peers.iter_mut().flatten() {
-            peer.tunn.set_static_private(
-                self.static_secret.clone(),
-                self.static_public,
-                Some(self.rate_limiter.clone()),
-            );
+            if peer.tunnel.set_local(&self.local).is_err() {
+                unusable.push(peer.public_key);
+            }
+        }
+        // A peer whose key makes no handshake possible with the new one (a low-order
+        // point) cannot be carried; WireGuard drops such peers too.
+        for key in unusable {
+            tracing::warn!(peer = %key, "peer removed: its public key cannot make a handshake with the new private key");
+            self.remove_peer(&key);
         }
     }
 
@@ -901,13 +915,14 @@ impl Device {
                 } else {
                     psk.clone()
                 };
-                peer.tunn = new_tunn(
-                    &self.private_key,
-                    &peer.public_key,
-                    session_psk.as_ref(),
+                // A new key starts a new session, as a reload reports (`SyncReport::restarted`).
+                peer.tunnel = Tunnel::new(
+                    &self.local,
+                    *peer.public_key.as_bytes(),
+                    session_psk.map(|k| *k.as_bytes()),
                     wire_slot,
-                    self.rate_limiter.clone(),
-                );
+                )
+                .map_err(|_| low_order(&peer.public_key))?;
                 peer.preshared_key = psk;
             }
         }
@@ -1002,34 +1017,36 @@ impl Device {
                 }
             }
         };
-        let mut peer = Peer::new(
-            &self.private_key,
-            key,
-            None,
-            self.wire_slot(slot),
-            self.rate_limiter.clone(),
-        );
+        let sub = owned_sub.unwrap_or(0);
+        // Sub-tunnels past the first use a key of their own, also without a configured one.
+        let psk = if parallel > 1 {
+            PresharedKey::for_sub_tunnel(None, sub).map(|k| *k.as_bytes())
+        } else {
+            None
+        };
+        let tunnel = Tunnel::new(&self.local, *key.as_bytes(), psk, self.wire_slot(slot))
+            .map_err(|_| low_order(&key))?;
+        let mut peer = Peer::new(key, tunnel);
         peer.parallel = parallel;
-        peer.sub = owned_sub.unwrap_or(0);
+        peer.sub = sub;
         peer.owned = owned_sub.is_some();
-        if parallel > 1 {
-            // Sub-tunnels past the first use a key of their own, also without a configured one.
-            peer.preshared_key = None;
-            peer.tunn = new_tunn(
-                &self.private_key,
-                &key,
-                PresharedKey::for_sub_tunnel(None, peer.sub).as_ref(),
-                self.wire_slot(slot),
-                self.rate_limiter.clone(),
-            );
-        }
         self.peers[slot] = Some(peer);
         self.by_key.insert(key, slot);
         Ok(slot)
     }
 }
 
-/// The peer slot a receiver index names: its high 24 bits (`Tunn` numbers sessions in the low 8).
+/// The refusal of a peer key no handshake can be made with.
+fn low_order(key: &PublicKey) -> UapiError {
+    UapiError {
+        errno: libc_errno::EINVAL,
+        message: format!(
+            "public_key: {key} is a low-order point; no handshake can be made with it"
+        ),
+    }
+}
+
+/// The peer slot a receiver index names: its high 24 bits (a session's index is in the low 8).
 fn receiver_slot(index: &[u8]) -> usize {
     let index = u32::from_le_bytes([index[0], index[1], index[2], index[3]]);
     (index >> 8) as usize
@@ -1037,6 +1054,7 @@ fn receiver_slot(index: &[u8]) -> usize {
 
 /// The errno values UAPI replies use (Linux numbering, as `wg` expects).
 mod libc_errno {
+    pub const EINVAL: i32 = 22;
     pub const ENOSPC: i32 = 28;
     pub const EOPNOTSUPP: i32 = 95;
 }

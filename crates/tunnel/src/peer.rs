@@ -1,26 +1,25 @@
-//! One WireGuard peer: boringtun's `Tunn` plus what the core keeps around it.
+//! One WireGuard peer: its protocol state (`noise::Tunnel`) plus what the device keeps
+//! around it.
 
-use boringtun::noise::rate_limiter::RateLimiter;
-use boringtun::noise::Tunn;
+use crate::noise::Tunnel;
 use ipnet::IpNet;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
+use tunneld_crypto::{PresharedKey, PublicKey};
 
 pub(crate) struct Peer {
     pub public_key: PublicKey,
     pub preshared_key: Option<PresharedKey>,
-    pub tunn: Tunn,
+    pub tunnel: Tunnel,
     pub endpoint: Option<SocketAddr>,
     pub allowed_ips: Vec<IpNet>,
-    /// Seconds; 0 = off. Kept here rather than in `Tunn` so it can change without a new session.
+    /// Seconds; 0 = off.
     pub persistent_keepalive: u16,
     pub last_sent: Option<Instant>,
     /// Bytes of datagrams sent to / authenticated from this peer, as `wg show` reports them.
     pub tx_bytes: u64,
     pub rx_bytes: u64,
-    /// `Tunn` may hold packets queued while a handshake was in progress.
+    /// The tunnel may hold packets queued while a handshake was in progress.
     pub maybe_queued: bool,
     /// A handshake initiation goes out at the next tick (see `Device::request_handshake`).
     pub handshake_requested: bool,
@@ -47,24 +46,11 @@ impl std::fmt::Debug for Peer {
 }
 
 impl Peer {
-    pub fn new(
-        private_key: &PrivateKey,
-        public_key: PublicKey,
-        preshared_key: Option<PresharedKey>,
-        slot: u32,
-        rate_limiter: Arc<RateLimiter>,
-    ) -> Self {
-        let tunn = new_tunn(
-            private_key,
-            &public_key,
-            preshared_key.as_ref(),
-            slot,
-            rate_limiter,
-        );
+    pub fn new(public_key: PublicKey, tunnel: Tunnel) -> Self {
         Self {
             public_key,
-            preshared_key,
-            tunn,
+            preshared_key: None,
+            tunnel,
             endpoint: None,
             allowed_ips: Vec::new(),
             persistent_keepalive: 0,
@@ -90,22 +76,4 @@ impl Peer {
         self.last_sent
             .is_none_or(|t| now.saturating_duration_since(t) >= interval)
     }
-}
-
-pub(crate) fn new_tunn(
-    private_key: &PrivateKey,
-    public_key: &PublicKey,
-    preshared_key: Option<&PresharedKey>,
-    slot: u32,
-    rate_limiter: Arc<RateLimiter>,
-) -> Tunn {
-    Tunn::new(
-        private_key.to_static_secret(),
-        public_key.to_x25519(),
-        preshared_key.map(|k| *k.as_bytes()),
-        // Persistent keepalive is run by the core (see `Peer::persistent_keepalive`).
-        None,
-        slot,
-        Some(rate_limiter),
-    )
 }

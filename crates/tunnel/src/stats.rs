@@ -1,7 +1,6 @@
 //! Counters of the data path. The data path returns no errors: a packet it cannot handle is
 //! dropped and counted here by reason.
 
-use boringtun::noise::errors::WireGuardError;
 use std::fmt;
 
 macro_rules! drop_reasons {
@@ -44,29 +43,6 @@ drop_reasons! {
 impl fmt::Display for DropReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-impl From<&WireGuardError> for DropReason {
-    fn from(e: &WireGuardError) -> Self {
-        use WireGuardError as E;
-        match e {
-            E::InvalidMac => DropReason::InvalidMac,
-            E::InvalidAeadTag => DropReason::DecryptFailed,
-            E::InvalidCounter | E::DuplicateCounter => DropReason::Replay,
-            E::NoCurrentSession => DropReason::NoSession,
-            E::ConnectionExpired => DropReason::Expired,
-            E::UnderLoad => DropReason::UnderLoad,
-            E::WrongIndex => DropReason::UnknownIndex,
-            E::InvalidPacket | E::IncorrectPacketLength | E::WrongPacketType => {
-                DropReason::Malformed
-            }
-            E::WrongKey
-            | E::InvalidTai64nTimestamp
-            | E::WrongTai64nTimestamp
-            | E::UnexpectedPacket => DropReason::HandshakeRejected,
-            E::DestinationBufferTooSmall | E::LockFailed => DropReason::Other,
-        }
     }
 }
 

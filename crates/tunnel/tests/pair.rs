@@ -1,8 +1,7 @@
 //! The pair harness: two cores joined by a simulated link, driven in virtual time.
 //!
-//! Needs `--features virtual-time` (boringtun's timers then follow the `now` passed in), so
-//! two minutes of protocol time take milliseconds. Run: `cargo test -p tunneld-tunnel --features virtual-time`.
-#![cfg(feature = "virtual-time")]
+//! The core reads no clock of its own: every timer follows the `now` passed in, so two minutes
+//! of protocol time take milliseconds. Run: `cargo test -p tunneld-tunnel --test pair`.
 
 use ipnet::IpNet;
 use std::collections::VecDeque;

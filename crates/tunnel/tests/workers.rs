@@ -364,7 +364,10 @@ fn sub_tunnels_pair_only_with_their_own_number() {
             now,
         );
     }
-    // Sub-tunnel 1 asks for its handshake at the tick; b answers with sub-tunnel 0's key.
+    // Sub-tunnel 1 asks for its handshake at the tick; b answers with sub-tunnel 0's key. The
+    // tick comes later than the first initiation: b ignores a peer's initiations closer together
+    // than 20 ms, as the kernel does.
+    let now = now + std::time::Duration::from_millis(50);
     tick_both(&mut a, &mut b, now);
     let sessions: Vec<bool> = a
         .workers

@@ -20,9 +20,6 @@ use tunneld_tunnel::config::{self, Backend, DataplaneConfig};
 use tunneld_tunnel::Device;
 
 pub fn run(config_path: &Path) -> anyhow::Result<()> {
-    if tunneld_tunnel::clock::VIRTUAL_TIME {
-        bail!("this build drives WireGuard timers from virtual time (feature `virtual-time`, for tests only); rebuild without it");
-    }
     let mut loaded = load::load(config_path, Resolve::Everything).map_err(|errors| {
         anyhow::anyhow!(
             "{}: {}",
