@@ -58,7 +58,7 @@ pub(crate) fn parse_options(args: &[String]) -> Result<Options, String> {
                 let list = it
                     .next()
                     .ok_or("--only takes a comma-separated list of row names (parts of them)")?;
-                o.only = list.split(',').map(|s| s.trim().to_lowercase()).collect();
+                o.only = split_names(list);
             }
             other => {
                 return Err(format!(
@@ -72,6 +72,25 @@ pub(crate) fn parse_options(args: &[String]) -> Result<Options, String> {
         o.seconds = 1;
     }
     Ok(o)
+}
+
+/// The parts of an `--only` list. Row names have commas of their own, always followed by a
+/// space ("tunneld (mmsg, all offloads)"), so only a comma followed by something else separates.
+fn split_names(list: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut start = 0;
+    for (i, _) in list.match_indices(',') {
+        if !list[i + 1..].starts_with(' ') {
+            names.push(&list[start..i]);
+            start = i + 1;
+        }
+    }
+    names.push(&list[start..]);
+    names
+        .into_iter()
+        .map(|n| n.trim().to_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect()
 }
 
 /// One implementation's row: its name, how to run it, or why it is not in this run.
@@ -570,6 +589,21 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(vec![f64::NAN]).is_nan());
+    }
+
+    #[test]
+    fn only_splits_at_commas_that_are_not_part_of_a_row_name() {
+        assert_eq!(
+            split_names("tunneld,wireguard-go"),
+            ["tunneld", "wireguard-go"]
+        );
+        let names = split_names("mmsg, all offloads),Go module, boringtun");
+        assert_eq!(names, ["mmsg, all offloads)", "go module, boringtun"]);
+        let o = parse_options(&["--only".into(), "mmsg, all offloads),Go module".into()]).unwrap();
+        assert!(o.keeps("tunneld (mmsg, all offloads)"));
+        assert!(!o.keeps("tunneld (mmsg, no offloads)"));
+        assert!(!o.keeps("tunneld (mmsg, all offloads, busy_poll_us = 0)"));
+        assert!(o.keeps("wireguard-go v0.0.20250522 (Go module build, offloads)"));
     }
 
     #[test]

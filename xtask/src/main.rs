@@ -21,7 +21,8 @@ commands:
                    (Debian; Go-module build), boringtun-cli, gotatun-cli, kernel WireGuard
                    where present;
                    interleaved rounds, medians; report in target/bench-report/;
-                   --only keeps the rows whose name contains one of the NAMEs;
+                   --only keeps the rows whose name contains one of the NAMEs
+                   (a comma followed by a space is part of a NAME);
                    --tunneld-baseline adds each tunneld row for another tunneld build too
   bench-tls [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--tunneld-baseline BIN]
                    TCP forwarded over TLS in namespaces: direct, stunnel4, tunneld's
