@@ -159,10 +159,9 @@ pub fn consume_cookie_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::noise::handshake::tests::{boringtun, keys, to_network, unix_now};
+    use crate::noise::handshake::tests::{boringtun, initiate_now, keys, to_network};
     use crate::noise::handshake::{
-        consume_initiation, consume_response, create_initiation, create_response, tai64n,
-        InitiationState,
+        consume_initiation, consume_response, create_response, InitiationState,
     };
     use boringtun::noise::rate_limiter::RateLimiter;
     use boringtun::noise::TunnResult;
@@ -197,19 +196,7 @@ mod tests {
     }
 
     fn initiate(a: &Side, cookie: Option<&[u8; 16]>) -> (InitiationState, [u8; INITIATION_LEN]) {
-        let mut msg = [0u8; INITIATION_LEN];
-        let state = create_initiation(
-            &a.local,
-            &a.peer,
-            &[0; 32],
-            0x0102_0304,
-            tai64n(unix_now()),
-            cookie,
-            &mut OsRng,
-            &mut msg,
-        )
-        .unwrap();
-        (state, msg)
+        initiate_now(&a.local, &a.peer, &[0; 32], 0x0102_0304, cookie)
     }
 
     #[test]
@@ -370,35 +357,13 @@ mod tests {
         let mut buf = vec![0u8; 2048];
         let source = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 9));
 
-        let mut first = [0u8; INITIATION_LEN];
-        let state = create_initiation(
-            &local,
-            &peer,
-            &[0; 32],
-            0x55,
-            tai64n(unix_now()),
-            None,
-            &mut OsRng,
-            &mut first,
-        )
-        .unwrap();
+        let (state, first) = initiate_now(&local, &peer, &[0; 32], 0x55, None);
         let reply = to_network(tunn.decapsulate(Some(source), &first, &mut buf));
         assert_eq!(reply.len(), COOKIE_REPLY_LEN);
         assert_eq!(reply[4..8], 0x55u32.to_le_bytes());
         let cookie = consume_cookie_reply(&peer, &state.mac1(), &reply).unwrap();
 
-        let mut second = [0u8; INITIATION_LEN];
-        let state = create_initiation(
-            &local,
-            &peer,
-            &[0; 32],
-            0x56,
-            tai64n(unix_now()),
-            Some(&cookie),
-            &mut OsRng,
-            &mut second,
-        )
-        .unwrap();
+        let (state, second) = initiate_now(&local, &peer, &[0; 32], 0x56, Some(&cookie));
         let response = to_network(tunn.decapsulate(Some(source), &second, &mut buf));
         assert_eq!(response.len(), RESPONSE_LEN, "boringtun took our mac2");
         assert!(consume_response(&state, &local, &peer, &[0; 32], &response).is_ok());

@@ -697,6 +697,29 @@ pub(crate) mod tests {
         SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
     }
 
+    /// A fresh initiation from `local` to `peer`, stamped now.
+    pub(crate) fn initiate_now(
+        local: &LocalIdentity,
+        peer: &PeerIdentity,
+        psk: &[u8; 32],
+        index: u32,
+        cookie: Option<&[u8; 16]>,
+    ) -> (InitiationState, [u8; INITIATION_LEN]) {
+        let mut msg = [0u8; INITIATION_LEN];
+        let state = create_initiation(
+            local,
+            peer,
+            psk,
+            index,
+            tai64n(unix_now()),
+            cookie,
+            &mut OsRng,
+            &mut msg,
+        )
+        .unwrap();
+        (state, msg)
+    }
+
     fn transport_nonce(counter: u64) -> Nonce {
         let mut nonce = [0u8; 12];
         nonce[4..].copy_from_slice(&counter.to_le_bytes());
@@ -838,18 +861,7 @@ pub(crate) mod tests {
         let mut tunn = boringtun(&theirs, ours.public, psk, None);
         let mut buf = vec![0u8; 2048];
 
-        let mut initiation = [0u8; INITIATION_LEN];
-        let state = create_initiation(
-            &local,
-            &peer,
-            &psk_or_zero(psk),
-            0x1234_5678,
-            tai64n(unix_now()),
-            None,
-            &mut OsRng,
-            &mut initiation,
-        )
-        .unwrap();
+        let (state, initiation) = initiate_now(&local, &peer, &psk_or_zero(psk), 0x1234_5678, None);
         assert_eq!(state.local_index(), 0x1234_5678);
         assert_eq!(state.mac1(), initiation[116..132]);
 
@@ -976,18 +988,7 @@ pub(crate) mod tests {
         // We initiate with one key, boringtun answers with another: the response's empty
         // field does not open.
         let mut tunn = boringtun(&theirs, ours.public, Some([1; 32]), None);
-        let mut initiation = [0u8; INITIATION_LEN];
-        let state = create_initiation(
-            &local,
-            &peer,
-            &[2; 32],
-            9,
-            tai64n(unix_now()),
-            None,
-            &mut OsRng,
-            &mut initiation,
-        )
-        .unwrap();
+        let (state, initiation) = initiate_now(&local, &peer, &[2; 32], 9, None);
         let response = to_network(tunn.decapsulate(None, &initiation, &mut buf));
         assert_eq!(
             consume_response(&state, &local, &peer, &[2; 32], &response).unwrap_err(),
@@ -1066,18 +1067,7 @@ pub(crate) mod tests {
 
         // A response read against the state made for another peer.
         let mut tunn = boringtun(&theirs, ours.public, None, None);
-        let mut initiation = [0u8; INITIATION_LEN];
-        let state = create_initiation(
-            &local,
-            &peer,
-            &[0; 32],
-            3,
-            tai64n(unix_now()),
-            None,
-            &mut OsRng,
-            &mut initiation,
-        )
-        .unwrap();
+        let (state, initiation) = initiate_now(&local, &peer, &[0; 32], 3, None);
         let response = to_network(tunn.decapsulate(None, &initiation, &mut buf));
         assert_eq!(
             consume_response(&state, &local, &other, &[0; 32], &response).unwrap_err(),
@@ -1108,19 +1098,7 @@ pub(crate) mod tests {
         }
 
         fn initiation(&self) -> (InitiationState, [u8; INITIATION_LEN]) {
-            let mut msg = [0u8; INITIATION_LEN];
-            let state = create_initiation(
-                &self.la,
-                &self.b_at_a,
-                &[0; 32],
-                11,
-                tai64n(unix_now()),
-                None,
-                &mut OsRng,
-                &mut msg,
-            )
-            .unwrap();
-            (state, msg)
+            initiate_now(&self.la, &self.b_at_a, &[0; 32], 11, None)
         }
 
         fn consume(&self, msg: &[u8]) -> Result<ReceivedInitiation, HandshakeError> {
