@@ -1,8 +1,7 @@
-//! ChaCha20-Poly1305 alone, through `tunneld_crypto::aead::TransportKey` (ring underneath:
-//! the data path's own AEAD), by message size: seal and open, each including the copy of the
-//! message into the output buffer that `noise::Session` does before sealing or opening in
-//! place. This is the crypto ceiling of one core for the data path; `core.rs` shows what the
-//! rest of the core costs on top.
+//! ChaCha20-Poly1305 alone, through `tunneld_crypto::aead::TransportKey`, once for each
+//! implementation this CPU runs (ring; the own AVX-512 one), by message size: seal and
+//! open from one buffer into another, as `noise::Session` does. This is the crypto ceiling of
+//! one core for the data path; `core.rs` shows what the rest of the core costs on top.
 //!
 //! A second group seals a full TLS record (16 KiB, AES-256-GCM, a 5-byte header as associated
 //! data) with ring and with aws-lc-rs: the record crypto of tunneld's TLS tunnels is ring's
@@ -17,7 +16,7 @@ use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey};
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tunneld_crypto::aead::{TransportKey, TAG_LEN};
+use tunneld_crypto::aead::{Implementation, TransportKey, TAG_LEN};
 
 const SIZES: [usize; 6] = [64, 256, 1420, 4096, 16384, 65536];
 const OPENSSL_LIMIT: Duration = Duration::from_secs(60);
@@ -31,36 +30,38 @@ fn nonce(counter: u64) -> Nonce {
 
 fn bench_aead(c: &mut Criterion) {
     let key_bytes: [u8; 32] = std::array::from_fn(|i| i as u8);
-    let mut key = TransportKey::new(&key_bytes);
-    let mut group = c.benchmark_group("chacha20poly1305_ring");
-    for size in SIZES {
-        let plaintext: Vec<u8> = (0..size).map(|i| i as u8).collect();
-        let mut buf = vec![0u8; size + TAG_LEN];
-        group.throughput(Throughput::Bytes(size as u64));
+    for &implementation in Implementation::ALL {
+        let mut key = TransportKey::with(implementation, &key_bytes);
+        let mut group = c.benchmark_group(format!("chacha20poly1305_{}", implementation.name()));
+        for size in SIZES {
+            let plaintext: Vec<u8> = (0..size).map(|i| i as u8).collect();
+            let mut buf = vec![0u8; size + TAG_LEN];
+            group.throughput(Throughput::Bytes(size as u64));
 
-        let mut counter = 0u64;
-        group.bench_function(format!("seal/{size}B"), |bench| {
-            bench.iter(|| {
-                counter += 1;
-                let (data, tag_out) = buf.split_at_mut(size);
-                data.copy_from_slice(black_box(&plaintext));
-                tag_out.copy_from_slice(&key.seal(counter, data));
-            })
-        });
+            let mut counter = 0u64;
+            group.bench_function(format!("seal/{size}B"), |bench| {
+                bench.iter(|| {
+                    counter += 1;
+                    let (data, tag_out) = buf.split_at_mut(size);
+                    tag_out.copy_from_slice(&key.seal_into(counter, black_box(&plaintext), data));
+                })
+            });
 
-        // One sealed message, opened (copy + decrypt + verify) every iteration.
-        let mut sealed = plaintext.clone();
-        let tag = key.seal(0, &mut sealed);
-        sealed.extend_from_slice(&tag);
-        group.bench_function(format!("open/{size}B"), |bench| {
-            bench.iter(|| {
-                buf.copy_from_slice(black_box(&sealed));
-                let opened = key.open(0, &mut buf).expect("authentic message");
-                black_box(opened)
-            })
-        });
+            // One sealed message, opened (decrypt + verify into the buffer) every iteration.
+            let mut sealed = plaintext.clone();
+            let tag = key.seal(0, &mut sealed);
+            sealed.extend_from_slice(&tag);
+            group.bench_function(format!("open/{size}B"), |bench| {
+                bench.iter(|| {
+                    let opened = key
+                        .open_into(0, black_box(&sealed), &mut buf)
+                        .expect("authentic message");
+                    black_box(opened)
+                })
+            });
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 /// Whether this process was started to benchmark (`cargo bench` passes `--bench`), rather than

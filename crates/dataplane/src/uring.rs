@@ -78,7 +78,7 @@ const TUN_BUF_LEN: usize = (VNET_HDR_LEN + FRAME_PAYLOAD).div_ceil(64) * 64;
 // and buffers stay 8-aligned (the control messages are walked in place).
 const _: () = assert!(UDP_BUF_LEN - RECVMSG_OUT_LEN - NAME_LEN - CONTROL_LEN >= FRAME_PAYLOAD);
 const _: () = assert!(TUN_BUF_LEN - VNET_HDR_LEN >= FRAME_PAYLOAD);
-const _: () = assert!(UDP_BUF_LEN % 8 == 0 && RX_BUFFERS.is_power_of_two());
+const _: () = assert!(UDP_BUF_LEN.is_multiple_of(8) && RX_BUFFERS.is_power_of_two());
 
 /// Packets from the TUN side carry no peer address.
 const NO_ADDR: SocketAddr = SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0));

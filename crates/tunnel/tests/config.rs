@@ -937,3 +937,38 @@ fn metrics_takes_an_address_and_serves_wireguard_or_tls() {
         "TLS sections have counters too"
     );
 }
+
+/// `[dataplane] aead` names an implementation or `auto`; anything else is one clear error.
+#[test]
+fn dataplane_aead_is_auto_or_an_implementation() {
+    use tunneld_crypto::aead::Implementation;
+    assert_eq!(ok(&with_interface("[dataplane]\n")).dataplane.aead, None);
+    assert_eq!(
+        ok(&with_interface("[dataplane]\naead = \"auto\"\n"))
+            .dataplane
+            .aead,
+        None
+    );
+    assert_eq!(
+        ok(&with_interface("[dataplane]\naead = \"ring\"\n"))
+            .dataplane
+            .aead,
+        Some(Implementation::Ring)
+    );
+    let names: Vec<&str> = Implementation::ALL.iter().map(|i| i.name()).collect();
+    for (text, expected) in [
+        (
+            "[dataplane]\naead = \"fast\"\n".to_string(),
+            format!(
+                "dataplane.aead: `fast` is not an AEAD implementation (expected one of: auto, {})",
+                names.join(", ")
+            ),
+        ),
+        (
+            "[dataplane]\naead = 3\n".to_string(),
+            "dataplane.aead: must be a string, not integer".to_string(),
+        ),
+    ] {
+        assert_eq!(error(&with_interface(&text)), expected, "{text}");
+    }
+}

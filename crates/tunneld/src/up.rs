@@ -27,6 +27,14 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
             errors.join(&format!("\n{}: ", config_path.display()))
         )
     })?;
+    if let Some(aead) = loaded.config.dataplane.aead {
+        anyhow::ensure!(
+            aead.is_available(),
+            "{}: dataplane.aead = \"{}\": this CPU does not run it (it needs AVX-512 F, BW and VL); use \"auto\" or \"ring\"",
+            config_path.display(),
+            aead.name()
+        );
+    }
     let workers = worker_count(&loaded.config.dataplane, &loaded.config.peers);
     if let Some(wg) = &mut loaded.wireguard {
         // `load` keeps the config's peers in order, one settings entry each.
@@ -254,6 +262,12 @@ fn start_wireguard(
         tun_tso = tun.offloads().tcp,
         tun_uso = tun.offloads().udp,
         "interface up"
+    );
+    let aead = tunneld_crypto::aead::choose(dataplane.aead);
+    tracing::info!(
+        "data-message AEAD: ChaCha20-Poly1305 from {} ({})",
+        aead.implementation.name(),
+        aead.reason
     );
     if dataplane.udp_gso && !udp.gso() {
         tracing::info!("UDP GSO is not available on this kernel; sending datagram by datagram");

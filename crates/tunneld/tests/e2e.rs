@@ -919,7 +919,7 @@ fn garbage_flood(test: &str, extra_b: &str) {
                 x ^= x << 5;
                 *b = x as u8;
             }
-            if len >= 4 && x % 3 != 0 {
+            if len >= 4 && !x.is_multiple_of(3) {
                 buf[0] = (x % 4 + 1) as u8; // initiation, response, cookie or data
                 buf[1..4].fill(0);
             }

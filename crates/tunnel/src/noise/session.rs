@@ -67,8 +67,7 @@ impl Session {
         out[4..8].copy_from_slice(&self.peer_index.to_le_bytes());
         out[8..16].copy_from_slice(&counter.to_le_bytes());
         let (body, tag) = out[DATA_HEADER..len].split_at_mut(packet.len());
-        body.copy_from_slice(packet);
-        tag.copy_from_slice(&self.sending.seal(counter, body));
+        tag.copy_from_slice(&self.sending.seal_into(counter, packet, body));
         Some(len)
     }
 
@@ -88,10 +87,9 @@ impl Session {
         let Some(buf) = out.get_mut(..sealed.len()) else {
             return Err(DropReason::Other);
         };
-        buf.copy_from_slice(sealed);
         let len = self
             .receiving
-            .open(counter, buf)
+            .open_into(counter, sealed, buf)
             .map_err(|_| DropReason::DecryptFailed)?;
         self.replay.accept(counter);
         Ok(len)
