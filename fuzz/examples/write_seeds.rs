@@ -185,6 +185,22 @@ fn main() {
             [&[0u8][..], &[0xff, 0xff], &vec![1; 65535], &[0, 1], b"x"].concat(),
         ],
     ));
+    // Key, counter, flip position, message: empty, a keepalive-sized one, a 1420-byte packet
+    // (the vector Poly1305 and the 8-block ChaCha20 tail), and one past a 16-block batch.
+    all.push((
+        "aead_differential",
+        [0usize, 16, 1420, 1100]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let mut input = vec![i as u8 + 1; 32];
+                input.extend_from_slice(&(i as u64 * 0x0101_0101).to_le_bytes());
+                input.extend_from_slice(&(len as u16 / 2).to_le_bytes());
+                input.extend((0..len).map(|b| (b * 7 + i) as u8));
+                input
+            })
+            .collect(),
+    ));
     for (name, inputs) in all {
         let dir = corpus(name);
         fs::create_dir_all(&dir).unwrap();

@@ -14,6 +14,7 @@ pub const TARGETS: &[&str] = &[
     "config_parse",
     "uapi_parse",
     "framing",
+    "aead_differential",
 ];
 
 /// `cargo xtask fuzz <target|all|list> [--time N]`.
