@@ -29,7 +29,7 @@ pub enum AeadError {
     Unauthentic,
 }
 
-/// A library whose ChaCha20-Poly1305 can seal and open data messages.
+/// An implementation of ChaCha20-Poly1305 that can seal and open data messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Implementation {
     Ring,
@@ -500,7 +500,7 @@ mod tests {
     /// boundaries of the vector code, with keys and counters that change per case.
     #[test]
     fn every_implementation_agrees_with_ring_byte_for_byte() {
-        // Every size up to 1600 (the vector Poly1305 starts at 512 bytes and leaves the blocks
+        // Every size up to 1600 (the vector Poly1305 starts at 448 bytes and leaves the blocks
         // past a multiple of 8 to the scalar code; the 8-block ChaCha20 tail covers 448 bytes
         // or less), then larger ones.
         let sizes = (0..=1600).chain([2047, 2048, 4096, 8191, 65535]);
