@@ -2,12 +2,12 @@
 //! uses (4 zero bytes, then the 64-bit little-endian message counter) and no associated data.
 //!
 //! Two implementations: ring's (AVX2 assembly, ChaCha20 and Poly1305 stitched together) and
-//! this crate's own for CPUs with AVX-512 ([`avx512`]: 16 ChaCha20 blocks at once, Poly1305
-//! in 8 lanes), which on an AVX-512 Intel core seals a 1420-byte message in about 0.75× ring's
-//! time (docs/benchmarks.md). Which one runs is decided once per process by [`choose`]: the
-//! one configured (`[dataplane] aead`: `ring`, `avx512` or `auto`), else the faster of those
-//! this CPU runs, measured for a few hundred microseconds, so a CPU whose AVX-512 is slow (or
-//! absent) keeps ring. Both produce the same bytes, so peers never notice.
+//! this crate's own for CPUs with AVX-512 (`aead/avx512.rs`: 16 ChaCha20 blocks at once,
+//! Poly1305 in 8 lanes), which on an AVX-512 Intel core seals a 1420-byte message in about
+//! 0.7× ring's time (docs/benchmarks.md). Which one runs is decided once per process by
+//! [`choose`]: the one configured (`[dataplane] aead`: `ring`, `avx512` or `auto`), else the
+//! faster of those this CPU runs, measured for a few hundred microseconds, so a CPU whose
+//! AVX-512 is slow (or absent) keeps ring. Both produce the same bytes, so peers never notice.
 
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, CHACHA20_POLY1305};
 use std::fmt;
