@@ -314,12 +314,17 @@ impl fmt::Debug for TransportKey {
 
 impl Drop for TransportKey {
     fn drop(&mut self) {
-        // ring keeps ChaCha20's key words inline and does not wipe them: overwrite them in place
-        // with an all-zero key, and keep the store from being removed as dead before the free.
-        // (The AVX-512 key wipes itself when dropped.)
-        if let Cipher::Ring(key) = &mut self.cipher {
-            **key = ring_key(&[0; KEY_LEN]);
-            std::hint::black_box(&**key);
+        match &mut self.cipher {
+            // ring keeps ChaCha20's key words inline and does not wipe them: overwrite them in
+            // place with an all-zero key, and keep the store from being removed as dead before
+            // the free.
+            Cipher::Ring(key) => {
+                **key = ring_key(&[0; KEY_LEN]);
+                std::hint::black_box(&**key);
+            }
+            // Wipes itself when dropped.
+            #[cfg(target_arch = "x86_64")]
+            Cipher::Avx512(_) => {}
         }
     }
 }
