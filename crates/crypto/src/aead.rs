@@ -505,7 +505,7 @@ mod tests {
     /// boundaries of the vector code, with keys and counters that change per case.
     #[test]
     fn every_implementation_agrees_with_ring_byte_for_byte() {
-        // Every size up to 1600 (the vector Poly1305 starts at 448 bytes and leaves the blocks
+        // Every size up to 1600 (the vector Poly1305 starts at 384 bytes and leaves the blocks
         // past a multiple of 8 to the scalar code; the 8-block ChaCha20 tail covers 448 bytes
         // or less), then larger ones.
         let sizes = (0..=1600).chain([2047, 2048, 4096, 8191, 65535]);
