@@ -330,14 +330,10 @@ impl Drop for TransportKey {
 }
 
 /// WireGuard's nonce: 4 zero bytes, then the 64-bit little-endian counter.
-fn nonce_bytes(counter: u64) -> [u8; 12] {
+fn nonce(counter: u64) -> Nonce {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&counter.to_le_bytes());
-    n
-}
-
-fn nonce(counter: u64) -> Nonce {
-    Nonce::assume_unique_for_key(nonce_bytes(counter))
+    Nonce::assume_unique_for_key(n)
 }
 
 fn ring_key(key: &[u8; KEY_LEN]) -> LessSafeKey {
@@ -487,8 +483,9 @@ mod tests {
         }
     }
 
-    /// A small deterministic generator, so a failure names a reproducible case.
-    fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    /// A small deterministic generator, so a failure names a reproducible case (also used by
+    /// `avx512`'s tests).
+    pub(super) fn bytes(seed: u64, len: usize) -> Vec<u8> {
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         (0..len)
             .map(|_| {

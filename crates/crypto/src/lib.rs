@@ -4,7 +4,8 @@
 //! `wg pubkey` and `wg genpsk`. Secret keys zeroize on drop and never print themselves:
 //! their `Debug` shows only that they are secret. This crate does no networking.
 //!
-//! [`aead`] is WireGuard's transport AEAD (ChaCha20-Poly1305 on data messages, in place).
+//! [`aead`] is WireGuard's transport AEAD (ChaCha20-Poly1305 on data messages, in place or
+//! into a buffer, on ring's code or the crate's own AVX-512 code).
 
 // Unsafe code is refused except in `aead::avx512` (SIMD intrinsics, behind a CPU check).
 #![deny(unsafe_code)]

@@ -18,6 +18,8 @@ use zeroize::Zeroize;
 pub struct Key {
     /// The key as ChaCha20's eight little-endian words.
     words: [u32; 8],
+    /// Whether the CPU has AVX-512 IFMA, for the 44-bit Poly1305 ([`lanes44`]).
+    ifma: bool,
 }
 
 impl Drop for Key {
@@ -39,6 +41,7 @@ impl Key {
             words: std::array::from_fn(|i| {
                 u32::from_le_bytes([key[4 * i], key[4 * i + 1], key[4 * i + 2], key[4 * i + 3]])
             }),
+            ifma: is_x86_feature_detected!("avx512ifma"),
         })
     }
 
@@ -59,7 +62,7 @@ impl Key {
         let src = input.map_or(dst.cast_const(), <[u8]>::as_ptr);
         // SAFETY: `new` checked the CPU features; `src` and `dst` are `len` bytes each, and
         // are either the same buffer or do not overlap (distinct borrows).
-        Some(unsafe { crypt(&self.words, counter, src, dst, len, Direction::Seal) })
+        Some(unsafe { crypt(self, counter, src, dst, len, Direction::Seal) })
     }
 
     /// Decrypts `input` into `out` (or `out` in place) and checks `tag`: whether it
@@ -78,7 +81,7 @@ impl Key {
         let dst = out.as_mut_ptr();
         let src = input.map_or(dst.cast_const(), <[u8]>::as_ptr);
         // SAFETY: as in `seal`.
-        let computed = unsafe { crypt(&self.words, counter, src, dst, len, Direction::Open) };
+        let computed = unsafe { crypt(self, counter, src, dst, len, Direction::Open) };
         // Constant time: every byte is compared.
         computed
             .iter()
@@ -104,14 +107,14 @@ enum Direction {
 /// The CPU has AVX-512F, BW and VL; `src` is readable and `dst` writable for `len` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn crypt(
-    key: &[u32; 8],
+    key: &Key,
     counter: u64,
     src: *const u8,
     dst: *mut u8,
     len: usize,
     direction: Direction,
 ) -> [u8; TAG_LEN] {
-    let state = State::new(key, counter);
+    let state = State::new(&key.words, counter);
     let mut poly_key = PolyKey([0; 32]);
     let mut tag = [0u8; TAG_LEN];
     let mut done = 0;
@@ -128,15 +131,19 @@ unsafe fn crypt(
             (state.keystream16(block), 16)
         };
         if first {
-            let mut key = [0u8; 64];
+            let mut block0 = [0u8; 64];
             // SAFETY: 64 bytes into a 64-byte array.
-            unsafe { _mm512_storeu_si512(key.as_mut_ptr().cast(), blocks[0]) };
-            poly_key.0.copy_from_slice(&key[..32]);
-            key.zeroize();
+            unsafe { _mm512_storeu_si512(block0.as_mut_ptr().cast(), blocks[0]) };
+            poly_key.0.copy_from_slice(&block0[..32]);
+            block0.zeroize();
             if direction == Direction::Open {
                 // The ciphertext is authenticated before any of it is overwritten.
                 // SAFETY: `len` bytes of `src` are readable, and nothing was written yet.
-                tag = poly1305(&poly_key.0, unsafe { std::slice::from_raw_parts(src, len) });
+                tag = poly1305(
+                    &poly_key.0,
+                    unsafe { std::slice::from_raw_parts(src, len) },
+                    key.ifma,
+                );
             }
         }
         for (i, ks) in blocks[skip..count].iter().enumerate() {
@@ -165,7 +172,11 @@ unsafe fn crypt(
     }
     if direction == Direction::Seal {
         // SAFETY: all `len` bytes of `dst` were just written.
-        tag = poly1305(&poly_key.0, unsafe { std::slice::from_raw_parts(dst, len) });
+        tag = poly1305(
+            &poly_key.0,
+            unsafe { std::slice::from_raw_parts(dst, len) },
+            key.ifma,
+        );
     }
     tag
 }
@@ -180,9 +191,9 @@ impl Drop for PolyKey {
 
 /// The AEAD's tag over `ciphertext` (no associated data): Poly1305 over the ciphertext padded
 /// to 16 bytes, then the two lengths. Runs of 8 blocks go through the vector code when there
-/// are enough of them to pay for its set-up.
+/// are enough of them to pay for its set-up; `ifma` picks the 44-bit code for them.
 #[target_feature(enable = "avx512f")]
-fn poly1305(key: &[u8; 32], ciphertext: &[u8]) -> [u8; TAG_LEN] {
+fn poly1305(key: &[u8; 32], ciphertext: &[u8], ifma: bool) -> [u8; TAG_LEN] {
     let mut poly = Poly1305::new(key);
     let full = ciphertext.len() / 16;
     let vector = if full >= VECTOR_MIN_BLOCKS {
@@ -192,8 +203,9 @@ fn poly1305(key: &[u8; 32], ciphertext: &[u8]) -> [u8; TAG_LEN] {
     };
     if vector > 0 {
         let runs = &ciphertext[..vector * 16];
-        poly.h = if is_x86_feature_detected!("avx512ifma") {
-            // SAFETY: the CPU has AVX-512 IFMA (checked), and AVX-512F (this function's).
+        poly.h = if ifma {
+            // SAFETY: the CPU has AVX-512 IFMA (`Key::new` checked), and AVX-512F (this
+            // function's).
             unsafe { lanes44::blocks(poly.r0, poly.r1, runs) }
         } else {
             lanes::blocks(poly.r0, poly.r1, runs)
@@ -376,6 +388,14 @@ impl Drop for Poly1305 {
     }
 }
 
+/// h0 + h1·2⁶⁴ + h2·2¹²⁸ with its bits from 2¹³⁰ up folded back in times 5 (2¹³⁰ ≡ 5 mod
+/// 2¹³⁰ − 5): the result's top limb is at most 4.
+fn fold(h0: u64, h1: u64, h2: u64) -> [u64; 3] {
+    let t0 = u128::from(h0) + u128::from((h2 >> 2) * 5);
+    let t1 = u128::from(h1) + (t0 >> 64);
+    [t0 as u64, t1 as u64, (h2 & 3) + (t1 >> 64) as u64]
+}
+
 fn le64(bytes: &[u8]) -> u64 {
     let mut word = [0u8; 8];
     word.copy_from_slice(&bytes[..8]);
@@ -428,21 +448,13 @@ impl Poly1305 {
         let d0 = u128::from(h0) * r0 + u128::from(h1) * s1;
         let d1 = u128::from(h0) * r1 + u128::from(h1) * r0 + u128::from(h2) * s1 + (d0 >> 64);
         let d2 = h2 * self.r0 + (d1 >> 64) as u64;
-        // Bits from 2¹³⁰ up fold back in times 5.
-        let carry = (d2 >> 2) + (d2 & !3);
-        let t = u128::from(d0 as u64) + u128::from(carry);
-        let t1 = u128::from(d1 as u64) + (t >> 64);
-        self.h = [t as u64, t1 as u64, (d2 & 3) + (t1 >> 64) as u64];
+        self.h = fold(d0 as u64, d1 as u64, d2);
     }
 
     /// The tag: h fully reduced mod 2¹³⁰ − 5, plus s, mod 2¹²⁸.
     fn finish(&mut self) -> [u8; TAG_LEN] {
-        let [h0, h1, h2] = self.h;
         // Fold what is above 2¹³⁰ once more, so h < 2¹³⁰ + 5·small < 2·p.
-        let carry = (h2 >> 2) * 5;
-        let t = u128::from(h0) + u128::from(carry);
-        let t1 = u128::from(h1) + (t >> 64);
-        let (h0, h1, h2) = (t as u64, t1 as u64, (h2 & 3) + (t1 >> 64) as u64);
+        let [h0, h1, h2] = fold(self.h[0], self.h[1], self.h[2]);
         // h − p = h + 5 − 2¹³⁰: take it when h + 5 reaches 2¹³⁰, without branching.
         let g = u128::from(h0) + 5;
         let g1 = u128::from(h1) + (g >> 64);
@@ -459,10 +471,49 @@ impl Poly1305 {
     }
 }
 
+/// Lanes of `b` where `mask` has a bit, of `a` elsewhere, limb by limb.
+#[target_feature(enable = "avx512f")]
+fn blend<const N: usize>(mask: __mmask8, a: &[__m512i; N], b: &[__m512i; N]) -> [__m512i; N] {
+    std::array::from_fn(|i| _mm512_mask_blend_epi64(mask, a[i], b[i]))
+}
+
+/// Lane `j` of each limb, in every lane.
+#[target_feature(enable = "avx512f")]
+fn lane<const N: usize>(v: &[__m512i; N], j: i64) -> [__m512i; N] {
+    let index = _mm512_set1_epi64(j);
+    std::array::from_fn(|i| _mm512_permutexvar_epi64(index, v[i]))
+}
+
+/// From r⁵ … r⁸ in lanes 0..4 of `high` and r … r⁴ in lanes 0..4 of `low`: r⁸ … r¹ across
+/// the lanes, the multipliers that end the 8-lane Horner sums.
+#[target_feature(enable = "avx512f")]
+fn descending<const N: usize>(high: &[__m512i; N], low: &[__m512i; N]) -> [__m512i; N] {
+    let reverse = _mm512_setr_epi64(3, 2, 1, 0, 11, 10, 9, 8);
+    std::array::from_fn(|i| _mm512_permutex2var_epi64(high[i], reverse, low[i]))
+}
+
+/// The low and the high 64-bit words of 8 Poly1305 blocks (128 bytes), block j in lane j.
+#[target_feature(enable = "avx512f")]
+fn words(chunk: &[u8]) -> (__m512i, __m512i) {
+    assert_eq!(chunk.len(), 128, "8 blocks");
+    // SAFETY: 128 bytes are readable.
+    let (a, b) = unsafe {
+        (
+            _mm512_loadu_si512(chunk.as_ptr().cast()),
+            _mm512_loadu_si512(chunk.as_ptr().add(64).cast()),
+        )
+    };
+    (
+        _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), b),
+        _mm512_permutex2var_epi64(a, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), b),
+    )
+}
+
 /// Poly1305 over runs of 8 blocks, one block per 64-bit lane, in 26-bit limbs: lane j takes
 /// blocks j, j + 8, j + 16, … by Horner's rule in r⁸, and at the end is multiplied by r^(8 − j)
 /// and summed with the others, which gives the same h as block-by-block Horner in r.
 mod lanes {
+    use super::{blend, descending, lane, words};
     use core::arch::x86_64::*;
 
     const M26: u64 = (1 << 26) - 1;
@@ -578,32 +629,10 @@ mod lanes {
         std::array::from_fn(|i| _mm512_add_epi64(v[i], _mm512_slli_epi64::<2>(v[i])))
     }
 
-    /// Lanes of `b` where `mask` has a bit, of `a` elsewhere.
-    #[target_feature(enable = "avx512f")]
-    fn blend(mask: __mmask8, a: &[__m512i; 5], b: &[__m512i; 5]) -> [__m512i; 5] {
-        std::array::from_fn(|i| _mm512_mask_blend_epi64(mask, a[i], b[i]))
-    }
-
-    /// Lane `j` of `v` in every lane.
-    #[target_feature(enable = "avx512f")]
-    fn lane(v: &[__m512i; 5], j: i64) -> [__m512i; 5] {
-        let index = _mm512_set1_epi64(j);
-        std::array::from_fn(|i| _mm512_permutexvar_epi64(index, v[i]))
-    }
-
     /// 8 blocks (128 bytes) as limbs, lane j holding block j, with the 2¹²⁸ bit set.
     #[target_feature(enable = "avx512f")]
     fn load(chunk: &[u8]) -> [__m512i; 5] {
-        debug_assert_eq!(chunk.len(), 128);
-        // SAFETY: 128 bytes are readable.
-        let (a, b) = unsafe {
-            (
-                _mm512_loadu_si512(chunk.as_ptr().cast()),
-                _mm512_loadu_si512(chunk.as_ptr().add(64).cast()),
-            )
-        };
-        let lo = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), b);
-        let hi = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), b);
+        let (lo, hi) = words(chunk);
         let mask = _mm512_set1_epi64(M26 as i64);
         [
             _mm512_and_si512(lo, mask),
@@ -635,9 +664,7 @@ mod lanes {
         // r⁸ in every lane for the loop; r⁸ … r¹ across the lanes for the end.
         let step = lane(&high, 3);
         let step5 = times5(&step);
-        let reverse = _mm512_setr_epi64(3, 2, 1, 0, 11, 10, 9, 8);
-        let last: [__m512i; 5] =
-            std::array::from_fn(|i| _mm512_permutex2var_epi64(high[i], reverse, low[i]));
+        let last = descending(&high, &low);
         let last5 = times5(&last);
         let mut chunks = data.chunks_exact(128);
         let mut h = match chunks.next() {
@@ -660,11 +687,11 @@ mod lanes {
             + (u128::from(t[2]) << 52)
             + (u128::from(t[3]) << 78);
         let (sum, over) = low.overflowing_add(u128::from(t[4] & ((1 << 24) - 1)) << 104);
-        let h2 = (t[4] >> 24) + u64::from(over);
-        // Fold what is above 2¹³⁰ back in times 5.
-        let t = (sum as u64 as u128) + u128::from((h2 >> 2) * 5);
-        let t1 = u128::from((sum >> 64) as u64) + (t >> 64);
-        [t as u64, t1 as u64, (h2 & 3) + (t1 >> 64) as u64]
+        super::fold(
+            sum as u64,
+            (sum >> 64) as u64,
+            (t[4] >> 24) + u64::from(over),
+        )
     }
 }
 
@@ -672,6 +699,7 @@ mod lanes {
 /// (AVX-512 IFMA): 18 multiply-adds per 8 blocks where the 26-bit limbs take 25 multiplies
 /// and 20 adds.
 mod lanes44 {
+    use super::{blend, descending, lane, words};
     use core::arch::x86_64::*;
 
     const M44: u64 = (1 << 44) - 1;
@@ -720,30 +748,10 @@ mod lanes44 {
         })
     }
 
-    #[target_feature(enable = "avx512f")]
-    fn blend(mask: __mmask8, a: &Vec3, b: &Vec3) -> Vec3 {
-        std::array::from_fn(|i| _mm512_mask_blend_epi64(mask, a[i], b[i]))
-    }
-
-    #[target_feature(enable = "avx512f")]
-    fn lane(v: &Vec3, j: i64) -> Vec3 {
-        let index = _mm512_set1_epi64(j);
-        std::array::from_fn(|i| _mm512_permutexvar_epi64(index, v[i]))
-    }
-
     /// 8 blocks (128 bytes) as 44-bit limbs, lane j holding block j, with the 2¹²⁸ bit set.
     #[target_feature(enable = "avx512f")]
     fn load(chunk: &[u8]) -> Vec3 {
-        debug_assert_eq!(chunk.len(), 128);
-        // SAFETY: 128 bytes are readable.
-        let (a, b) = unsafe {
-            (
-                _mm512_loadu_si512(chunk.as_ptr().cast()),
-                _mm512_loadu_si512(chunk.as_ptr().add(64).cast()),
-            )
-        };
-        let lo = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), b);
-        let hi = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), b);
+        let (lo, hi) = words(chunk);
         let m44 = _mm512_set1_epi64(M44 as i64);
         [
             _mm512_and_si512(lo, m44),
@@ -768,9 +776,7 @@ mod lanes44 {
         let high = mul(&p4, &low, &times20(&low));
         let step = lane(&high, 3);
         let step20 = times20(&step);
-        let reverse = _mm512_setr_epi64(3, 2, 1, 0, 11, 10, 9, 8);
-        let last: Vec3 =
-            std::array::from_fn(|i| _mm512_permutex2var_epi64(high[i], reverse, low[i]));
+        let last = descending(&high, &low);
         let last20 = times20(&last);
         let mut chunks = data.chunks_exact(128);
         let mut h = match chunks.next() {
@@ -789,29 +795,18 @@ mod lanes44 {
         // t0 + t1·2⁴⁴ + t2·2⁸⁸, each tᵢ below 2⁴⁸: t2's bits from 2¹²⁸ up go to h2.
         let low = u128::from(t[0]) + (u128::from(t[1]) << 44);
         let (sum, over) = low.overflowing_add(u128::from(t[2] & ((1 << 40) - 1)) << 88);
-        let h2 = (t[2] >> 40) + u64::from(over);
-        let t = (sum as u64 as u128) + u128::from((h2 >> 2) * 5);
-        let t1 = u128::from((sum >> 64) as u64) + (t >> 64);
-        [t as u64, t1 as u64, (h2 & 3) + (t1 >> 64) as u64]
+        super::fold(
+            sum as u64,
+            (sum >> 64) as u64,
+            (t[2] >> 40) + u64::from(over),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::bytes;
     use super::*;
-
-    /// Xorshift bytes: reproducible cases.
-    fn bytes(seed: u64, len: usize) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 
     /// Both vector Poly1305s (26-bit limbs, and 44-bit limbs with IFMA where the CPU has it)
     /// give the scalar code's tag for runs of 8 blocks, with random keys and data. The AEAD
