@@ -1,8 +1,15 @@
-//! Fixed-size batches of fixed-size frames, allocated once at start-up.
+//! Fixed-size batches of frames, allocated once at start-up.
 //!
 //! A frame is `HEADROOM` bytes of room in front of the payload (so a later backend can prepend
-//! a virtio_net_hdr or encapsulate in place) followed by `FRAME_PAYLOAD` bytes for the payload.
-//! The batch is the unit of I/O: backends fill or drain whole batches per call.
+//! a virtio_net_hdr or encapsulate in place) followed by room for the payload. The batch is the
+//! unit of I/O: backends fill or drain whole batches per call.
+//!
+//! Every frame has room for `FRAME_PAYLOAD` bytes until it is filled. A frame filled with
+//! [`Batch::commit`] then keeps only its length plus `TAIL_ROOM`, and the next frame starts
+//! right after it. Packets are mostly far smaller than the 64 KiB a frame must be able to
+//! hold, so a batch of them stays in a few dozen contiguous kilobytes that the caches and the
+//! TLB hold, where 64 frames 64 KiB apart would land in the same cache sets and evict each
+//! other before the write or send copies them out.
 
 use crate::offload::VnetHdr;
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
@@ -14,13 +21,23 @@ pub const BATCH_SIZE: usize = 64;
 pub const HEADROOM: usize = 64;
 /// Payload bytes per frame: an IP packet of up to 65535 bytes plus the WireGuard overhead.
 pub const FRAME_PAYLOAD: usize = tunneld_tunnel::packet::MAX_DATAGRAM;
-const FRAME: usize = HEADROOM + FRAME_PAYLOAD;
+/// Bytes a frame filled by `commit` keeps after its payload, for whoever rewrites it in place
+/// (WireGuard padding after a packet, a segment's tail).
+pub const TAIL_ROOM: usize = 64;
+/// Where frames start when none has been filled: room for the largest payload each, rounded
+/// to cache lines.
+const FRAME: usize = (HEADROOM + FRAME_PAYLOAD).next_multiple_of(64);
 
 const UNSPECIFIED: SocketAddr = SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0));
 
 /// `BATCH_SIZE` frames with a length and a peer address each; `len()` of them are in use.
 pub struct Batch {
     buf: Box<[u8]>,
+    /// Where frame `i` starts in `buf` (its headroom first); entry `BATCH_SIZE` is the end.
+    /// Frame `i` owns `starts[i]..starts[i + 1]`. Past the first unfilled frame every start
+    /// is the fixed `i * FRAME`, and the first unfilled frame starts at or before its fixed
+    /// place, so an unfilled frame always owns at least `FRAME` bytes.
+    starts: [usize; BATCH_SIZE + 1],
     lens: [usize; BATCH_SIZE],
     addrs: [SocketAddr; BATCH_SIZE],
     /// TUN frames: the offload header the packet came with (all zero: a plain packet).
@@ -47,6 +64,7 @@ impl Batch {
     pub fn new() -> Self {
         Self {
             buf: vec![0u8; FRAME * BATCH_SIZE].into_boxed_slice(),
+            starts: std::array::from_fn(|i| i * FRAME),
             lens: [0; BATCH_SIZE],
             addrs: [UNSPECIFIED; BATCH_SIZE],
             offloads: [VnetHdr::default(); BATCH_SIZE],
@@ -65,12 +83,17 @@ impl Batch {
         self.count == BATCH_SIZE
     }
     pub fn clear(&mut self) {
+        // Only starts up to the first unfilled frame's successor can have moved.
+        let moved = (self.count + 1).min(BATCH_SIZE);
+        for (i, start) in self.starts.iter_mut().enumerate().take(moved + 1).skip(1) {
+            *start = i * FRAME;
+        }
         self.count = 0;
     }
 
     /// The payload of frame `i` (headroom excluded), `len(i)` bytes.
     pub fn payload(&self, i: usize) -> &[u8] {
-        let start = i * FRAME + HEADROOM;
+        let start = self.starts[i] + HEADROOM;
         &self.buf[start..start + self.lens[i]]
     }
 
@@ -79,15 +102,17 @@ impl Batch {
         self.lens[i]
     }
 
-    /// The whole payload area of frame `i` (all `FRAME_PAYLOAD` bytes) and its length.
+    /// The whole payload area of frame `i` and its length: at least `FRAME_PAYLOAD` bytes for
+    /// a frame filled in place by a backend, its length plus `TAIL_ROOM` for one filled with
+    /// `commit` (less only where that would pass `FRAME_PAYLOAD`).
     pub fn frame_mut(&mut self, i: usize) -> (&mut [u8], usize) {
-        let start = i * FRAME + HEADROOM;
-        (&mut self.buf[start..start + FRAME_PAYLOAD], self.lens[i])
+        let (start, end) = (self.starts[i] + HEADROOM, self.starts[i + 1]);
+        (&mut self.buf[start..end], self.lens[i])
     }
 
     /// Frame `i` including its headroom, for backends that prepend headers.
     pub fn raw_frame_mut(&mut self, i: usize) -> &mut [u8] {
-        &mut self.buf[i * FRAME..(i + 1) * FRAME]
+        &mut self.buf[self.starts[i]..self.starts[i + 1]]
     }
 
     pub fn addr(&self, i: usize) -> SocketAddr {
@@ -121,17 +146,23 @@ impl Batch {
         if self.is_full() {
             return None;
         }
-        let start = self.count * FRAME + HEADROOM;
+        let start = self.starts[self.count] + HEADROOM;
         Some(&mut self.buf[start..start + FRAME_PAYLOAD])
     }
 
-    /// Marks the next unused frame as holding `len` payload bytes for/from `addr`.
+    /// Marks the next unused frame as holding `len` payload bytes for/from `addr`, and moves
+    /// the frame after it up to just past its tail room.
     pub fn commit(&mut self, len: usize, addr: SocketAddr) {
         debug_assert!(self.count < BATCH_SIZE && len <= FRAME_PAYLOAD);
-        self.lens[self.count] = len;
-        self.addrs[self.count] = addr;
-        self.offloads[self.count] = VnetHdr::default();
-        self.segment_sizes[self.count] = 0;
+        let i = self.count;
+        if i + 1 < BATCH_SIZE {
+            let used = (HEADROOM + len + TAIL_ROOM).next_multiple_of(64);
+            self.starts[i + 1] = self.starts[i] + used.min(FRAME);
+        }
+        self.lens[i] = len;
+        self.addrs[i] = addr;
+        self.offloads[i] = VnetHdr::default();
+        self.segment_sizes[i] = 0;
         self.count += 1;
     }
 
@@ -154,7 +185,7 @@ impl Batch {
     /// invalidated by the next call's `&mut` borrow).
     pub(crate) fn payload_ptrs(&mut self) -> [*mut u8; BATCH_SIZE] {
         let base = self.buf.as_mut_ptr();
-        std::array::from_fn(|i| base.wrapping_add(i * FRAME + HEADROOM))
+        std::array::from_fn(|i| base.wrapping_add(self.starts[i] + HEADROOM))
     }
 }
 
@@ -218,6 +249,53 @@ mod tests {
         }
         batch.clear();
         assert!(batch.is_empty());
+    }
+
+    #[test]
+    fn committed_frames_pack_and_unfilled_ones_keep_full_room() {
+        let mut batch = Batch::new();
+        let ptrs = |b: &mut Batch| b.payload_ptrs().map(|p| p as usize);
+        let fixed = ptrs(&mut batch);
+        for (i, len) in [100usize, 1420, 0].into_iter().enumerate() {
+            batch.next_free().unwrap()[..len].fill(i as u8 + 1);
+            batch.commit(len, UNSPECIFIED);
+        }
+        let packed = ptrs(&mut batch);
+        assert_eq!(
+            packed[1] - packed[0],
+            256,
+            "100 B + headroom + tail room, in lines"
+        );
+        assert_eq!(packed[2] - packed[1], 1600);
+        assert_eq!(packed[3] - packed[2], 128);
+        assert_eq!(
+            packed[4..],
+            fixed[4..],
+            "frames past the next free one stay put"
+        );
+        // A committed frame owns its tail room and no more; the next free one owns a full frame.
+        assert_eq!(batch.frame_mut(0).0.len(), 256 - HEADROOM);
+        assert!(batch.next_free().unwrap().len() == FRAME_PAYLOAD);
+        assert!(batch.raw_frame_mut(3).len() >= HEADROOM + FRAME_PAYLOAD);
+        // Packing never moved a payload: each is still what was written.
+        assert_eq!(batch.payload(0), &[1; 100]);
+        assert_eq!(batch.payload(1), &[2; 1420][..]);
+        // A backend filling frames in place after the committed ones (as recvmmsg does).
+        let ptrs_now = ptrs(&mut batch);
+        batch.set(3, FRAME_PAYLOAD, UNSPECIFIED);
+        batch.set(4, FRAME_PAYLOAD, UNSPECIFIED);
+        batch.set_len(5);
+        assert!(ptrs_now[4] - ptrs_now[3] >= HEADROOM + FRAME_PAYLOAD);
+        assert_eq!(batch.payload(4).len(), FRAME_PAYLOAD);
+        // A full batch of the largest frames, committed one by one, fits.
+        batch.clear();
+        assert_eq!(ptrs(&mut batch), fixed, "clear restores the fixed layout");
+        for _ in 0..BATCH_SIZE {
+            let slot = batch.next_free().unwrap();
+            assert_eq!(slot.len(), FRAME_PAYLOAD);
+            batch.commit(FRAME_PAYLOAD, UNSPECIFIED);
+        }
+        assert_eq!(batch.payload(BATCH_SIZE - 1).len(), FRAME_PAYLOAD);
     }
 
     #[test]
