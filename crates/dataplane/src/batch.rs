@@ -38,6 +38,8 @@ pub struct Batch {
     /// is the fixed `i * FRAME`, and the first unfilled frame starts at or before its fixed
     /// place, so an unfilled frame always owns at least `FRAME` bytes.
     starts: [usize; BATCH_SIZE + 1],
+    /// The highest entry of `starts` that `commit` moved since the last `clear`.
+    moved: usize,
     lens: [usize; BATCH_SIZE],
     addrs: [SocketAddr; BATCH_SIZE],
     /// TUN frames: the offload header the packet came with (all zero: a plain packet).
@@ -65,6 +67,7 @@ impl Batch {
         Self {
             buf: vec![0u8; FRAME * BATCH_SIZE].into_boxed_slice(),
             starts: std::array::from_fn(|i| i * FRAME),
+            moved: 0,
             lens: [0; BATCH_SIZE],
             addrs: [UNSPECIFIED; BATCH_SIZE],
             offloads: [VnetHdr::default(); BATCH_SIZE],
@@ -83,11 +86,16 @@ impl Batch {
         self.count == BATCH_SIZE
     }
     pub fn clear(&mut self) {
-        // Only starts up to the first unfilled frame's successor can have moved.
-        let moved = (self.count + 1).min(BATCH_SIZE);
-        for (i, start) in self.starts.iter_mut().enumerate().take(moved + 1).skip(1) {
+        for (i, start) in self
+            .starts
+            .iter_mut()
+            .enumerate()
+            .take(self.moved + 1)
+            .skip(1)
+        {
             *start = i * FRAME;
         }
+        self.moved = 0;
         self.count = 0;
     }
 
@@ -158,6 +166,7 @@ impl Batch {
         if i + 1 < BATCH_SIZE {
             let used = (HEADROOM + len + TAIL_ROOM).next_multiple_of(64);
             self.starts[i + 1] = self.starts[i] + used.min(FRAME);
+            self.moved = self.moved.max(i + 1);
         }
         self.lens[i] = len;
         self.addrs[i] = addr;
@@ -175,8 +184,10 @@ impl Batch {
         self.segment_sizes[i] = 0;
     }
 
-    /// Declares the first `count` frames filled (after `set` on each).
+    /// Declares the first `count` frames filled (after `set` on each). It only ever adds
+    /// frames to those filled: `clear` empties a batch.
     pub fn set_len(&mut self, count: usize) {
+        debug_assert!(count >= self.count, "set_len would drop filled frames");
         self.count = count.min(BATCH_SIZE);
     }
 
