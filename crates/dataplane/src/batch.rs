@@ -28,6 +28,11 @@ pub const TAIL_ROOM: usize = 64;
 /// to cache lines.
 const FRAME: usize = (HEADROOM + FRAME_PAYLOAD).next_multiple_of(64);
 
+/// Frame starts with nothing filled: each frame `FRAME` bytes after the one before.
+fn fixed_starts() -> [usize; BATCH_SIZE + 1] {
+    std::array::from_fn(|i| i * FRAME)
+}
+
 const UNSPECIFIED: SocketAddr = SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0));
 
 /// `BATCH_SIZE` frames with a length and a peer address each; `len()` of them are in use.
@@ -38,8 +43,6 @@ pub struct Batch {
     /// is the fixed `i * FRAME`, and the first unfilled frame starts at or before its fixed
     /// place, so an unfilled frame always owns at least `FRAME` bytes.
     starts: [usize; BATCH_SIZE + 1],
-    /// The highest entry of `starts` that `commit` moved since the last `clear`.
-    moved: usize,
     lens: [usize; BATCH_SIZE],
     addrs: [SocketAddr; BATCH_SIZE],
     /// TUN frames: the offload header the packet came with (all zero: a plain packet).
@@ -66,8 +69,7 @@ impl Batch {
     pub fn new() -> Self {
         Self {
             buf: vec![0u8; FRAME * BATCH_SIZE].into_boxed_slice(),
-            starts: std::array::from_fn(|i| i * FRAME),
-            moved: 0,
+            starts: fixed_starts(),
             lens: [0; BATCH_SIZE],
             addrs: [UNSPECIFIED; BATCH_SIZE],
             offloads: [VnetHdr::default(); BATCH_SIZE],
@@ -86,16 +88,7 @@ impl Batch {
         self.count == BATCH_SIZE
     }
     pub fn clear(&mut self) {
-        for (i, start) in self
-            .starts
-            .iter_mut()
-            .enumerate()
-            .take(self.moved + 1)
-            .skip(1)
-        {
-            *start = i * FRAME;
-        }
-        self.moved = 0;
+        self.starts = fixed_starts();
         self.count = 0;
     }
 
@@ -166,7 +159,6 @@ impl Batch {
         if i + 1 < BATCH_SIZE {
             let used = (HEADROOM + len + TAIL_ROOM).next_multiple_of(64);
             self.starts[i + 1] = self.starts[i] + used.min(FRAME);
-            self.moved = self.moved.max(i + 1);
         }
         self.lens[i] = len;
         self.addrs[i] = addr;
