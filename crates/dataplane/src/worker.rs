@@ -212,7 +212,14 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         loop {
             let now = Instant::now();
             let timeout = match spin_until {
-                Some(until) if now < until => Duration::ZERO,
+                Some(until) if now < until => {
+                    // A spinning worker must not keep a woken task off its core: the kernel
+                    // may not preempt it (EEVDF protects a task's slice), and on a busy
+                    // machine that task is often the one whose reply the spin waits for.
+                    // SAFETY: sched_yield takes no arguments and cannot fail.
+                    unsafe { libc::sched_yield() };
+                    Duration::ZERO
+                }
                 _ => next_tick.saturating_duration_since(now),
             };
             let ready = self.wait(timeout);
