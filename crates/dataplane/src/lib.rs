@@ -5,6 +5,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod batch;
+mod busy_poll;
 mod handoff;
 pub mod io;
 pub mod offload;

@@ -6,6 +6,7 @@
 //! The control plane reaches the worker only through [`WorkerHandle::run`], which sends a
 //! closure to run between batches on the worker's own thread: the device is never shared.
 
+use crate::busy_poll::BusyPoll;
 use crate::handoff::{self, Cargo, Inbox, Outbox};
 use crate::offload::{self, OffloadError};
 use crate::{Batch, DatagramIo, PacketIo, FRAME_PAYLOAD};
@@ -140,7 +141,7 @@ pub struct Worker<P, D> {
     /// Super-packets from the TUN that could not be segmented (see `offload::segment`).
     offload_errors: u64,
     /// How long to keep polling without sleeping after a sparse turn (0: never).
-    busy_poll: Duration,
+    busy_poll: BusyPoll,
     /// Rings to each other worker (`None` for this one) and from each: empty with one worker.
     outboxes: Vec<Option<Outbox>>,
     inboxes: Vec<Inbox>,
@@ -175,7 +176,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             segment_buf: vec![0; FRAME_PAYLOAD].into_boxed_slice(),
             send_shortfall: 0,
             offload_errors: 0,
-            busy_poll: Duration::ZERO,
+            busy_poll: BusyPoll::new(Duration::ZERO),
             outboxes: Vec::new(),
             inboxes: Vec::new(),
         };
@@ -195,12 +196,13 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     }
 
     /// After a turn that moved only a few packets, keep polling (without sleeping) for up to
-    /// `window` before blocking again. A sleeping thread takes several microseconds to wake,
-    /// once per hop; request/response traffic pays that on every packet, and the reply usually
-    /// comes within tens of microseconds. Bulk traffic keeps the worker busy anyway, and an
-    /// idle tunnel never spins. Costs CPU only while traffic is sparse; zero turns it off.
+    /// `window` before blocking again, or longer when the traffic keeps coming back just after
+    /// it (`busy_poll.rs`). A sleeping thread takes several microseconds to wake, once per
+    /// hop; request/response traffic pays that on every packet, and the reply usually comes
+    /// within tens of microseconds. Bulk traffic keeps the worker busy anyway, and an idle
+    /// tunnel never spins. Costs CPU only while traffic is sparse; zero turns it off.
     pub fn set_busy_poll(&mut self, window: Duration) {
-        self.busy_poll = window;
+        self.busy_poll = BusyPoll::new(window);
     }
 
     /// Runs until [`WorkerHandle::shutdown`] (or every handle is dropped). Returns the device
@@ -208,19 +210,17 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     pub fn run(mut self) -> Device {
         let mut next_tick = Instant::now() + TICK;
         let mut logged_drops = 0;
-        let mut spin_until: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            let timeout = match spin_until {
-                Some(until) if now < until => {
-                    // A spinning worker must not keep a woken task off its core: the kernel
-                    // may not preempt it (EEVDF protects a task's slice), and on a busy
-                    // machine that task is often the one whose reply the spin waits for.
-                    // SAFETY: sched_yield takes no arguments and cannot fail.
-                    unsafe { libc::sched_yield() };
-                    Duration::ZERO
-                }
-                _ => next_tick.saturating_duration_since(now),
+            let timeout = if self.busy_poll.polling(now) {
+                // A polling worker must not keep a woken task off its core: the kernel may
+                // not preempt it (EEVDF protects a task's slice), and on a busy machine that
+                // task is often the one whose reply the worker polls for.
+                // SAFETY: sched_yield takes no arguments and cannot fail.
+                unsafe { libc::sched_yield() };
+                Duration::ZERO
+            } else {
+                next_tick.saturating_duration_since(now)
             };
             let ready = self.wait(timeout);
             if !self.serve_control() {
@@ -228,9 +228,8 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             }
             let now = Instant::now();
             let moved = self.turn_ready(now, ready);
-            if (1..=SPARSE_TURN).contains(&moved) && !self.busy_poll.is_zero() {
-                spin_until = Some(now + self.busy_poll);
-            }
+            self.busy_poll
+                .turned(now, moved, (1..=SPARSE_TURN).contains(&moved));
             if now >= next_tick {
                 self.tick(now);
                 next_tick = now + TICK;
@@ -262,19 +261,21 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     /// tried). Returns how many packets and datagrams were received.
     fn turn_ready(&mut self, now: Instant, ready: Ready) -> usize {
         let mut moved = self.take_handoffs(now);
+        // A batch that came back short drained its side: asking again would only cost a
+        // system call that finds nothing (the next poll says when more is there).
         if ready.tun || self.tun.fd().is_none() {
             for _ in 0..BATCHES_PER_TURN {
-                match self.overlay_to_underlay(now) {
-                    0 => break,
-                    n => moved += n,
+                moved += self.overlay_to_underlay(now);
+                if !self.tun_rx.is_full() {
+                    break;
                 }
             }
         }
         if ready.udp || self.udp.fd().is_none() {
             for _ in 0..BATCHES_PER_TURN {
-                match self.underlay_to_overlay(now) {
-                    0 => break,
-                    n => moved += n,
+                moved += self.underlay_to_overlay(now);
+                if !self.net_rx.is_full() {
+                    break;
                 }
             }
         }
