@@ -1,5 +1,5 @@
 //! ChaCha20-Poly1305 alone, through `tunneld_crypto::aead::TransportKey`, once for each
-//! implementation this CPU runs (ring; the own AVX-512 one), by message size: seal and
+//! implementation this CPU runs (ring, aws-lc, the own AVX-512 one), by message size: seal and
 //! open from one buffer into another, as `noise::Session` does. This is the crypto ceiling of
 //! one core for the data path; `core.rs` shows what the rest of the core costs on top.
 //!

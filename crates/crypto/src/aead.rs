@@ -1,15 +1,18 @@
 //! WireGuard's transport AEAD: ChaCha20-Poly1305 on data messages, with the nonce WireGuard
 //! uses (4 zero bytes, then the 64-bit little-endian message counter) and no associated data.
 //!
-//! Two implementations: ring's (AVX2 assembly, ChaCha20 and Poly1305 stitched together) and
-//! this crate's own for CPUs with AVX-512 (`aead/avx512.rs`: 16 ChaCha20 blocks at once,
-//! Poly1305 in 8 lanes), which on an AVX-512 Intel core seals a 1420-byte message in about
-//! 0.7× ring's time (docs/benchmarks.md). Which one runs is decided once per process by
-//! [`choose`]: the one configured (`[dataplane] aead`: `ring`, `avx512` or `auto`), else the
-//! faster of those this CPU runs, measured for a few hundred microseconds, so a CPU whose
-//! AVX-512 is slow (or absent) keeps ring. Both produce the same bytes, so peers never notice.
+//! Three implementations: ring's (AVX2 assembly, ChaCha20 and Poly1305 stitched together);
+//! aws-lc's (the same kind of assembly, but its API reads one buffer and writes another in
+//! one pass, where ring must copy first and then work in place); and this crate's own for
+//! CPUs with AVX-512 (`aead/avx512.rs`: 16 ChaCha20 blocks at once, Poly1305 in 8 lanes),
+//! which on an AVX-512 Intel core seals a 1420-byte message in about 0.7× ring's time
+//! (docs/benchmarks.md). Which one runs is decided once per process by [`choose`]: the one
+//! configured (`[dataplane] aead`: `ring`, `aws-lc`, `avx512` or `auto`), else the fastest
+//! of those this CPU runs, measured for a few hundred microseconds the way the data path
+//! uses them. All produce the same bytes, so peers never notice.
 
-use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, CHACHA20_POLY1305};
+use aws_lc_rs::aead as aws_lc;
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
 use std::fmt;
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -33,6 +36,7 @@ pub enum AeadError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Implementation {
     Ring,
+    AwsLc,
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
@@ -41,6 +45,7 @@ impl Implementation {
     /// Every implementation built into this binary.
     pub const ALL: &'static [Implementation] = &[
         Implementation::Ring,
+        Implementation::AwsLc,
         #[cfg(target_arch = "x86_64")]
         Implementation::Avx512,
     ];
@@ -49,6 +54,7 @@ impl Implementation {
     pub fn name(self) -> &'static str {
         match self {
             Implementation::Ring => "ring",
+            Implementation::AwsLc => "aws-lc",
             #[cfg(target_arch = "x86_64")]
             Implementation::Avx512 => "avx512",
         }
@@ -121,7 +127,8 @@ pub fn choice() -> &'static Choice {
 }
 
 /// Seals 1420-byte messages with each implementation in interleaved rounds and picks the one
-/// with the lowest median time per message (about 0.3 ms in all).
+/// with the lowest median time per message (about 0.3 ms in all). Each seals from one buffer
+/// into another, as the data path does, so ring pays the copy its in-place seal needs.
 fn fastest() -> Choice {
     const ROUNDS: usize = 7;
     const SEALS: u32 = 32;
@@ -130,12 +137,13 @@ fn fastest() -> Choice {
         .filter_map(|&i| TransportKey::try_with(i, &[0x42; KEY_LEN]))
         .collect();
     let mut times: Vec<Vec<u128>> = vec![Vec::with_capacity(ROUNDS); keys.len()];
-    let mut message = [0x17u8; 1420];
+    let message = [0x17u8; 1420];
+    let mut sealed = [0u8; 1420];
     for _ in 0..ROUNDS {
         for (key, times) in keys.iter_mut().zip(times.iter_mut()) {
             let start = Instant::now();
             for counter in 0..SEALS {
-                std::hint::black_box(key.seal(u64::from(counter), &mut message));
+                std::hint::black_box(key.seal_into(u64::from(counter), &message, &mut sealed));
             }
             times.push(start.elapsed().as_nanos() / u128::from(SEALS));
         }
@@ -173,6 +181,8 @@ pub struct TransportKey {
 enum Cipher {
     /// Boxed so that `Drop` overwrites the key where it lives rather than a moved copy.
     Ring(Box<LessSafeKey>),
+    /// aws-lc wipes its key when it frees it.
+    AwsLc(aws_lc::LessSafeKey),
     #[cfg(target_arch = "x86_64")]
     Avx512(Box<avx512::Key>),
 }
@@ -194,6 +204,7 @@ impl TransportKey {
     fn try_with(implementation: Implementation, key: &[u8; KEY_LEN]) -> Option<Self> {
         let cipher = match implementation {
             Implementation::Ring => Cipher::Ring(Box::new(ring_key(key))),
+            Implementation::AwsLc => Cipher::AwsLc(aws_lc_key(key)),
             #[cfg(target_arch = "x86_64")]
             Implementation::Avx512 => Cipher::Avx512(Box::new(avx512::Key::new(key)?)),
         };
@@ -204,6 +215,7 @@ impl TransportKey {
     pub fn implementation(&self) -> Implementation {
         match self.cipher {
             Cipher::Ring(_) => Implementation::Ring,
+            Cipher::AwsLc(_) => Implementation::AwsLc,
             #[cfg(target_arch = "x86_64")]
             Cipher::Avx512(_) => Implementation::Avx512,
         }
@@ -215,7 +227,11 @@ impl TransportKey {
             Cipher::Ring(key) => key
                 .seal_in_place_separate_tag(nonce(counter), Aad::empty(), data)
                 .ok()
-                .map(|tag| tag_bytes(&tag)),
+                .map(|tag| tag_bytes(tag.as_ref())),
+            Cipher::AwsLc(key) => key
+                .seal_in_place_separate_tag(aws_lc_nonce(counter), aws_lc::Aad::empty(), data)
+                .ok()
+                .map(|tag| tag_bytes(tag.as_ref())),
             #[cfg(target_arch = "x86_64")]
             Cipher::Avx512(key) => key.seal(counter, None, data),
         };
@@ -223,8 +239,8 @@ impl TransportKey {
     }
 
     /// Encrypts `plaintext` into `out` (the same length; panics otherwise, a caller's bug);
-    /// returns the tag. The AVX-512 code reads and writes in one pass; ring copies, then seals
-    /// in place.
+    /// returns the tag. aws-lc and the AVX-512 code read and write in one pass; ring copies,
+    /// then seals in place.
     pub fn seal_into(&mut self, counter: u64, plaintext: &[u8], out: &mut [u8]) -> [u8; TAG_LEN] {
         assert_eq!(plaintext.len(), out.len(), "seal_into: lengths differ");
         match &mut self.cipher {
@@ -232,6 +248,20 @@ impl TransportKey {
             Cipher::Avx512(key) => key
                 .seal(counter, Some(plaintext), out)
                 .unwrap_or_else(|| refused(out)),
+            Cipher::AwsLc(key) => {
+                let mut tag = [0; TAG_LEN];
+                match key.seal_out_of_place_scatter(
+                    aws_lc_nonce(counter),
+                    aws_lc::Aad::empty(),
+                    plaintext,
+                    out,
+                    &[],
+                    &mut tag,
+                ) {
+                    Ok(()) => tag,
+                    Err(_) => refused(out),
+                }
+            }
             Cipher::Ring(_) => {
                 out.copy_from_slice(plaintext);
                 self.seal(counter, out)
@@ -250,6 +280,9 @@ impl TransportKey {
             Cipher::Ring(key) => key
                 .open_in_place(nonce(counter), Aad::empty(), data)
                 .is_ok(),
+            Cipher::AwsLc(key) => key
+                .open_in_place(aws_lc_nonce(counter), aws_lc::Aad::empty(), data)
+                .is_ok(),
             #[cfg(target_arch = "x86_64")]
             Cipher::Avx512(key) => {
                 let (body, tag) = data.split_at_mut(len);
@@ -267,7 +300,8 @@ impl TransportKey {
 
     /// `sealed` is a ciphertext followed by its tag: decrypts it into the start of `out` and
     /// returns the plaintext's length. `out` must hold `sealed.len()` bytes (ring opens in
-    /// place there, tag included). On failure those bytes of `out` are zeroed.
+    /// place there, tag included; the others read `sealed` and write `out` in one pass). On
+    /// failure those bytes of `out` are zeroed.
     pub fn open_into(
         &mut self,
         counter: u64,
@@ -286,6 +320,22 @@ impl TransportKey {
                 let (body, tag) = sealed.split_at(len);
                 let tag: [u8; TAG_LEN] = std::array::from_fn(|i| tag[i]);
                 if key.open(counter, Some(body), &mut out[..len], &tag) {
+                    Ok(len)
+                } else {
+                    out.fill(0);
+                    Err(AeadError::Unauthentic)
+                }
+            }
+            Cipher::AwsLc(key) => {
+                let (body, tag) = sealed.split_at(len);
+                let opened = key.open_separate_gather(
+                    aws_lc_nonce(counter),
+                    aws_lc::Aad::empty(),
+                    body,
+                    tag,
+                    &mut out[..len],
+                );
+                if opened.is_ok() {
                     Ok(len)
                 } else {
                     out.fill(0);
@@ -327,6 +377,8 @@ impl Drop for TransportKey {
                 **key = ring_key(&[0; KEY_LEN]);
                 std::hint::black_box(&**key);
             }
+            // aws-lc's allocator overwrites the key's context when it frees it.
+            Cipher::AwsLc(_) => {}
             // Wipes itself when dropped.
             #[cfg(target_arch = "x86_64")]
             Cipher::Avx512(_) => {}
@@ -348,9 +400,23 @@ fn ring_key(key: &[u8; KEY_LEN]) -> LessSafeKey {
     LessSafeKey::new(key)
 }
 
-fn tag_bytes(tag: &Tag) -> [u8; TAG_LEN] {
+fn aws_lc_nonce(counter: u64) -> aws_lc::Nonce {
+    let mut n = [0u8; 12];
+    n[4..].copy_from_slice(&counter.to_le_bytes());
+    aws_lc::Nonce::assume_unique_for_key(n)
+}
+
+fn aws_lc_key(key: &[u8; KEY_LEN]) -> aws_lc::LessSafeKey {
+    // Like ring, aws-lc refuses a ChaCha20-Poly1305 key only for its length.
+    #[allow(clippy::expect_used)]
+    let key = aws_lc::UnboundKey::new(&aws_lc::CHACHA20_POLY1305, key)
+        .expect("aws-lc takes 32-byte keys");
+    aws_lc::LessSafeKey::new(key)
+}
+
+fn tag_bytes(tag: &[u8]) -> [u8; TAG_LEN] {
     let mut out = [0; TAG_LEN];
-    out.copy_from_slice(tag.as_ref());
+    out.copy_from_slice(tag);
     out
 }
 
