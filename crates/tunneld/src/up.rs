@@ -30,7 +30,7 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
     if let Some(aead) = loaded.config.dataplane.aead {
         anyhow::ensure!(
             aead.is_available(),
-            "{}: dataplane.aead = \"{}\": this CPU does not run it (it needs AVX-512 F, BW and VL); use \"auto\" or \"ring\"",
+            "{}: dataplane.aead = \"{}\": this CPU does not run it (it needs AVX-512 F, BW and VL); use \"auto\", \"ring\" or \"aws-lc\"",
             config_path.display(),
             aead.name()
         );
