@@ -9,7 +9,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tunneld_crypto::PublicKey;
 use tunneld_testnet::{unique_name, veth, NetNs};
+use tunneld_tunnel::owner_of;
 
 use crate::system;
 
@@ -109,6 +111,32 @@ fn write_key(dir: &Path, name: &str, tunneld: &Path) -> Result<(PathBuf, String)
     ))
 }
 
+/// The worker count of a tunneld row whose peer is plain (one sub-tunnel), if above one.
+fn plain_peer_workers(which: &Impl) -> Option<usize> {
+    let Impl::Tunneld(_, dataplane, peer) = which else {
+        return None;
+    };
+    if peer.contains("parallel") {
+        return None;
+    }
+    let workers = dataplane
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("workers = "))?
+        .parse()
+        .ok()?;
+    (workers > 1).then_some(workers)
+}
+
+/// Whether the peers of both sites are carried by the same worker index.
+fn same_owner(a_pub: &str, b_pub: &str, workers: usize) -> bool {
+    let owner = |key: &str| {
+        PublicKey::from_base64(key)
+            .ok()
+            .map(|k| owner_of(&k, 1, 0, workers))
+    };
+    matches!((owner(a_pub), owner(b_pub)), (Some(a), Some(b)) if a == b)
+}
+
 /// The DNS name `Impl::TunneldOverTls`'s server certificate carries.
 pub const TLS_NAME: &str = "tunneld-bench.test";
 
@@ -182,7 +210,19 @@ impl Testbed {
         }
         let dir = bed._dir.0.clone();
         let (a_key, a_pub) = write_key(&dir, "a.key", tunneld)?;
-        let (b_key, b_pub) = write_key(&dir, "b.key", tunneld)?;
+        let (mut b_key, mut b_pub) = write_key(&dir, "b.key", tunneld)?;
+        // A plain peer is carried by the worker its public key names (`owner_of`). With the
+        // same index at both sites, the reversed CPU lists put the two carrying workers on
+        // different cores, as on two machines; otherwise a round would run both on one
+        // core, and rounds would differ by luck of the keys.
+        if let Some(workers) = plain_peer_workers(which) {
+            for _ in 0..64 {
+                if same_owner(&a_pub, &b_pub, workers) {
+                    break;
+                }
+                (b_key, b_pub) = write_key(&dir, "b.key", tunneld)?;
+            }
+        }
         let sites = [
             (1u8, a_key, b_pub.clone(), "192.0.2.2"),
             (2u8, b_key, a_pub.clone(), "192.0.2.1"),
@@ -626,4 +666,40 @@ pub fn peak_rss_kib(pids: &[u32]) -> u64 {
                 .and_then(|v| v.parse::<u64>().ok())
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_peers_on_several_workers_need_placing() {
+        let bin = PathBuf::from("tunneld");
+        let row = |dataplane, peer| Impl::Tunneld(bin.clone(), dataplane, peer);
+        assert_eq!(plain_peer_workers(&row("workers = 2", "")), Some(2));
+        assert_eq!(
+            plain_peer_workers(&row("backend = \"mmsg\"\nworkers = 4", "")),
+            Some(4)
+        );
+        assert_eq!(plain_peer_workers(&row("workers = 1", "")), None);
+        assert_eq!(
+            plain_peer_workers(&row("workers = 2", "parallel = 2")),
+            None
+        );
+        assert_eq!(plain_peer_workers(&Impl::Direct), None);
+    }
+
+    #[test]
+    fn same_owner_follows_tunnelds_rule() {
+        // owner_of reads the key's first four bytes, little-endian: 0 and 1 here.
+        let key = |first: u8| {
+            let mut bytes = [0u8; 32];
+            bytes[0] = first;
+            PublicKey::from_bytes(bytes).to_base64()
+        };
+        assert!(same_owner(&key(0), &key(2), 2));
+        assert!(!same_owner(&key(0), &key(1), 2));
+        assert!(same_owner(&key(0), &key(1), 1));
+        assert!(!same_owner("not a key", &key(0), 2));
+    }
 }
