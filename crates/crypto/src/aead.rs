@@ -345,38 +345,32 @@ impl TransportKey {
         let Some(out) = out.get_mut(..sealed.len()) else {
             return Err(AeadError::TooShort);
         };
-        match &mut self.cipher {
+        let (body, tag) = sealed.split_at(len);
+        let authentic = match &mut self.cipher {
             #[cfg(target_arch = "x86_64")]
             Cipher::Avx512(key) => {
-                let (body, tag) = sealed.split_at(len);
                 let tag: [u8; TAG_LEN] = std::array::from_fn(|i| tag[i]);
-                if key.open(counter, Some(body), &mut out[..len], &tag) {
-                    Ok(len)
-                } else {
-                    out.fill(0);
-                    Err(AeadError::Unauthentic)
-                }
+                key.open(counter, Some(body), &mut out[..len], &tag)
             }
-            Cipher::AwsLc(key) => {
-                let (body, tag) = sealed.split_at(len);
-                let opened = key.open_separate_gather(
+            Cipher::AwsLc(key) => key
+                .open_separate_gather(
                     aws_lc_nonce(counter),
                     aws_lc::Aad::empty(),
                     body,
                     tag,
                     &mut out[..len],
-                );
-                if opened.is_ok() {
-                    Ok(len)
-                } else {
-                    out.fill(0);
-                    Err(AeadError::Unauthentic)
-                }
-            }
+                )
+                .is_ok(),
             Cipher::Ring(_) => {
                 out.copy_from_slice(sealed);
-                self.open(counter, out)
+                return self.open(counter, out);
             }
+        };
+        if authentic {
+            Ok(len)
+        } else {
+            out.fill(0);
+            Err(AeadError::Unauthentic)
         }
     }
 }
@@ -418,10 +412,14 @@ impl Drop for TransportKey {
 }
 
 /// WireGuard's nonce: 4 zero bytes, then the 64-bit little-endian counter.
-fn nonce(counter: u64) -> Nonce {
+fn nonce_bytes(counter: u64) -> [u8; 12] {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&counter.to_le_bytes());
-    Nonce::assume_unique_for_key(n)
+    n
+}
+
+fn nonce(counter: u64) -> Nonce {
+    Nonce::assume_unique_for_key(nonce_bytes(counter))
 }
 
 fn ring_key(key: &[u8; KEY_LEN]) -> LessSafeKey {
@@ -432,9 +430,7 @@ fn ring_key(key: &[u8; KEY_LEN]) -> LessSafeKey {
 }
 
 fn aws_lc_nonce(counter: u64) -> aws_lc::Nonce {
-    let mut n = [0u8; 12];
-    n[4..].copy_from_slice(&counter.to_le_bytes());
-    aws_lc::Nonce::assume_unique_for_key(n)
+    aws_lc::Nonce::assume_unique_for_key(nonce_bytes(counter))
 }
 
 fn aws_lc_key(key: &[u8; KEY_LEN]) -> aws_lc::LessSafeKey {
