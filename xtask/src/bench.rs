@@ -93,6 +93,14 @@ fn split_names(list: &str) -> Vec<String> {
         .collect()
 }
 
+/// tunneld with its defaults on one worker: the row the others are set against, round by round.
+const DEFAULT_ROW: &str = "tunneld (mmsg, all offloads)";
+/// One link on two workers split over two sub-tunnels, set against the same link on one.
+const PARALLEL_ROWS: [&str; 2] = [
+    "tunneld (2 workers, parallel = 2)",
+    "tunneld (2 workers, parallel = 1)",
+];
+
 /// One implementation's row: its name, how to run it, or why it is not in this run.
 struct Contender {
     name: String,
@@ -102,6 +110,8 @@ struct Contender {
 
 #[derive(Default, Clone)]
 struct Sample {
+    /// The round this sample was taken in (from 1); a failed round leaves a gap.
+    round: usize,
     tcp1_gbits: f64,
     tcp1_tunnel_cpu: f64,
     tcp1_machine_cpu: f64,
@@ -151,7 +161,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut contenders = vec![
         contender("direct (veth, no tunnel)", Ok(Impl::Direct)),
         contender(
-            "tunneld (mmsg, all offloads)",
+            DEFAULT_ROW,
             Ok(Impl::Tunneld(
                 tunneld.clone(),
                 "backend = \"mmsg\"\nworkers = 1",
@@ -160,7 +170,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         ),
         // One link on two workers: its flows spread over two sub-tunnels, one per core.
         contender(
-            "tunneld (2 workers, parallel = 2)",
+            PARALLEL_ROWS[0],
             Ok(Impl::Tunneld(
                 tunneld.clone(),
                 "backend = \"mmsg\"\nworkers = 2",
@@ -249,7 +259,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         contenders.insert(
             8,
             contender(
-                "tunneld (2 workers, parallel = 1)",
+                PARALLEL_ROWS[1],
                 Ok(Impl::Tunneld(
                     tunneld.clone(),
                     "backend = \"mmsg\"\nworkers = 2",
@@ -322,7 +332,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             done += 1;
             eprintln!("[{done}/{total}] round {round}: {}", c.name);
             match measure(which, &tunneld, &options) {
-                Ok(sample) => c.samples.push(sample),
+                Ok(sample) => c.samples.push(Sample { round, ..sample }),
                 Err(e) => eprintln!("  failed: {e}"),
             }
         }
@@ -366,6 +376,7 @@ fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> 
         .ok_or("the UDP echo got no answers")?;
     let pps = bed.small_packet_rate(o.seconds.max(1))?;
     Ok(Sample {
+        round: 0,
         tcp1_gbits: bps1 / 1e9,
         tcp1_tunnel_cpu: cpu1,
         tcp1_machine_cpu: machine1,
@@ -479,7 +490,126 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
             cell(m.rss_mib, 1, " MiB"),
         );
     }
+    let pairs = comparisons(contenders);
+    if !pairs.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nRound by round: each figure below is taken within one round, where the two rows \
+             ran minutes apart at most, then the median over the rounds, with their range. \
+             The machine's slower and faster spells, which move the medians above, mostly \
+             cancel in these.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| rows | TCP 1 stream | Gbit per tunnel CPU-s | TCP 4 streams | Gbit per tunnel CPU-s (4 streams) | UDP RTT p50 |"
+        );
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+        for (a, b) in pairs {
+            let (a, b) = (&contenders[a], &contenders[b]);
+            let _ = writeln!(
+                out,
+                "| {} against {} | {} | {} | {} | {} | {} |",
+                a.name,
+                b.name,
+                spread(&per_round(a, b, |s| s.tcp1_gbits, ratio), "×", 2),
+                spread(&per_round(a, b, per_cpu1, ratio), "×", 2),
+                spread(&per_round(a, b, |s| s.tcp4_gbits, ratio), "×", 2),
+                spread(&per_round(a, b, per_cpu4, ratio), "×", 2),
+                spread(&per_round(a, b, |s| s.rtt_p50_us, difference), " µs", 0),
+            );
+        }
+    }
     out
+}
+
+/// The pairs of rows (indices) compared round by round: tunneld's default row against each
+/// other row, and the link split over two sub-tunnels against the same link on one.
+fn comparisons(contenders: &[Contender]) -> Vec<(usize, usize)> {
+    let measured = |name: &str| {
+        contenders
+            .iter()
+            .position(|c| c.name == name && !c.samples.is_empty())
+    };
+    let mut pairs = Vec::new();
+    if let Some(default) = measured(DEFAULT_ROW) {
+        for (i, c) in contenders.iter().enumerate() {
+            if i != default && !c.samples.is_empty() {
+                pairs.push((default, i));
+            }
+        }
+    }
+    if let (Some(split), Some(single)) = (measured(PARALLEL_ROWS[0]), measured(PARALLEL_ROWS[1])) {
+        pairs.push((split, single));
+    }
+    pairs
+}
+
+/// Gbit per tunnel CPU-second is Gbit/s × seconds / CPU-s; the seconds cancel in a ratio.
+/// Not a number for a row without tunnel processes (the direct path).
+fn per_cpu1(s: &Sample) -> f64 {
+    per_cpu(s.tcp1_gbits, s.tcp1_tunnel_cpu)
+}
+
+fn per_cpu4(s: &Sample) -> f64 {
+    per_cpu(s.tcp4_gbits, s.tcp4_tunnel_cpu)
+}
+
+fn per_cpu(gbits: f64, cpu: f64) -> f64 {
+    if cpu > 0.0 {
+        gbits / cpu
+    } else {
+        f64::NAN
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    a / b
+}
+
+fn difference(a: f64, b: f64) -> f64 {
+    a - b
+}
+
+/// `combine(f(a's sample), f(b's sample))` for each round both rows measured, leaving out
+/// what is not a number (a row without tunnel CPU, such as the direct path).
+fn per_round(
+    a: &Contender,
+    b: &Contender,
+    f: fn(&Sample) -> f64,
+    combine: fn(f64, f64) -> f64,
+) -> Vec<f64> {
+    a.samples
+        .iter()
+        .filter_map(|sa| {
+            let sb = b.samples.iter().find(|s| s.round == sa.round)?;
+            let v = combine(f(sa), f(sb));
+            v.is_finite().then_some(v)
+        })
+        .collect()
+}
+
+/// "2.04× (1.86–2.21)": the median of per-round values and their range.
+fn spread(values: &[f64], unit: &str, decimals: usize) -> String {
+    let (Some(low), Some(high)) = (
+        values.iter().copied().reduce(f64::min),
+        values.iter().copied().reduce(f64::max),
+    ) else {
+        return "–".into();
+    };
+    let sign = if unit == "×" { "" } else { "+" };
+    let show = |v: f64| {
+        if v >= 0.0 {
+            format!("{sign}{v:.decimals$}")
+        } else {
+            format!("{v:.decimals$}")
+        }
+    };
+    format!(
+        "{}{unit} ({}–{})",
+        show(median(values.to_vec())),
+        show(low),
+        show(high)
+    )
 }
 
 fn csv(contenders: &[Contender]) -> String {
@@ -487,12 +617,12 @@ fn csv(contenders: &[Contender]) -> String {
         "implementation,round,tcp1_gbits,tcp1_tunnel_cpu_s,tcp1_machine_cpu_s,tcp4_gbits,tcp4_tunnel_cpu_s,rtt_p50_us,rtt_p99_us,small_pps,peak_rss_kib\n",
     );
     for c in contenders {
-        for (i, s) in c.samples.iter().enumerate() {
+        for s in &c.samples {
             let _ = writeln!(
                 out,
                 "\"{}\",{},{:.4},{:.3},{:.3},{:.4},{:.3},{:.1},{:.1},{:.0},{}",
                 c.name,
-                i + 1,
+                s.round,
                 s.tcp1_gbits,
                 s.tcp1_tunnel_cpu,
                 s.tcp1_machine_cpu,
@@ -613,6 +743,55 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(vec![f64::NAN]).is_nan());
+    }
+
+    fn row(name: &str, rounds: &[(usize, f64, f64)]) -> Contender {
+        Contender {
+            name: name.into(),
+            which: Ok(Impl::Direct),
+            samples: rounds
+                .iter()
+                .map(|&(round, gbits, cpu)| Sample {
+                    round,
+                    tcp1_gbits: gbits,
+                    tcp1_tunnel_cpu: cpu,
+                    rtt_p50_us: gbits * 10.0,
+                    ..Sample::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn rounds_are_paired_by_number_and_gaps_left_out() {
+        // Round 2 of `b` failed; round 3 of `a` did.
+        let a = row(DEFAULT_ROW, &[(1, 4.0, 2.0), (2, 3.0, 2.0), (4, 6.0, 2.0)]);
+        let b = row("peer", &[(1, 2.0, 2.0), (3, 1.0, 1.0), (4, 2.0, 1.0)]);
+        assert_eq!(per_round(&a, &b, |s| s.tcp1_gbits, ratio), [2.0, 3.0]);
+        assert_eq!(per_round(&a, &b, per_cpu1, ratio), [2.0, 1.5]);
+        assert_eq!(
+            per_round(&a, &b, |s| s.rtt_p50_us, difference),
+            [20.0, 40.0]
+        );
+        // No tunnel CPU (the direct path): no ratio, not an infinite one.
+        let direct = row("direct", &[(1, 20.0, 0.0)]);
+        assert!(per_round(&a, &direct, per_cpu1, ratio).is_empty());
+        assert_eq!(spread(&[2.0, 1.5, 2.5], "×", 2), "2.00× (1.50–2.50)");
+        assert_eq!(spread(&[44.0, -3.0], " µs", 0), "+20 µs (-3–+44)");
+        assert_eq!(spread(&[], "×", 2), "–");
+    }
+
+    #[test]
+    fn the_default_row_meets_every_other_and_k2_meets_k1() {
+        let rows = [
+            row("direct", &[(1, 20.0, 0.0)]),
+            row(PARALLEL_ROWS[1], &[(1, 3.0, 1.0)]),
+            row(DEFAULT_ROW, &[(1, 4.0, 2.0)]),
+            row("not measured", &[]),
+            row(PARALLEL_ROWS[0], &[(1, 3.0, 1.0)]),
+        ];
+        assert_eq!(comparisons(&rows), [(2, 0), (2, 1), (2, 4), (4, 1)]);
+        assert!(comparisons(&rows[3..]).is_empty());
     }
 
     #[test]
