@@ -16,6 +16,7 @@ use tunneld_tunnel::allowed_ips::AllowedIps;
 use tunneld_tunnel::packet;
 
 fn bench_core(c: &mut Criterion) {
+    tunneld_benches::aead_from_env();
     let (mut a, mut b) = handshaken_pair();
     // The same routing table device A has: B's overlay address to peer slot 0.
     let mut routes = AllowedIps::<usize>::new();

@@ -55,6 +55,7 @@ fn super_packets(pair: &mut SimPair, super_packet: &(VnetHdr, Vec<u8>)) {
 }
 
 fn bench_worker(c: &mut Criterion) {
+    tunneld_benches::aead_from_env();
     let packet = ipv4_packet(PACKET);
     let mut group = c.benchmark_group("worker_turn_64x1420B");
 

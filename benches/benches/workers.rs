@@ -65,6 +65,7 @@ fn run_lanes(lanes: &mut SimLanes, iters: u64) -> Duration {
 }
 
 fn bench_workers(c: &mut Criterion) {
+    tunneld_benches::aead_from_env();
     let mut counts = vec![1, 2];
     if let Some(n) = std::env::var("TUNNELD_BENCH_WORKERS")
         .ok()

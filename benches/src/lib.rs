@@ -12,6 +12,22 @@ use tunneld_dataplane::worker::{Worker, WorkerHandle};
 use tunneld_dataplane::Batch;
 use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
 
+/// Fixes the data-message AEAD from `TUNNELD_BENCH_AEAD` (`aws-lc`, `ring`, `avx512`), if
+/// set, instead of timing each at the first key as tunneld does: under a profiler such as
+/// callgrind that timing picks by the profiler's speed. Says on stderr which one runs.
+pub fn aead_from_env() {
+    use tunneld_crypto::aead::{choice, choose, Implementation};
+    if let Ok(name) = std::env::var("TUNNELD_BENCH_AEAD") {
+        match Implementation::parse(&name) {
+            Ok(preferred) => {
+                choose(preferred);
+            }
+            Err(e) => panic!("TUNNELD_BENCH_AEAD: {e}"),
+        }
+    }
+    eprintln!("data-message AEAD: {}", choice().implementation.name());
+}
+
 /// Site A's underlay address (documentation range: never routed).
 pub const A_ADDR: SocketAddr =
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 51820));
