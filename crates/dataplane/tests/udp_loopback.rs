@@ -1,6 +1,7 @@
 //! The UDP backend on loopback: full batches v4, v6 and across a dual-stack socket, datagrams
-//! the kernel refuses, GSO sends and GRO receives. Most tests turn GRO off on the receiver, as
-//! they check frame by frame; `gro_merges_runs_and_datagrams_splits_them_back` turns it on.
+//! the kernel refuses, GSO sends (also where the kernel refuses GSO) and GRO receives. Most
+//! tests turn GRO off on the receiver, as they check frame by frame;
+//! `gro_merges_runs_and_datagrams_splits_them_back` turns it on.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
@@ -328,6 +329,52 @@ fn equal_size_runs_arrive_whole_with_and_without_gso() {
                 &content(i, *len, 7)[..],
                 "gso={gso} datagram {i}"
             );
+            assert_eq!(got.addr(i), a_addr);
+        }
+    }
+}
+
+/// Makes the kernel refuse UDP GSO sends on `fd`: with transmit checksums off
+/// (`SO_NO_CHECK`) a `UDP_SEGMENT` send fails with EINVAL, as on a route through IPsec it
+/// fails with EIO.
+fn refuse_gso(fd: RawFd) {
+    let on: libc::c_int = 1;
+    // SAFETY: `on` is a valid int for the duration of the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_NO_CHECK,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_NO_CHECK");
+}
+
+/// When the kernel refuses a GSO send, the backend turns GSO off and sends the same run
+/// datagram by datagram: every one arrives, in order, and later batches go without GSO.
+#[test]
+fn gso_refused_by_the_kernel_falls_back_and_loses_nothing() {
+    let mut a = bind(LOCAL4).unwrap();
+    let mut b = bind(LOCAL4).unwrap();
+    a.set_gso(true);
+    assert!(a.gso(), "UDP GSO on this kernel");
+    refuse_gso(a.fd().unwrap());
+    let (a_addr, b_addr) = (addr_of(&a, LOCAL4), addr_of(&b, LOCAL4));
+    for round in 0..2u8 {
+        let mut out = Batch::new();
+        let lens: Vec<usize> = (0..40).map(|i| if i == 30 { 100 } else { 1452 }).collect();
+        for (i, len) in lens.iter().enumerate() {
+            out.next_free().unwrap()[..*len].copy_from_slice(&content(i, *len, round));
+            out.commit(*len, b_addr);
+        }
+        assert_eq!(a.send_batch(&out).unwrap(), lens.len(), "round {round}");
+        assert!(!a.gso(), "GSO still on after the kernel refused it");
+        let mut got = Batch::new();
+        recv_n(&mut b, &mut got, lens.len());
+        for (i, len) in lens.iter().enumerate() {
+            assert_eq!(got.payload(i), &content(i, *len, round)[..], "datagram {i}");
             assert_eq!(got.addr(i), a_addr);
         }
     }

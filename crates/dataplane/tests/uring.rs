@@ -250,6 +250,49 @@ fn equal_size_runs_arrive_whole_with_and_without_gso() {
     }
 }
 
+/// When the kernel refuses a GSO send (here: transmit checksums off on the socket, which
+/// makes `UDP_SEGMENT` fail with EINVAL, as a route through IPsec makes it fail with EIO), the
+/// backend turns GSO off and sends the same run datagram by datagram, losing none.
+#[test]
+fn gso_refused_by_the_kernel_falls_back_and_loses_nothing() {
+    if !uring_usable("gso_refused_by_the_kernel_falls_back_and_loses_nothing") {
+        return;
+    }
+    let sock = bind(LOCAL4).unwrap();
+    let on: libc::c_int = 1;
+    // SAFETY: `on` is a valid int for the duration of the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.fd().unwrap(),
+            libc::SOL_SOCKET,
+            libc::SO_NO_CHECK,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "SO_NO_CHECK");
+    let mut ring = UringUdp::new(sock).expect("UringUdp::new");
+    ring.set_gso(true);
+    assert!(ring.gso(), "UDP GSO on this kernel");
+    let mut rx = bind(LOCAL4).unwrap();
+    let to = SocketAddr::new(LOCAL4, rx.local_port());
+    for round in 0..2u8 {
+        let lens: Vec<usize> = (0..40).map(|i| if i == 30 { 100 } else { 1452 }).collect();
+        let mut out = Batch::new();
+        for (i, len) in lens.iter().enumerate() {
+            push(&mut out, &content(i, *len, round), to);
+        }
+        assert_eq!(ring.send_batch(&out).unwrap(), lens.len(), "round {round}");
+        assert!(!ring.gso(), "GSO still on after the kernel refused it");
+        let mut got = Batch::new();
+        recv_n(&mut rx, &mut got, lens.len());
+        for (i, len) in lens.iter().enumerate() {
+            assert!(got.payload(i) == content(i, *len, round), "datagram {i}");
+            assert_eq!(got.addr(i), SocketAddr::new(LOCAL4, ring.local_port()));
+        }
+    }
+}
+
 #[test]
 fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
     if !uring_usable("refused_and_unreachable_datagrams_do_not_fail_the_batch") {
