@@ -223,6 +223,9 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                 next_tick.saturating_duration_since(now)
             };
             let ready = self.wait(timeout);
+            if ready.woken {
+                self.waker.reset();
+            }
             if !self.serve_control() {
                 return self.device;
             }
@@ -253,6 +256,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             Ready {
                 tun: true,
                 udp: true,
+                woken: false,
             },
         ) > 0
     }
@@ -463,7 +467,6 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
 
     /// Runs queued control jobs. Returns `false` when the worker must stop.
     fn serve_control(&mut self) -> bool {
-        self.waker.reset();
         loop {
             match self.control.try_recv() {
                 Ok(Control::Run(job)) => job(&mut self.device, Instant::now()),
@@ -490,12 +493,14 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             return Ready {
                 tun: true,
                 udp: true,
+                woken: true,
             };
         }
         // Errors and hang-ups count as ready: the read reports them.
         Ready {
             tun: fds[0].revents != 0,
             udp: fds[1].revents != 0,
+            woken: fds[2].revents != 0,
         }
     }
 
@@ -599,6 +604,10 @@ fn drain(batch: &mut Batch, what: &str, send: impl FnOnce(&mut Batch) -> io::Res
 struct Ready {
     tun: bool,
     udp: bool,
+    /// The waker's eventfd is readable: it must be read back to zero, or every poll returns
+    /// at once. Reading it only then saves a system call per turn (and per busy-poll spin);
+    /// the control channel and the hand-off rings are checked every turn regardless.
+    woken: bool,
 }
 
 fn pollfd(fd: Option<RawFd>) -> libc::pollfd {
