@@ -418,25 +418,14 @@ struct Medians {
 
 fn medians(c: &Contender, seconds: f64) -> Medians {
     let m = |f: fn(&Sample) -> f64| median(c.samples.iter().map(f).collect());
-    // Gbit per tunnel CPU-second, per round, then the median of those.
-    let per_cpu_of = |run: fn(&Sample) -> (f64, f64)| {
-        median(
-            c.samples
-                .iter()
-                .map(run)
-                .filter(|(_, cpu)| *cpu > 0.0)
-                .map(|(gbits, cpu)| gbits * seconds / cpu)
-                .collect(),
-        )
-    };
-    let per_cpu = per_cpu_of(|s| (s.tcp1_gbits, s.tcp1_tunnel_cpu));
-    let per_cpu4 = per_cpu_of(|s| (s.tcp4_gbits, s.tcp4_tunnel_cpu));
+    // Gbit per tunnel CPU-second is taken per round, then the median of those (`median`
+    // leaves out the rounds without tunnel CPU).
     Medians {
         tcp1: m(|s| s.tcp1_gbits),
-        per_cpu,
+        per_cpu: m(per_cpu1) * seconds,
         machine_cpu: m(|s| s.tcp1_machine_cpu),
         tcp4: m(|s| s.tcp4_gbits),
-        per_cpu4,
+        per_cpu4: m(per_cpu4) * seconds,
         p50: m(|s| s.rtt_p50_us),
         p99: m(|s| s.rtt_p99_us),
         pps: m(|s| s.small_pps),
@@ -544,8 +533,9 @@ fn comparisons(contenders: &[Contender]) -> Vec<(usize, usize)> {
     pairs
 }
 
-/// Gbit per tunnel CPU-second is Gbit/s × seconds / CPU-s; the seconds cancel in a ratio.
-/// Not a number for a row without tunnel processes (the direct path).
+/// Gbit/s per tunnel CPU-second of a run: times the run's seconds, Gbit per tunnel
+/// CPU-second (the seconds cancel in a ratio). Not a number for a row without tunnel
+/// processes (the direct path).
 fn per_cpu1(s: &Sample) -> f64 {
     per_cpu(s.tcp1_gbits, s.tcp1_tunnel_cpu)
 }
