@@ -11,6 +11,7 @@ mod topology;
 mod uapi_server;
 mod up;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -79,7 +80,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             let mut ok = true;
             for path in &configs {
                 match load::load(path, load::Resolve::CheckOnly) {
-                    Ok(_) => println!("{}: ok", path.display()),
+                    Ok(_) => print_stdout(&[&path.display().to_string(), ": ok\n"])?,
                     Err(errors) => {
                         ok = false;
                         for e in errors {
@@ -95,11 +96,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Genkey => {
-            print_secret(PrivateKey::generate().to_base64().as_str())?;
+            print_stdout(&[PrivateKey::generate().to_base64().as_str(), "\n"])?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Genpsk => {
-            print_secret(PresharedKey::generate().to_base64().as_str())?;
+            print_stdout(&[PresharedKey::generate().to_base64().as_str(), "\n"])?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Pubkey => {
@@ -110,7 +111,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("reading the private key from stdin: {e}"))?;
             let key = PrivateKey::from_base64(&text)
                 .map_err(|e| anyhow::anyhow!("the private key on stdin {e}"))?;
-            println!("{}", key.public_key());
+            print_stdout(&[&key.public_key().to_string(), "\n"])?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Show { interface } => {
@@ -127,7 +128,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             });
             match tunneld_tunnel::config::import_wg_quick(&text, &name) {
                 Ok(toml) => {
-                    print!("{toml}");
+                    print_stdout(&[&toml])?;
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(errors) => {
@@ -141,11 +142,19 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn print_secret(text: &str) -> anyhow::Result<()> {
+/// Writes a command's output, in parts so a secret is not copied into a new string. A reader
+/// that stopped reading (`tunneld show | head -1`) ends the command quietly and successfully:
+/// closing the pipe says it has what it wanted.
+pub(crate) fn print_stdout(parts: &[&str]) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{text}")?;
-    out.flush()?;
-    Ok(())
+    let written = parts
+        .iter()
+        .try_for_each(|part| out.write_all(part.as_bytes()))
+        .and_then(|()| out.flush());
+    match written {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing to standard output"),
+    }
 }
 
 fn init_logging() {

@@ -3,10 +3,18 @@
 
 use crate::uapi_server::SOCKET_DIR;
 use anyhow::{bail, Context};
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tunneld_crypto::{parse_hex_key, PrivateKey, PublicKey};
+
+/// A line of output into a `String`, where writing cannot fail.
+macro_rules! say {
+    ($out:expr $(, $($arg:tt)*)?) => {{
+        let _ = writeln!($out $(, $($arg)*)?);
+    }};
+}
 
 pub fn run(interface: Option<&str>) -> anyhow::Result<()> {
     let names = match interface {
@@ -32,10 +40,8 @@ pub fn run(interface: Option<&str>) -> anyhow::Result<()> {
         }
     };
     for (i, name) in names.iter().enumerate() {
-        if i > 0 {
-            println!();
-        }
-        show_one(name)?;
+        let text = show_one(name)?;
+        crate::print_stdout(&[if i > 0 { "\n" } else { "" }, &text])?;
     }
     Ok(())
 }
@@ -67,60 +73,72 @@ fn request(interface: &str, message: &str) -> anyhow::Result<Vec<(String, String
     }
 }
 
-fn show_one(interface: &str) -> anyhow::Result<()> {
+/// One interface's state as text, written out whole so a failed request prints nothing half.
+fn show_one(interface: &str) -> anyhow::Result<String> {
+    let mut out = String::new();
     let device = request(interface, "get=1\n\n")?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    println!("interface: {interface}");
+    say!(out, "interface: {interface}");
     let mut in_peer = false;
     let (mut handshake, mut rx, mut tx, mut allowed) = (0u64, 0u64, 0u64, Vec::new());
-    let finish_peer = |handshake: u64, rx: u64, tx: u64, allowed: &mut Vec<String>| {
-        if !allowed.is_empty() {
-            println!("  allowed ips: {}", allowed.join(", "));
-        }
-        allowed.clear();
-        if handshake > 0 {
-            let age = now.as_secs().saturating_sub(handshake);
-            println!("  latest handshake: {age} seconds ago");
-        } else {
-            println!("  latest handshake: never");
-        }
-        println!("  transfer: {} received, {} sent", bytes(rx), bytes(tx));
-    };
+    let finish_peer =
+        |out: &mut String, handshake: u64, rx: u64, tx: u64, allowed: &mut Vec<String>| {
+            if !allowed.is_empty() {
+                say!(out, "  allowed ips: {}", allowed.join(", "));
+            }
+            allowed.clear();
+            if handshake > 0 {
+                let age = now.as_secs().saturating_sub(handshake);
+                say!(out, "  latest handshake: {age} seconds ago");
+            } else {
+                say!(out, "  latest handshake: never");
+            }
+            say!(
+                out,
+                "  transfer: {} received, {} sent",
+                bytes(rx),
+                bytes(tx)
+            );
+        };
     for (key, value) in &device {
         match key.as_str() {
             "private_key" => {
                 if let Some(k) = parse_hex_key(value) {
-                    println!("  public key: {}", PrivateKey::from_bytes(k).public_key());
+                    say!(
+                        out,
+                        "  public key: {}",
+                        PrivateKey::from_bytes(k).public_key()
+                    );
                 }
             }
-            "listen_port" => println!("  listening port: {value}"),
-            "fwmark" => println!("  fwmark: {value}"),
+            "listen_port" => say!(out, "  listening port: {value}"),
+            "fwmark" => say!(out, "  fwmark: {value}"),
             "public_key" => {
                 if in_peer {
-                    finish_peer(handshake, rx, tx, &mut allowed);
+                    finish_peer(&mut out, handshake, rx, tx, &mut allowed);
                 }
                 in_peer = true;
                 (handshake, rx, tx) = (0, 0, 0);
                 let shown = parse_hex_key(value)
                     .map(|k| PublicKey::from_bytes(k).to_base64())
                     .unwrap_or_else(|| value.clone());
-                println!("\npeer: {shown}");
+                say!(out, "\npeer: {shown}");
             }
-            "endpoint" => println!("  endpoint: {value}"),
+            "endpoint" => say!(out, "  endpoint: {value}"),
             "allowed_ip" => allowed.push(value.clone()),
             "last_handshake_time_sec" => handshake = value.parse().unwrap_or(0),
             "rx_bytes" => rx = value.parse().unwrap_or(0),
             "tx_bytes" => tx = value.parse().unwrap_or(0),
             "persistent_keepalive_interval" if value != "0" => {
-                println!("  persistent keepalive: every {value} seconds")
+                say!(out, "  persistent keepalive: every {value} seconds")
             }
             _ => {}
         }
     }
     if in_peer {
-        finish_peer(handshake, rx, tx, &mut allowed);
+        finish_peer(&mut out, handshake, rx, tx, &mut allowed);
     }
 
     // Counters are tunneld's own; another implementation's socket does not have them.
@@ -128,28 +146,31 @@ fn show_one(interface: &str) -> anyhow::Result<()> {
         let mut line = String::new();
         let mut drops = Vec::new();
         let mut carries = Vec::new();
-        let flush = |line: &mut String, drops: &mut Vec<String>, carries: &mut Vec<String>| {
+        let flush = |out: &mut String,
+                     line: &mut String,
+                     drops: &mut Vec<String>,
+                     carries: &mut Vec<String>| {
             if !line.is_empty() {
                 let drops = if drops.is_empty() {
                     "none".to_string()
                 } else {
                     drops.join(" ")
                 };
-                println!("{line}; drops: {drops}");
+                say!(out, "{line}; drops: {drops}");
                 if !carries.is_empty() {
-                    println!("  carries: {}", carries.join(", "));
+                    say!(out, "  carries: {}", carries.join(", "));
                 }
             }
             line.clear();
             drops.clear();
             carries.clear();
         };
-        println!();
+        say!(out);
         let (mut txp, mut rxp) = (0u64, 0u64);
         for (key, value) in &stats {
             match key.as_str() {
                 "worker" => {
-                    flush(&mut line, &mut drops, &mut carries);
+                    flush(&mut out, &mut line, &mut drops, &mut carries);
                     line = format!("worker {value}:");
                 }
                 "tx_packets" => txp = value.parse().unwrap_or(0),
@@ -192,9 +213,9 @@ fn show_one(interface: &str) -> anyhow::Result<()> {
                 _ => {}
             }
         }
-        flush(&mut line, &mut drops, &mut carries);
+        flush(&mut out, &mut line, &mut drops, &mut carries);
     }
-    Ok(())
+    Ok(out)
 }
 
 fn bytes(n: u64) -> String {

@@ -64,6 +64,10 @@ fn tunneld_to_tunneld_v4_v6_ping_and_tcp_both_ways() {
     let short: String = gb.public_key.chars().take(8).collect();
     assert!(show.contains(&format!("  carries: {short}…\n")), "{show}");
     assert!(show.contains("; drops: "), "{show}");
+    // `tunneld show | head -1`: the reader leaves early, and show ends quietly.
+    let (status, stderr) = run_into_closed_pipe(a.command(TUNNELD).args(["show", &ga.ifname]), "");
+    assert!(status.success(), "{status}; stderr: {stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
 
     // The configured routes and addresses are on the interface.
     let routes = a.run(&["ip", "-4", "route", "show", "dev", &ga.ifname]);

@@ -97,6 +97,38 @@ pub fn output_bounded(cmd: &mut Command) -> std::process::Output {
     }
 }
 
+/// Runs `cmd` with its stdout a pipe whose reader is already gone, as in `tunneld genkey |
+/// true` or `tunneld show | head -1` after its line, and `stdin` written to its stdin.
+/// Returns the exit status and what it said on stderr; killed (and the test failed) after
+/// [`WAIT`].
+pub fn run_into_closed_pipe(cmd: &mut Command, stdin: &str) -> (ExitStatus, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let dir = tempfile::tempdir().unwrap();
+    let err_path = dir.path().join("stderr");
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(writer)
+        .stderr(fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    // A command that does not read its stdin may have exited already.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} was still running after {WAIT:?} and was killed");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    (status, fs::read_to_string(&err_path).unwrap_or_default())
+}
+
 pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     let deadline = Instant::now() + WAIT;
     while Instant::now() < deadline {
