@@ -212,7 +212,18 @@ impl<'a> Iterator for Datagrams<'a> {
         self.rest = Some(tail);
         Some(first)
     }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = match self.rest {
+            None => 0,
+            Some(rest) if self.size == 0 || rest.len() <= self.size => 1,
+            Some(rest) => rest.len().div_ceil(self.size),
+        };
+        (left, Some(left))
+    }
 }
+
+impl ExactSizeIterator for Datagrams<'_> {}
 
 impl DatagramSink for Batch {
     fn slot(&mut self) -> Option<&mut [u8]> {
@@ -313,16 +324,23 @@ mod tests {
             batch.datagrams(0).collect::<Vec<_>>(),
             [&[0u8, 1, 2, 3, 4, 5, 6, 7, 8, 9][..]]
         );
+        assert_eq!(batch.datagrams(0).len(), 1);
         batch.set_segment_size(0, 4);
         let parts: Vec<&[u8]> = batch.datagrams(0).collect();
         assert_eq!(parts, [&[0u8, 1, 2, 3][..], &[4, 5, 6, 7], &[8, 9]]);
+        let mut left = batch.datagrams(0);
+        assert_eq!(left.len(), 3, "known before walking");
+        left.next();
+        assert_eq!(left.len(), 2);
         batch.set_segment_size(0, 5);
         assert_eq!(batch.datagrams(0).count(), 2);
+        assert_eq!(batch.datagrams(0).len(), 2);
         batch.commit(0, UNSPECIFIED);
         assert_eq!(
             batch.datagrams(1).collect::<Vec<_>>(),
             [&[][..]],
             "empty is one datagram"
         );
+        assert_eq!(batch.datagrams(1).len(), 1);
     }
 }

@@ -92,6 +92,17 @@ impl VnetHdr {
     pub fn is_plain(&self) -> bool {
         self.gso_type == GSO_NONE && self.flags & F_NEEDS_CSUM == 0
     }
+
+    /// How many packets a `len`-byte packet with this header becomes, at most: one when it
+    /// is not a super-packet. (Counting the headers as payload makes it an upper bound
+    /// without parsing them.)
+    pub fn segments_at_most(&self, len: usize) -> usize {
+        if self.gso_type == GSO_NONE || self.gso_size == 0 {
+            1
+        } else {
+            len.div_ceil(usize::from(self.gso_size)).max(1)
+        }
+    }
 }
 
 /// Why a packet from the TUN could not be segmented; the packet is dropped and counted.

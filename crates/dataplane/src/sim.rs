@@ -189,8 +189,14 @@ struct TunQueues {
     inbound_offloads: VecDeque<VnetHdr>,
     /// Packets the tunnel wrote, for the test to take.
     outbound: Queue,
+    /// How many packets each of the last [`WRITE_CALLS_KEPT`] writes carried, oldest first.
+    write_calls: VecDeque<usize>,
     dropped: u64,
 }
+
+/// Writes whose size [`SimTun::take_write_calls`] can report; older ones are forgotten, so
+/// the record never grows (and never allocates after start-up).
+const WRITE_CALLS_KEPT: usize = 256;
 
 /// A simulated TUN device. Clones share the device: keep one to [`inject`](SimTun::inject)
 /// and [`take`](SimTun::take) while the code under test owns another as its [`PacketIo`].
@@ -219,6 +225,7 @@ impl SimTun {
                 inbound: Queue::new(capacity),
                 inbound_offloads: VecDeque::new(),
                 outbound: Queue::new(capacity),
+                write_calls: VecDeque::with_capacity(WRITE_CALLS_KEPT),
                 dropped: 0,
             })),
         }
@@ -272,6 +279,13 @@ impl SimTun {
         lock(&self.queues).inbound.items.len()
     }
 
+    /// How many packets each write since the last call carried, oldest first (at most the
+    /// last [`WRITE_CALLS_KEPT`]): which packets the tunnel handed over together, as a real
+    /// TUN backend would coalesce them.
+    pub fn take_write_calls(&self) -> Vec<usize> {
+        lock(&self.queues).write_calls.drain(..).collect()
+    }
+
     /// Packets lost in either direction because a queue was full (or too large to inject).
     pub fn dropped(&self) -> u64 {
         lock(&self.queues).dropped
@@ -309,6 +323,10 @@ impl PacketIo for SimTun {
                 q.dropped += 1;
             }
         }
+        if q.write_calls.len() == WRITE_CALLS_KEPT {
+            q.write_calls.pop_front();
+        }
+        q.write_calls.push_back(batch.len());
         Ok(written)
     }
 

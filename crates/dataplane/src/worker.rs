@@ -301,6 +301,12 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         let mut packets = 0;
         for i in 0..self.tun_rx.len() {
             let hdr = self.tun_rx.offload(i);
+            // A super-packet's datagrams leave in one send, so the peer receives them together
+            // and can write them back as one super-packet (see `underlay_to_overlay`).
+            let segments = hdr.segments_at_most(self.tun_rx.payload_len(i));
+            if self.net_tx.len() + segments > crate::BATCH_SIZE {
+                self.send_shortfall += flush(&mut self.udp, &mut self.net_tx);
+            }
             let (frame, len) = self.tun_rx.frame_mut(i);
             let (device, net_tx, udp) = (&mut self.device, &mut self.net_tx, &mut self.udp);
             let (shortfall, outboxes) = (&mut self.send_shortfall, &mut self.outboxes);
@@ -355,6 +361,12 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         let mut datagrams = 0;
         for i in 0..self.net_rx.len() {
             let from = self.net_rx.addr(i);
+            // A merged frame is usually one super-packet the peer cut up (or part of one).
+            // Its packets go out in one batch, so the batch's end does not cut the TUN
+            // super-packet they coalesce back into: two writes, and two TCP ACKs, instead of one.
+            if self.tun_tx.len() + self.net_rx.datagrams(i).len() > crate::BATCH_SIZE {
+                self.flush_tunnel();
+            }
             for datagram in self.net_rx.datagrams(i) {
                 datagrams += 1;
                 self.send_shortfall += make_room(

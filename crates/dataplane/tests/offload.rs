@@ -229,6 +229,25 @@ fn vnet_header_round_trips() {
 }
 
 #[test]
+fn segments_at_most_bounds_what_segment_cuts() {
+    assert_eq!(VnetHdr::default().segments_at_most(65_000), 1);
+    let gso = 1368;
+    for (src, dst) in [(V4_SRC, V4_DST), (V6_SRC, V6_DST)] {
+        for (segments, tail) in [(0, 1), (1, 0), (2, 1), (47, 0), (46, 828), (46, 1367)] {
+            let spec = Spec::tcp(src, dst, pattern(gso * segments + tail, 5));
+            let packet = spec.build(true);
+            let hdr = spec.gso_hdr(gso as u16);
+            let cut = segments_of(&packet, &hdr).unwrap().len();
+            let bound = hdr.segments_at_most(packet.len());
+            assert!(
+                (cut..=cut + 1).contains(&bound),
+                "{segments} segments + {tail} bytes: cut into {cut}, bound {bound}"
+            );
+        }
+    }
+}
+
+#[test]
 fn tcp_super_packets_split_like_the_kernel() {
     for (src, dst) in [(V4_SRC, V4_DST), (V6_SRC, V6_DST)] {
         let gso = 1368usize;
