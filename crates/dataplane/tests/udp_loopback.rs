@@ -3,6 +3,9 @@
 //! tests turn GRO off on the receiver, as they check frame by frame;
 //! `gro_merges_runs_and_datagrams_splits_them_back` turns it on.
 
+mod common;
+
+use common::refuse_gso;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
@@ -332,24 +335,6 @@ fn equal_size_runs_arrive_whole_with_and_without_gso() {
             assert_eq!(got.addr(i), a_addr);
         }
     }
-}
-
-/// Makes the kernel refuse UDP GSO sends on `fd`: with transmit checksums off
-/// (`SO_NO_CHECK`) a `UDP_SEGMENT` send fails with EINVAL, as on a route through IPsec it
-/// fails with EIO.
-fn refuse_gso(fd: RawFd) {
-    let on: libc::c_int = 1;
-    // SAFETY: `on` is a valid int for the duration of the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_NO_CHECK,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0, "SO_NO_CHECK");
 }
 
 /// When the kernel refuses a GSO send, the backend turns GSO off and sends the same run

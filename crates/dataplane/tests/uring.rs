@@ -4,6 +4,9 @@
 //! is not usable (seccomp, kernel.io_uring_disabled) the tests say so and skip, unless
 //! TUNNELD_REQUIRE_URING=1. Every wait is bounded.
 
+mod common;
+
+use common::refuse_gso;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
@@ -259,18 +262,7 @@ fn gso_refused_by_the_kernel_falls_back_and_loses_nothing() {
         return;
     }
     let sock = bind(LOCAL4).unwrap();
-    let on: libc::c_int = 1;
-    // SAFETY: `on` is a valid int for the duration of the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.fd().unwrap(),
-            libc::SOL_SOCKET,
-            libc::SO_NO_CHECK,
-            (&on as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0, "SO_NO_CHECK");
+    refuse_gso(sock.fd().unwrap());
     let mut ring = UringUdp::new(sock).expect("UringUdp::new");
     ring.set_gso(true);
     assert!(ring.gso(), "UDP GSO on this kernel");

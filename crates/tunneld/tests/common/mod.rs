@@ -70,18 +70,7 @@ pub fn output_bounded(cmd: &mut Command) -> std::process::Output {
         .stderr(fs::File::create(&err_path).unwrap())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    let deadline = Instant::now() + WAIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_bounded(&mut child);
     let stdout = fs::read(&out_path).unwrap_or_default();
     let stderr = fs::read(&err_path).unwrap_or_default();
     let Some(status) = status else {
@@ -114,19 +103,26 @@ pub fn run_into_closed_pipe(cmd: &mut Command, stdin: &str) -> (ExitStatus, Stri
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     // A command that does not read its stdin may have exited already.
     let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    let Some(status) = wait_bounded(&mut child) else {
+        panic!("{cmd:?} was still running after {WAIT:?} and was killed");
+    };
+    (status, fs::read_to_string(&err_path).unwrap_or_default())
+}
+
+/// Waits for `child` to exit, for at most [`WAIT`]; kills and reaps it after that (`None`).
+fn wait_bounded(child: &mut Child) -> Option<ExitStatus> {
     let deadline = Instant::now() + WAIT;
-    let status = loop {
+    loop {
         if let Some(status) = child.try_wait().unwrap() {
-            break status;
+            return Some(status);
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{cmd:?} was still running after {WAIT:?} and was killed");
+            return None;
         }
         std::thread::sleep(Duration::from_millis(10));
-    };
-    (status, fs::read_to_string(&err_path).unwrap_or_default())
+    }
 }
 
 pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
