@@ -222,9 +222,7 @@ unsafe fn open_stitched(
 ) -> [u8; TAG_LEN] {
     let state = State::new(&key.words, counter);
     let first = state.keystream8(0, &mut BeforeKey);
-    let mut poly_key = PolyKey([0; 32]);
-    key_words(first[0], &mut poly_key);
-    let mut poly = Poly1305::new(&poly_key.0);
+    let mut poly = poly_for(first[0]);
     // SAFETY: `len` bytes of `src` are readable, and `dst` does not overlap them.
     let ciphertext = unsafe { std::slice::from_raw_parts(src, len) };
     let mut done = 7 * 64;
@@ -278,9 +276,7 @@ unsafe fn seal_stitched(
 ) -> [u8; TAG_LEN] {
     let state = State::new(&key.words, counter);
     let first = state.keystream16(0, &mut BeforeKey);
-    let mut poly_key = PolyKey([0; 32]);
-    key_words(first[0], &mut poly_key);
-    let mut poly = Poly1305::new(&poly_key.0);
+    let mut poly = poly_for(first[0]);
     let mut done = 15 * 64;
     // SAFETY: `len` is above 15 blocks, so the first 15 blocks' bytes are in bounds.
     unsafe { xor_keystream(&first[1..16], src, dst, 0, done) };
@@ -376,6 +372,15 @@ fn key_words(block: __m512i, key: &mut PolyKey) {
     for (bytes, word) in key.0.chunks_exact_mut(8).zip(words) {
         bytes.copy_from_slice(&word.to_le_bytes());
     }
+}
+
+/// The Poly1305 state for the message whose keystream block 0 is `block`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn poly_for(block: __m512i) -> Poly1305 {
+    let mut key = PolyKey([0; 32]);
+    key_words(block, &mut key);
+    Poly1305::new(&key.0)
 }
 
 struct PolyKey([u8; 32]);
