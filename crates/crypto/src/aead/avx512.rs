@@ -166,24 +166,8 @@ unsafe fn crypt(
                 );
             }
         }
-        for (i, ks) in blocks[skip..count].iter().enumerate() {
-            let at = i * 64;
-            if at >= chunk {
-                break;
-            }
-            let n = (chunk - at).min(64);
-            let mask: __mmask64 = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-            // SAFETY: bytes `done + at .. done + at + n` are in bounds of both buffers; the
-            // masked load and store touch no other byte.
-            unsafe {
-                let data = _mm512_maskz_loadu_epi8(mask, src.add(done + at).cast());
-                _mm512_mask_storeu_epi8(
-                    dst.add(done + at).cast(),
-                    mask,
-                    _mm512_xor_si512(data, *ks),
-                );
-            }
-        }
+        // SAFETY: `done + chunk` bytes of both buffers are in bounds.
+        unsafe { xor_keystream(&blocks[skip..count], src, dst, done, chunk) };
         done += chunk;
         block += count as u32;
         if done == len {
@@ -455,10 +439,11 @@ impl Between for Idle {
     fn step(&mut self) {}
 }
 
-/// Nothing between the rounds either: [`open_stitched`]'s first batch, which makes the key
-/// the hash needs. A type of its own so that `crypt`'s `keystream8::<Idle>` keeps a single
-/// caller: with two, LLVM stopped inlining it, and every seal called it and copied its
-/// 1 KiB of blocks (10 % slower).
+/// Nothing between the rounds either: the first batch of [`open_stitched`] and
+/// [`seal_stitched`], which makes the key the hash needs. A type of its own so that
+/// `crypt`'s `keystream8::<Idle>` and `keystream16::<Idle>` keep a single caller: with two,
+/// LLVM stopped inlining them, and every seal called one and copied its 1 KiB of blocks
+/// (10 % slower).
 struct BeforeKey;
 
 impl Between for BeforeKey {
