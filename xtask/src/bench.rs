@@ -25,6 +25,10 @@ pub(crate) struct Options {
     pub seconds: u32,
     /// Only the rows whose name contains one of these (case-insensitive); empty: all.
     pub only: Vec<String>,
+    /// The TCP congestion control iperf3's connections use, set in both sites' namespaces.
+    /// Fixed rather than inherited because a namespace takes the host's default, and the
+    /// host's choice moves every row (see docs/benchmarks.md, 2026-11-26, fourth session).
+    pub tcp_cc: String,
 }
 
 impl Options {
@@ -41,6 +45,7 @@ pub(crate) fn parse_options(args: &[String]) -> Result<Options, String> {
         rounds: 5,
         seconds: 5,
         only: Vec::new(),
+        tcp_cc: DEFAULT_TCP_CC.into(),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -60,9 +65,16 @@ pub(crate) fn parse_options(args: &[String]) -> Result<Options, String> {
                     .ok_or("--only takes a comma-separated list of row names (parts of them)")?;
                 o.only = split_names(list);
             }
+            "--tcp-cc" => {
+                o.tcp_cc = it
+                    .next()
+                    .filter(|name| is_congestion_control_name(name))
+                    .ok_or("--tcp-cc takes the name of a TCP congestion control, such as cubic or bbr")?
+                    .clone();
+            }
             other => {
                 return Err(format!(
-                    "unknown bench option {other} (--quick, --rounds N, --seconds S, --only A,B)"
+                    "unknown bench option {other} (--quick, --rounds N, --seconds S, --only A,B, --tcp-cc NAME)"
                 ))
             }
         }
@@ -72,6 +84,25 @@ pub(crate) fn parse_options(args: &[String]) -> Result<Options, String> {
         o.seconds = 1;
     }
     Ok(o)
+}
+
+/// Linux's own default, and Debian's.
+const DEFAULT_TCP_CC: &str = "cubic";
+
+/// A module name as the kernel spells them (`cubic`, `bbr`, `htcp`, …).
+fn is_congestion_control_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() < 16
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// The host's default TCP congestion control, which the report names beside the one used.
+pub(crate) fn host_tcp_cc() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// The parts of an `--only` list. Row names have commas of their own, always followed by a
@@ -366,6 +397,7 @@ fn contender(name: &str, which: Result<Impl, String>) -> Contender {
 
 fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> {
     let bed = Testbed::new(which, tunneld)?;
+    bed.set_tcp_congestion_control(&o.tcp_cc)?;
     let (bps1, cpu1, machine1) = bed.iperf_tcp(1, o.seconds)?;
     system::check_interrupted()?;
     let (bps4, cpu4, _) = bed.iperf_tcp(4, o.seconds)?;
@@ -446,8 +478,12 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
     let _ = writeln!(
         out,
         "{} round(s), {} s per iperf3 run, medians. Both gateways share this machine's cores: \
-         Gbit per tunnel CPU-second is the comparable figure.\n",
-        o.rounds, o.seconds
+         Gbit per tunnel CPU-second is the comparable figure. TCP congestion control: {} \
+         (the host's default: {}).\n",
+        o.rounds,
+        o.seconds,
+        o.tcp_cc,
+        host_tcp_cc()
     );
     let _ = writeln!(
         out,
@@ -797,6 +833,23 @@ mod tests {
         assert!(!o.keeps("tunneld (mmsg, no offloads)"));
         assert!(!o.keeps("tunneld (mmsg, all offloads, busy_poll_us = 0)"));
         assert!(o.keeps("wireguard-go v0.0.20250522 (Go module build, offloads)"));
+    }
+
+    #[test]
+    fn congestion_control_defaults_to_cubic_and_takes_only_module_names() {
+        assert_eq!(parse_options(&[]).unwrap().tcp_cc, "cubic");
+        let o = parse_options(&["--tcp-cc".into(), "bbr".into(), "--quick".into()]).unwrap();
+        assert_eq!(o.tcp_cc, "bbr");
+        for bad in [
+            &["--tcp-cc"][..],
+            &["--tcp-cc", ""],
+            &["--tcp-cc", "bbr=1"],
+            &["--tcp-cc", "../x"],
+        ] {
+            let args: Vec<String> = bad.iter().map(|s| s.to_string()).collect();
+            let err = parse_options(&args).err().unwrap();
+            assert!(err.starts_with("--tcp-cc takes"), "{err}");
+        }
     }
 
     #[test]

@@ -411,6 +411,26 @@ impl Testbed {
         self.processes.iter().map(|g| g.0.id()).collect()
     }
 
+    /// Sets the TCP congestion control in both sites' namespaces, which otherwise take the
+    /// host's default. The kernel loads the module if it is built as one.
+    pub fn set_tcp_congestion_control(&self, name: &str) -> Result<(), String> {
+        let setting = format!("net.ipv4.tcp_congestion_control={name}");
+        for ns in [&self.a, &self.b] {
+            let out = ns.output(&["sysctl", "-qw", &setting]);
+            if !out.status.success() {
+                let available =
+                    fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+                        .unwrap_or_default();
+                return Err(format!(
+                    "cannot use TCP congestion control `{name}` ({}); this kernel offers: {}",
+                    String::from_utf8_lossy(&out.stderr).trim(),
+                    available.trim()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Average ping RTT in microseconds over `count` pings (IPv4 or IPv6 target).
     pub fn ping_us(&self, v6: bool, count: u32) -> Option<f64> {
         let target = if v6 { self.target_v6 } else { self.target_v4 };

@@ -241,6 +241,7 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
         // unused).
         _ => Testbed::new(&Impl::Direct, Path::new("/nonexistent"))?,
     };
+    bed.set_tcp_congestion_control(&o.tcp_cc)?;
     let proxied = matches!(which, Route::Stunnel(_) | Route::Tunneld(_));
     // Services listen where the server-side proxy forwards to, or where B is reached.
     let service_host = match which {
@@ -1026,8 +1027,12 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
          connection is connect + one round trip + close, {NEW_CONNECTIONS} times; \
          {CONCURRENT} conns is {CONCURRENT} connections each with one request always \
          outstanding, from one client thread, {MANY_ROUND_TRIPS} round trips in all (its CPU \
-         is the proxies' during that phase).\n",
-        o.rounds, o.seconds
+         is the proxies' during that phase). TCP congestion control: {} (the host's \
+         default: {}).\n",
+        o.rounds,
+        o.seconds,
+        o.tcp_cc,
+        crate::bench::host_tcp_cc()
     );
     let _ = writeln!(
         out,
