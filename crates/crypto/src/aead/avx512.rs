@@ -220,11 +220,7 @@ unsafe fn open_stitched(
     };
     let mut block = 8u32;
     while done < len {
-        let count = if (len - done).div_ceil(64) <= 8 {
-            8
-        } else {
-            16
-        };
+        let count = batch_blocks(len - done);
         let blocks = if count == 8 {
             state.keystream8(block, &mut hash)
         } else {
@@ -267,11 +263,7 @@ unsafe fn seal_stitched(
     let (mut h, mut hashed) = (poly.h, 0);
     let mut block = 16u32;
     while done < len {
-        let count = if (len - done).div_ceil(64) <= 8 {
-            8
-        } else {
-            16
-        };
+        let count = batch_blocks(len - done);
         // SAFETY: the first `done` bytes of `dst` are written, and nothing writes them
         // while the hash reads them (this batch writes from `done` on).
         let mut hash = SealHash(ScalarHash {
@@ -302,6 +294,17 @@ unsafe fn seal_stitched(
             hashed,
             key.ifma,
         )
+    }
+}
+
+/// How many keystream blocks the stitched paths make next for `remaining` bytes: 8 when they
+/// fit, otherwise 16.
+#[inline(always)]
+fn batch_blocks(remaining: usize) -> usize {
+    if remaining.div_ceil(64) <= 8 {
+        8
+    } else {
+        16
     }
 }
 
