@@ -98,6 +98,28 @@ fn is_congestion_control_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
+/// The report's words on the congestion control: which one iperf3's connections ran (each
+/// run checks its report), and whether the namespaces took it as their default, which a
+/// host restricts to its `tcp_allowed_congestion_control` (the connections a proxy opens
+/// itself run the namespaces' default).
+pub(crate) fn congestion_control_note(tcp_cc: &str) -> String {
+    let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+        .unwrap_or_default();
+    let host = host_tcp_cc();
+    if tcp_cc == host || allowed.split_whitespace().any(|a| a == tcp_cc) {
+        format!(
+            "TCP congestion control: {tcp_cc}, both sites' default (the host's default: {host})"
+        )
+    } else {
+        format!(
+            "TCP congestion control: {tcp_cc} on iperf3's connections, which ask for it \
+             (`-C`); this host lets a namespace default only to {}, so other connections \
+             ran the host's default, {host}",
+            allowed.split_whitespace().collect::<Vec<_>>().join(" or ")
+        )
+    }
+}
+
 /// The host's default TCP congestion control, which the report names beside the one used.
 pub(crate) fn host_tcp_cc() -> String {
     std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
@@ -396,7 +418,7 @@ fn contender(name: &str, which: Result<Impl, String>) -> Contender {
 }
 
 fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> {
-    let bed = Testbed::new(which, tunneld)?;
+    let mut bed = Testbed::new(which, tunneld)?;
     bed.set_tcp_congestion_control(&o.tcp_cc)?;
     let (bps1, cpu1, machine1) = bed.iperf_tcp(1, o.seconds)?;
     system::check_interrupted()?;
@@ -478,12 +500,10 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
     let _ = writeln!(
         out,
         "{} round(s), {} s per iperf3 run, medians. Both gateways share this machine's cores: \
-         Gbit per tunnel CPU-second is the comparable figure. TCP congestion control: {} \
-         (the host's default: {}).\n",
+         Gbit per tunnel CPU-second is the comparable figure. {}.\n",
         o.rounds,
         o.seconds,
-        o.tcp_cc,
-        host_tcp_cc()
+        congestion_control_note(&o.tcp_cc)
     );
     let _ = writeln!(
         out,
@@ -850,6 +870,26 @@ mod tests {
             let err = parse_options(&args).err().unwrap();
             assert!(err.starts_with("--tcp-cc takes"), "{err}");
         }
+    }
+
+    #[test]
+    fn iperf3_must_report_the_congestion_control_asked_for() {
+        use crate::testbed::check_congestion_control;
+        let json = r#"{"end": {"sum_received": {"bits_per_second": 1e9},
+            "sender_tcp_congestion":	"cubic",
+            "receiver_tcp_congestion":	"cubic"}}"#;
+        assert!(check_congestion_control(json, Some("cubic")).is_ok());
+        assert!(check_congestion_control(json, None).is_ok());
+        let err = check_congestion_control(json, Some("bbr")).unwrap_err();
+        assert!(err.contains("sender_tcp_congestion = cubic"), "{err}");
+        let mixed = json.replace(
+            r#""receiver_tcp_congestion":	"cubic""#,
+            r#""receiver_tcp_congestion": "bbr""#,
+        );
+        let err = check_congestion_control(&mixed, Some("cubic")).unwrap_err();
+        assert!(err.contains("receiver_tcp_congestion = bbr"), "{err}");
+        let err = check_congestion_control("{}", Some("cubic")).unwrap_err();
+        assert!(err.contains("nothing"), "{err}");
     }
 
     #[test]

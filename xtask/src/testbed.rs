@@ -74,6 +74,9 @@ pub struct Testbed {
     /// The tunnel processes (empty for direct and kernel).
     processes: Vec<Guard>,
     interfaces: Vec<String>,
+    /// The congestion control iperf3 asks for on each of its connections (`-C`), once
+    /// `set_tcp_congestion_control` has chosen one.
+    iperf_cc: Option<String>,
     _dir: TempDir,
 }
 
@@ -201,6 +204,7 @@ impl Testbed {
             target_v6: "fd77::2",
             processes: Vec::new(),
             interfaces: Vec::new(),
+            iperf_cc: None,
             _dir: dir,
         };
         if *which == Impl::Direct {
@@ -411,24 +415,35 @@ impl Testbed {
         self.processes.iter().map(|g| g.0.id()).collect()
     }
 
-    /// Sets the TCP congestion control in both sites' namespaces, which otherwise take the
-    /// host's default. The kernel loads the module if it is built as one.
-    pub fn set_tcp_congestion_control(&self, name: &str) -> Result<(), String> {
+    /// Makes `name` the TCP congestion control of the traffic measured here: iperf3 asks for
+    /// it on every connection (`-C`, which root may do for any algorithm the kernel has, and
+    /// which iperf3 passes on to its server), and both sites' namespaces take it as their
+    /// default where the host lets them, for the connections that do not choose (a TLS
+    /// proxy's own). A namespace may only default to an algorithm in the host's
+    /// `tcp_allowed_congestion_control` (the kernel answers EPERM otherwise); then the
+    /// namespaces keep the host's default and this returns it, for the report to name.
+    pub fn set_tcp_congestion_control(&mut self, name: &str) -> Result<Option<String>, String> {
         let setting = format!("net.ipv4.tcp_congestion_control={name}");
         for ns in [&self.a, &self.b] {
             let out = ns.output(&["sysctl", "-qw", &setting]);
-            if !out.status.success() {
-                let available =
-                    fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
-                        .unwrap_or_default();
+            if out.status.success() {
+                continue;
+            }
+            // The kernel loads the algorithm's module before it checks the host's allowed
+            // list, so an algorithm it has is available now, whatever the answer was.
+            let available = available_congestion_controls();
+            if !available.iter().any(|a| a == name) {
                 return Err(format!(
                     "cannot use TCP congestion control `{name}` ({}); this kernel offers: {}",
                     String::from_utf8_lossy(&out.stderr).trim(),
-                    available.trim()
+                    available.join(" ")
                 ));
             }
+            self.iperf_cc = Some(name.to_string());
+            return Ok(Some(crate::bench::host_tcp_cc()));
         }
-        Ok(())
+        self.iperf_cc = Some(name.to_string());
+        Ok(None)
     }
 
     /// Average ping RTT in microseconds over `count` pings (IPv4 or IPv6 target).
@@ -476,20 +491,26 @@ impl Testbed {
         let _server = self.iperf_server()?;
         let pids = self.pids();
         let (cpu0, machine0) = (cpu_seconds(&pids), machine_busy_seconds());
+        let mut client = self.a.command("iperf3");
+        client.args([
+            "-c",
+            self.target_v4,
+            "-t",
+            &seconds.to_string(),
+            "-P",
+            &streams.to_string(),
+            "-J",
+        ]);
+        if let Some(cc) = &self.iperf_cc {
+            client.args(["-C", cc]);
+        }
         let out = system::output_within(
-            self.a.command("iperf3").args([
-                "-c",
-                self.target_v4,
-                "-t",
-                &seconds.to_string(),
-                "-P",
-                &streams.to_string(),
-                "-J",
-            ]),
+            &mut client,
             Duration::from_secs(seconds.into()) + IPERF_GRACE,
         )?;
         let (cpu1, machine1) = (cpu_seconds(&pids), machine_busy_seconds());
         let json = String::from_utf8_lossy(&out.stdout);
+        check_congestion_control(&json, self.iperf_cc.as_deref())?;
         let bps = json_number_after(&json, "\"sum_received\"", "\"bits_per_second\"").ok_or_else(
             || {
                 format!(
@@ -658,6 +679,42 @@ pub fn machine_busy_seconds() -> f64 {
         .map(|(_, v)| v)
         .sum();
     busy / ticks
+}
+
+/// The TCP congestion controls this kernel has loaded (more load on first use).
+pub fn available_congestion_controls() -> Vec<String> {
+    fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// Fails unless iperf3's JSON report says both ends of its connections ran `wanted` (when
+/// one was asked for): a figure is only labelled with the algorithm that produced it.
+pub fn check_congestion_control(iperf_json: &str, wanted: Option<&str>) -> Result<(), String> {
+    let Some(wanted) = wanted else { return Ok(()) };
+    for side in ["sender_tcp_congestion", "receiver_tcp_congestion"] {
+        let used = json_string_after(iperf_json, &format!("\"{side}\""));
+        if used.as_deref() != Some(wanted) {
+            return Err(format!(
+                "iperf3 was asked for TCP congestion control `{wanted}` but its report says {side} = {}",
+                used.unwrap_or_else(|| "nothing".into())
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The string value after `key` (`"key": "value"`) in iperf3's JSON, without a JSON crate.
+fn json_string_after(json: &str, key: &str) -> Option<String> {
+    let rest = &json[json.find(key)? + key.len()..];
+    let rest = rest
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start()
+        .strip_prefix('"')?;
+    Some(rest[..rest.find('"')?].to_string())
 }
 
 /// The number after `"key":` that follows `anchor` in iperf3's JSON, without a JSON crate.

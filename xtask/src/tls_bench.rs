@@ -20,7 +20,9 @@
 
 use crate::bench::{parse_options, take_baseline, Options};
 use crate::system;
-use crate::testbed::{cpu_seconds, json_number_after, peak_rss_kib, Guard, Impl, Testbed};
+use crate::testbed::{
+    check_congestion_control, cpu_seconds, json_number_after, peak_rss_kib, Guard, Impl, Testbed,
+};
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{Read, Write};
@@ -223,7 +225,7 @@ fn contender(name: &str, which: Result<Route, String>) -> Contender {
 
 /// One round of one row, in a testbed of its own that is gone when this returns.
 fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> {
-    let bed = match which {
+    let mut bed = match which {
         Route::WireGuard(bin) => Testbed::new(
             &Impl::Tunneld(bin.clone(), "backend = \"mmsg\"\nworkers = 1", ""),
             bin,
@@ -290,11 +292,14 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
             "-t",
             &o.seconds.to_string(),
             "-J",
+            "-C",
+            &o.tcp_cc,
         ]),
         Duration::from_secs(o.seconds.into()) + IPERF_GRACE,
     )?;
     let cpu1 = cpu_seconds(&pids);
     let json = String::from_utf8_lossy(&out.stdout);
+    check_congestion_control(&json, Some(&o.tcp_cc))?;
     let bps =
         json_number_after(&json, "\"sum_received\"", "\"bits_per_second\"").ok_or_else(|| {
             format!(
@@ -1027,12 +1032,10 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
          connection is connect + one round trip + close, {NEW_CONNECTIONS} times; \
          {CONCURRENT} conns is {CONCURRENT} connections each with one request always \
          outstanding, from one client thread, {MANY_ROUND_TRIPS} round trips in all (its CPU \
-         is the proxies' during that phase). TCP congestion control: {} (the host's \
-         default: {}).\n",
+         is the proxies' during that phase). {}.\n",
         o.rounds,
         o.seconds,
-        o.tcp_cc,
-        crate::bench::host_tcp_cc()
+        crate::bench::congestion_control_note(&o.tcp_cc)
     );
     let _ = writeln!(
         out,
