@@ -14,7 +14,8 @@ use tunneld_dataplane::offload::{
 };
 use tunneld_dataplane::{Batch, BATCH_SIZE, FRAME_PAYLOAD};
 use tunneld_tunnel::uapi::{self, Request};
-use tunneld_tunnel::{config, Device, DeviceSettings, PeerSettings};
+use tunneld_config as config;
+use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
 
 thread_local! {
     // Buffers reused across inputs: a fresh 64 KiB frame or 4 MiB batch per input would make

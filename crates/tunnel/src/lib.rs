@@ -10,7 +10,6 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod allowed_ips;
-pub mod config;
 pub mod device;
 pub mod framing;
 pub mod noise;

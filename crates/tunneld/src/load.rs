@@ -3,8 +3,8 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use tunneld_config::{self as config, Config, Endpoint, InterfaceConfig, KeySource};
 use tunneld_crypto::{read_key_file, PresharedKey, PrivateKey};
-use tunneld_tunnel::config::{self, Config, Endpoint, InterfaceConfig, KeySource};
 use tunneld_tunnel::{DeviceSettings, PeerSettings};
 
 /// A config ready to run.

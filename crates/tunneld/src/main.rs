@@ -126,7 +126,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_else(|| "wg0".into())
             });
-            match tunneld_tunnel::config::import_wg_quick(&text, &name) {
+            match tunneld_config::import_wg_quick(&text, &name) {
                 Ok(toml) => {
                     print_stdout(&[&toml])?;
                     Ok(ExitCode::SUCCESS)

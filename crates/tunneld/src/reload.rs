@@ -11,8 +11,8 @@ use crate::netlink::Netlink;
 use ipnet::IpNet;
 use std::path::PathBuf;
 use std::time::Instant;
+use tunneld_config::{Config, PeerConfig};
 use tunneld_dataplane::worker::Workers;
-use tunneld_tunnel::config::{Config, PeerConfig};
 use tunneld_tunnel::PeerSettings;
 
 /// What a reload needs of the running interface, and what was applied last.

@@ -11,12 +11,12 @@ use anyhow::{bail, Context};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use tunneld_config::{self as config, Backend, DataplaneConfig};
 use tunneld_dataplane::tun::Tun;
 use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::uring::{self, UringTun, UringUdp};
 use tunneld_dataplane::worker::{Worker, Workers};
 use tunneld_dataplane::{DatagramIo, PacketIo};
-use tunneld_tunnel::config::{self, Backend, DataplaneConfig};
 use tunneld_tunnel::Device;
 
 pub fn run(config_path: &Path) -> anyhow::Result<()> {
@@ -157,10 +157,7 @@ const MAX_WORKERS: usize = 256;
 /// How many workers: as configured, or for `auto` one per CPU tunneld may run on (`cpus` if
 /// given), except for a config whose only peer is a plain one: one worker carries all of a
 /// plain peer's sessions, so more could only add hand-offs (and wake-ups) to its packets.
-fn worker_count(
-    dataplane: &DataplaneConfig,
-    peers: &[tunneld_tunnel::config::PeerConfig],
-) -> usize {
+fn worker_count(dataplane: &DataplaneConfig, peers: &[tunneld_config::PeerConfig]) -> usize {
     let one_plain_link = matches!(peers, [peer] if peer.parallel.is_plain());
     match (dataplane.workers, &dataplane.cpus) {
         (config::Workers::Count(n), _) => n,

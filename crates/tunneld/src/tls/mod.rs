@@ -29,10 +29,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tunneld_dataplane::worker::Workers;
-use tunneld_tunnel::config::{
+use tunneld_config::{
     CertKey, Config, Endpoint, PeerTls, TlsConfig, TlsForward, TlsListen, TlsTarget,
 };
+use tunneld_dataplane::worker::Workers;
 
 /// Connections one listener relays at once; more are accepted and closed at once, with a
 /// warning, so a flood cannot exhaust threads or memory.

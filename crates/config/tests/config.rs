@@ -1,8 +1,8 @@
 //! Config validation, error by error: each bad value gives one line naming its field, all of
 //! them at once, never echoing a secret; wg-quick files import to configs that parse.
 
+use tunneld_config::{self as config, Backend, Config, Endpoint, KeySource, Parallel, Workers};
 use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
-use tunneld_tunnel::config::{self, Backend, Config, Endpoint, KeySource, Parallel, Workers};
 
 /// Fixed keys, so that failures are reproducible.
 fn private(byte: u8) -> PrivateKey {

@@ -1,8 +1,8 @@
 //! The config model: valid files parse to the model, broken ones report every problem, each
 //! naming its field, never echoing a secret.
 
+use tunneld_config::{self as config, Backend, Endpoint, KeySource, Workers};
 use tunneld_crypto::PrivateKey;
-use tunneld_tunnel::config::{self, Backend, Endpoint, KeySource, Workers};
 
 fn key() -> String {
     PrivateKey::generate().to_base64().to_string()

@@ -4,6 +4,12 @@
 //! derive: that way a wrong type, a value out of range or a misspelt field each becomes its own
 //! line naming the field (`peer[1].allowed_ips[0]: ...`), and every problem is reported at once.
 //! Secret values (private and preshared keys) are never echoed in errors.
+//!
+//! This is the file format, kept out of the protocol core (`tunneld-tunnel`), which takes
+//! typed settings; the gateway (`tunneld`) turns a [`Config`] into those.
+
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use ipnet::IpNet;
 use std::collections::hash_map::Entry;
