@@ -59,6 +59,7 @@ pub fn device(own: &PrivateKey, peer: PublicKey, allowed: IpNet, endpoint: Socke
             persistent_keepalive: 0,
         }],
         Instant::now(),
+        tunneld_dataplane::system_environment(),
     )
 }
 
@@ -255,7 +256,14 @@ impl SimLanes {
                 allowed_ips: vec![allowed],
                 persistent_keepalive: 0,
             };
-            Device::for_worker(settings, vec![peer], Instant::now(), w, workers)
+            Device::for_worker(
+                settings,
+                vec![peer],
+                Instant::now(),
+                w,
+                workers,
+                tunneld_dataplane::system_environment(),
+            )
         };
         let mut a_workers = Vec::new();
         let mut b_workers = Vec::new();

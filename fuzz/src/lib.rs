@@ -15,7 +15,7 @@ use tunneld_dataplane::offload::{
 use tunneld_dataplane::{Batch, BATCH_SIZE, FRAME_PAYLOAD};
 use tunneld_tunnel::uapi::{self, Request};
 use tunneld_config as config;
-use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
+use tunneld_tunnel::{Device, DeviceSettings, Environment, PeerSettings};
 
 thread_local! {
     // Buffers reused across inputs: a fresh 64 KiB frame or 4 MiB batch per input would make
@@ -182,6 +182,8 @@ fn device_with_fixed_keys(own: u8, peer: u8, now: Instant) -> Device {
             persistent_keepalive: 0,
         }],
         now,
+        // Seeded: a fuzz input replays to the same run.
+        Environment::seeded(u64::from(own), std::time::Duration::from_secs(1_790_000_000)),
     )
 }
 

@@ -14,7 +14,7 @@ use crate::sink::{DatagramSink, PacketSink};
 use crate::stats::{DropReason, Stats};
 use crate::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, SetRequest, UapiError};
 use ipnet::IpNet;
-use rand_core::OsRng;
+use rand_core::{CryptoRngCore, SeedableRng};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -52,6 +52,42 @@ pub struct PeerSettings {
     /// How many standard WireGuard sessions carry this peer (`parallel = K`): sub-tunnel `j`
     /// is carried by worker `j` (see [`owner_of`]). 1 for a plain peer.
     pub parallel: u8,
+}
+
+/// What a device takes from outside the protocol: randomness (ephemeral keys, receiver
+/// indices, cookie secrets and nonces, retry jitter) and the wall-clock time (the anchor of
+/// handshake timestamps, which must keep rising across restarts). The core reads neither
+/// itself, so a caller that passes a seeded generator and a fixed time gets a run that
+/// replays exactly (the pair harness does).
+pub struct Environment {
+    rng: Box<dyn CryptoRngCore + Send>,
+    unix_now: Duration,
+}
+
+impl Environment {
+    /// `rng` must be a cryptographically secure generator (`rand_core::OsRng` in
+    /// production); `unix_now` is the wall-clock time since the Unix epoch at the `now`
+    /// given with it to the device.
+    pub fn new(rng: impl CryptoRngCore + Send + 'static, unix_now: Duration) -> Self {
+        Environment {
+            rng: Box::new(rng),
+            unix_now,
+        }
+    }
+
+    /// A deterministic environment for tests and simulations: ChaCha20 seeded from `seed`.
+    /// Never use it for a real tunnel: anyone who knows the seed knows every key.
+    pub fn seeded(seed: u64, unix_now: Duration) -> Self {
+        Environment::new(rand_chacha::ChaCha20Rng::seed_from_u64(seed), unix_now)
+    }
+}
+
+impl std::fmt::Debug for Environment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Environment")
+            .field("unix_now", &self.unix_now)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What [`Device::sync`] changed.
@@ -113,6 +149,10 @@ pub struct Device {
     handshakes_received: u64,
     last_rate_reset: Instant,
     stats: Stats,
+    rng: Box<dyn CryptoRngCore + Send>,
+    /// The wall clock at `started` (from the `Environment`), for a new key's timestamps.
+    unix_at_start: Duration,
+    started: Instant,
 }
 
 impl std::fmt::Debug for Device {
@@ -128,8 +168,13 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    pub fn new(settings: DeviceSettings, peers: Vec<PeerSettings>, now: Instant) -> Self {
-        Device::for_worker(settings, peers, now, 0, 1)
+    pub fn new(
+        settings: DeviceSettings,
+        peers: Vec<PeerSettings>,
+        now: Instant,
+        environment: Environment,
+    ) -> Self {
+        Device::for_worker(settings, peers, now, 0, 1, environment)
     }
 
     /// A device for worker `worker` of `workers`: the receiver indices it hands out name a
@@ -142,10 +187,12 @@ impl Device {
         now: Instant,
         worker: usize,
         workers: usize,
+        environment: Environment,
     ) -> Self {
         let workers = workers.max(1);
+        let Environment { mut rng, unix_now } = environment;
         let mut device = Self {
-            local: Local::new(*settings.private_key.as_bytes(), now),
+            local: Local::new(*settings.private_key.as_bytes(), now, unix_now),
             private_key: settings.private_key,
             listen_port: settings.listen_port,
             mtu: settings.mtu,
@@ -153,10 +200,13 @@ impl Device {
             peers: Vec::new(),
             by_key: HashMap::new(),
             routes: AllowedIps::new(),
-            cookies: CookieJar::new(&mut OsRng),
+            cookies: CookieJar::new(&mut *rng),
             handshakes_received: 0,
             last_rate_reset: now,
             stats: Stats::default(),
+            rng,
+            unix_at_start: unix_now,
+            started: now,
             slot_stride: workers,
             slot_offset: worker % workers,
         };
@@ -595,7 +645,7 @@ impl Device {
         }
         self.handshakes_received += 1;
         if self.handshakes_received <= HANDSHAKE_RATE_LIMIT
-            || self.cookies.mac2_valid(datagram, from, now, &mut OsRng)
+            || self.cookies.mac2_valid(datagram, from, now, &mut *self.rng)
         {
             return true;
         }
@@ -610,7 +660,14 @@ impl Device {
             Some(reply) => {
                 if self
                     .cookies
-                    .write_reply(&self.local.identity, datagram, from, now, &mut OsRng, reply)
+                    .write_reply(
+                        &self.local.identity,
+                        datagram,
+                        from,
+                        now,
+                        &mut *self.rng,
+                        reply,
+                    )
                     .is_ok()
                 {
                     network.push(noise::handshake::COOKIE_REPLY_LEN, from);
@@ -866,7 +923,8 @@ impl Device {
         if key == self.private_key {
             return;
         }
-        self.local = Local::new(*key.as_bytes(), now);
+        let unix_now = self.unix_at_start + now.saturating_duration_since(self.started);
+        self.local = Local::new(*key.as_bytes(), now, unix_now);
         self.private_key = key;
         let mut unusable = Vec::new();
         for peer in self.peers.iter_mut().flatten() {
@@ -921,6 +979,7 @@ impl Device {
                     *peer.public_key.as_bytes(),
                     session_psk.map(|k| *k.as_bytes()),
                     wire_slot,
+                    &mut *self.rng,
                 )
                 .map_err(|_| low_order(&peer.public_key))?;
                 peer.preshared_key = psk;
@@ -1024,7 +1083,8 @@ impl Device {
         } else {
             None
         };
-        let tunnel = Tunnel::new(&self.local, *key.as_bytes(), psk, self.wire_slot(slot))
+        let wire_slot = self.wire_slot(slot);
+        let tunnel = Tunnel::new(&self.local, *key.as_bytes(), psk, wire_slot, &mut *self.rng)
             .map_err(|_| low_order(&key))?;
         let mut peer = Peer::new(key, tunnel);
         peer.parallel = parallel;

@@ -19,6 +19,8 @@ pub mod sink;
 pub mod stats;
 pub mod uapi;
 
-pub use device::{owner_of, Device, DeviceSettings, Disposition, PeerSettings, SyncReport};
+pub use device::{
+    owner_of, Device, DeviceSettings, Disposition, Environment, PeerSettings, SyncReport,
+};
 pub use sink::{DatagramSink, PacketSink};
 pub use stats::{DropReason, Stats};

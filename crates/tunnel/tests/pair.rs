@@ -2,15 +2,23 @@
 //!
 //! The core reads no clock of its own: every timer follows the `now` passed in, so two minutes
 //! of protocol time take milliseconds. Run: `cargo test -p tunneld-tunnel --test pair`.
+//!
+//! Nor does it draw randomness of its own: every key, ephemeral key and index here comes from
+//! one seed, printed by each test, so a failing run replays exactly with
+//! `TUNNELD_PAIR_SEED=<seed>` (the link's losses come from seeds written in the tests).
 
 use ipnet::IpNet;
+use rand_chacha::ChaCha20Rng;
+use rand_core::{RngCore, SeedableRng};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey};
 use tunneld_tunnel::packet::MAX_DATAGRAM;
 use tunneld_tunnel::uapi::{PeerUpdate, SetRequest};
-use tunneld_tunnel::{DatagramSink, Device, DeviceSettings, DropReason, PacketSink, PeerSettings};
+use tunneld_tunnel::{
+    DatagramSink, Device, DeviceSettings, DropReason, Environment, PacketSink, PeerSettings,
+};
 
 /// A sink that copies what the core writes into owned buffers.
 struct Collect {
@@ -112,6 +120,25 @@ struct Pair {
     /// What each device was built from, to restart it with its state lost.
     built_from: [(DeviceSettings, Vec<PeerSettings>); 2],
     workers: [(usize, usize); 2],
+    /// Where every device's randomness comes from; a restart takes the next one.
+    seed: u64,
+    devices_made: u64,
+}
+
+/// The wall-clock time the devices are told it is at the start (any fixed time will do).
+const UNIX_START: Duration = Duration::from_secs(1_790_000_000);
+
+/// The seed of a harness run: `TUNNELD_PAIR_SEED`, or else a fresh one.
+fn harness_seed() -> u64 {
+    std::env::var("TUNNELD_PAIR_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| rand_core::OsRng.next_u64())
+}
+
+/// The `n`th device environment of a run seeded with `seed`.
+fn environment(seed: u64, n: u64) -> Environment {
+    Environment::seeded(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15), UNIX_START)
 }
 
 struct PairConfig {
@@ -128,6 +155,8 @@ struct PairConfig {
     a_has_wrong_key_for_b: bool,
     b_has_wrong_key_for_a: bool,
     b_psk: Option<PresharedKey>,
+    /// Where every key and every device's randomness comes from.
+    seed: u64,
 }
 
 impl Default for PairConfig {
@@ -142,17 +171,28 @@ impl Default for PairConfig {
             a_has_wrong_key_for_b: false,
             b_has_wrong_key_for_a: false,
             b_psk: None,
+            seed: harness_seed(),
         }
     }
 }
 
 impl Pair {
     fn new(cfg: PairConfig) -> Self {
+        eprintln!(
+            "pair harness seed {} (TUNNELD_PAIR_SEED={} replays this run)",
+            cfg.seed, cfg.seed
+        );
         let now = Instant::now();
+        let keys = std::cell::RefCell::new(ChaCha20Rng::seed_from_u64(cfg.seed));
+        let new_key = || {
+            let mut bytes = [0u8; 32];
+            keys.borrow_mut().fill_bytes(&mut bytes);
+            PrivateKey::from_bytes(bytes)
+        };
         // Each side plays one worker of several: it must be the worker that carries the
         // other side (chosen by the other side's key).
         let key_for = |(worker, workers): (usize, usize)| loop {
-            let key = PrivateKey::generate();
+            let key = new_key();
             if tunneld_tunnel::owner_of(&key.public_key(), 1, 0, workers) == worker {
                 break key;
             }
@@ -163,7 +203,7 @@ impl Pair {
             (0..n)
                 .map(|i| PeerSettings {
                     parallel: 1,
-                    public_key: PrivateKey::generate().public_key(),
+                    public_key: new_key().public_key(),
                     preshared_key: None,
                     endpoint: None,
                     allowed_ips: vec![net(&format!("10.{base}.{i}.0/24"))],
@@ -173,7 +213,7 @@ impl Pair {
         };
         let mut a_peers = extra(cfg.a_extra_peers, 100);
         let mut b_peers = extra(cfg.b_extra_peers, 200);
-        let someone_else = || PrivateKey::generate().public_key();
+        let someone_else = || new_key().public_key();
         a_peers.push(PeerSettings {
             parallel: 1,
             public_key: if cfg.a_has_wrong_key_for_b {
@@ -212,6 +252,7 @@ impl Pair {
             now,
             wa,
             na,
+            environment(cfg.seed, 1),
         );
         let b = Device::for_worker(
             built_from[1].0.clone(),
@@ -219,6 +260,7 @@ impl Pair {
             now,
             wb,
             nb,
+            environment(cfg.seed, 2),
         );
         Self {
             a,
@@ -233,6 +275,8 @@ impl Pair {
             sent_to: Vec::new(),
             built_from,
             workers: cfg.workers,
+            seed: cfg.seed,
+            devices_made: 2,
         }
     }
 
@@ -241,7 +285,10 @@ impl Pair {
     fn restart(&mut self, side: Side) {
         let (settings, peers) = self.built_from[side as usize].clone();
         let (worker, workers) = self.workers[side as usize];
-        *self.device(side) = Device::for_worker(settings, peers, self.now, worker, workers);
+        self.devices_made += 1;
+        let environment = environment(self.seed, self.devices_made);
+        *self.device(side) =
+            Device::for_worker(settings, peers, self.now, worker, workers, environment);
     }
 
     fn device(&mut self, side: Side) -> &mut Device {
@@ -842,6 +889,7 @@ fn a_handshake_flood_gets_cookies_and_the_real_peer_still_connects() {
                     persistent_keepalive: 0,
                 }],
                 pair.now,
+                environment(pair.seed, 1000 + u64::from(i)),
             );
             let packet = ip_packet("10.0.0.1", "10.0.0.2", b"let me in");
             let mut frame = packet.clone();
@@ -1015,4 +1063,38 @@ fn receiver_indices_name_the_owning_worker() {
         &mut out,
     );
     assert_eq!(pair.b.stats().drops(DropReason::UnknownIndex), before + 1);
+}
+
+/// One scenario driven from `seed`: handshakes, a lossy link, a rekey after two minutes; the
+/// datagrams on the wire, in order.
+fn lossy_run(seed: u64) -> Vec<(Side, Vec<u8>)> {
+    let mut pair = Pair::new(PairConfig {
+        seed,
+        ..PairConfig::default()
+    });
+    let mut rng = Rng(seed | 1);
+    pair.lose = Box::new(move |_, _| rng.below(5) == 0);
+    for i in 0..200 {
+        pair.send(Side::A, &numbered(i));
+        pair.send(Side::B, &ip_packet("10.0.0.2", "10.0.0.1", b"back"));
+        pair.advance(Duration::from_secs(1));
+    }
+    std::mem::take(&mut pair.wire_log)
+}
+
+#[test]
+fn a_run_replays_exactly_from_its_seed() {
+    let seed = harness_seed();
+    let first = lossy_run(seed);
+    let handshakes = first.iter().filter(|(_, d)| d[0] == 1).count();
+    assert!(handshakes >= 2, "the run rekeys: {handshakes} initiations");
+    // Byte for byte: keys, ephemeral keys, indices, timestamps, jitter and losses alike.
+    assert!(
+        first == lossy_run(seed),
+        "seed {seed} gave two different runs"
+    );
+    assert!(
+        first != lossy_run(seed.wrapping_add(1)),
+        "another seed gave the same run"
+    );
 }

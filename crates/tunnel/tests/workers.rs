@@ -4,11 +4,12 @@
 //! by the receiver index for everything that names one, anywhere for initiations.
 
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey};
 use tunneld_tunnel::packet::MAX_DATAGRAM;
 use tunneld_tunnel::{
-    DatagramSink, Device, DeviceSettings, Disposition, PacketSink, PeerSettings, SyncReport,
+    DatagramSink, Device, DeviceSettings, Disposition, Environment, PacketSink, PeerSettings,
+    SyncReport,
 };
 
 #[derive(Default)]
@@ -95,7 +96,18 @@ impl Gateway {
         Gateway {
             addr,
             workers: (0..workers)
-                .map(|w| Device::for_worker(settings.clone(), vec![peer.clone()], now, w, workers))
+                .map(|w| {
+                    let seed = (u64::from(addr.port()) << 16) | w as u64;
+                    let environment = Environment::seeded(seed, Duration::from_secs(1));
+                    Device::for_worker(
+                        settings.clone(),
+                        vec![peer.clone()],
+                        now,
+                        w,
+                        workers,
+                        environment,
+                    )
+                })
                 .collect(),
             delivered: Vec::new(),
             handed: vec![0; workers],

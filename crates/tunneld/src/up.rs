@@ -238,8 +238,14 @@ fn start_wireguard(
     let now = Instant::now();
     let devices: Vec<Device> = (0..workers)
         .map(|i| {
-            let mut device =
-                Device::for_worker(wg.device.clone(), wg.peers.clone(), now, i, workers);
+            let mut device = Device::for_worker(
+                wg.device.clone(),
+                wg.peers.clone(),
+                now,
+                i,
+                workers,
+                tunneld_dataplane::system_environment(),
+            );
             device.set_listen_port(listen_port);
             device
         })

@@ -1038,6 +1038,7 @@ fn a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out() {
                     persistent_keepalive: 0,
                 }],
                 now,
+                tunneld_dataplane::system_environment(),
             );
             let mut frame = vec![0u8; 128];
             frame[0] = 0x45;

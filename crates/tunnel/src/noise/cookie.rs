@@ -33,7 +33,7 @@ pub struct CookieJar {
 }
 
 impl CookieJar {
-    pub fn new(rng: &mut (impl RngCore + CryptoRng)) -> Self {
+    pub fn new(rng: &mut (impl RngCore + CryptoRng + ?Sized)) -> Self {
         let mut secret = Zeroizing::new([0u8; 32]);
         rng.fill_bytes(&mut *secret);
         Self { secret, born: None }
@@ -47,7 +47,7 @@ impl CookieJar {
         msg: &[u8],
         source: SocketAddr,
         now: Instant,
-        rng: &mut (impl RngCore + CryptoRng),
+        rng: &mut (impl RngCore + CryptoRng + ?Sized),
     ) -> bool {
         if msg.len() != INITIATION_LEN && msg.len() != RESPONSE_LEN {
             return false;
@@ -66,7 +66,7 @@ impl CookieJar {
         msg: &[u8],
         source: SocketAddr,
         now: Instant,
-        rng: &mut (impl RngCore + CryptoRng),
+        rng: &mut (impl RngCore + CryptoRng + ?Sized),
         out: &mut [u8; COOKIE_REPLY_LEN],
     ) -> Result<(), HandshakeError> {
         let kind = match msg.len() {
@@ -104,7 +104,7 @@ impl CookieJar {
         &mut self,
         source: SocketAddr,
         now: Instant,
-        rng: &mut (impl RngCore + CryptoRng),
+        rng: &mut (impl RngCore + CryptoRng + ?Sized),
     ) -> [u8; 16] {
         match self.born {
             None => self.born = Some(now),

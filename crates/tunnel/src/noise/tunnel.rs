@@ -10,10 +10,11 @@ use super::handshake::{
 };
 use super::session::{Session, DATA_HEADER};
 use crate::stats::DropReason;
-use rand_core::{OsRng, RngCore};
+use rand_chacha::ChaCha20Rng;
+use rand_core::{CryptoRngCore, RngCore, SeedableRng};
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tunneld_crypto::aead::TAG_LEN;
 use zeroize::Zeroizing;
 
@@ -36,7 +37,7 @@ const MAX_QUEUED: usize = 128;
 pub struct Local {
     pub identity: LocalIdentity,
     /// Wall-clock time at `anchor`: timestamps must keep rising across restarts, which a
-    /// monotonic clock alone cannot give. Read once, when the device starts.
+    /// monotonic clock alone cannot give. The caller reads it (the core reads no clock).
     unix_at_anchor: Duration,
     anchor: Instant,
 }
@@ -48,13 +49,11 @@ impl std::fmt::Debug for Local {
 }
 
 impl Local {
-    pub fn new(private: [u8; 32], now: Instant) -> Self {
-        let unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
+    /// Our key, with the wall-clock time (since the Unix epoch) at `now`.
+    pub fn new(private: [u8; 32], now: Instant, unix_now: Duration) -> Self {
         Self {
             identity: LocalIdentity::new(private),
-            unix_at_anchor: unix,
+            unix_at_anchor: unix_now,
             anchor: now,
         }
     }
@@ -137,6 +136,10 @@ pub struct Tunnel {
     /// Data received with nothing sent since: a keepalive goes out if it lasts.
     unanswered_receive: Option<Instant>,
     expired: bool,
+    /// Ephemeral keys, indices and retry jitter: a generator of the tunnel's own, seeded
+    /// from the device's (the caller's) when the tunnel is made, so a run replays from the
+    /// caller's seed and tunnels draw without sharing one generator.
+    rng: ChaCha20Rng,
 }
 
 impl std::fmt::Debug for Tunnel {
@@ -150,20 +153,25 @@ impl std::fmt::Debug for Tunnel {
 }
 
 impl Tunnel {
-    /// A tunnel to `peer_public`, whose indices carry `slot` in their high 24 bits.
+    /// A tunnel to `peer_public`, whose indices carry `slot` in their high 24 bits; its
+    /// randomness is seeded from `rng`.
     pub fn new(
         local: &Local,
         peer_public: [u8; 32],
         psk: Option<[u8; 32]>,
         slot: u32,
+        rng: &mut dyn CryptoRngCore,
     ) -> Result<Self, DropReason> {
         let peer = PeerIdentity::new(&local.identity, peer_public)
             .map_err(|_| DropReason::HandshakeRejected)?;
+        let mut seed = Zeroizing::new([0u8; 32]);
+        rng.fill_bytes(&mut *seed);
+        let mut rng = ChaCha20Rng::from_seed(*seed);
         Ok(Self {
             peer,
             psk: Zeroizing::new(psk.unwrap_or([0; 32])),
             slot,
-            next_index: (OsRng.next_u32() & 0xff) as u8,
+            next_index: (rng.next_u32() & 0xff) as u8,
             pending: None,
             current: None,
             previous: None,
@@ -179,6 +187,7 @@ impl Tunnel {
             unanswered_send: None,
             unanswered_receive: None,
             expired: false,
+            rng,
         })
     }
 
@@ -310,14 +319,14 @@ impl Tunnel {
             index,
             local.timestamp(now),
             cookie.as_ref(),
-            &mut OsRng,
+            &mut self.rng,
             msg,
         )
         .ok()?;
         self.last_mac1 = Some((state.mac1(), index));
         let started_at = self.pending.as_ref().map_or(now, |p| p.started_at);
         // Jitter keeps two sides that lost packets together from retrying in lock step.
-        let jitter = Duration::from_millis(u64::from(OsRng.next_u32() % 334));
+        let jitter = Duration::from_millis(u64::from(self.rng.next_u32() % 334));
         self.pending = Some(Pending {
             state,
             sent_at: now,
@@ -360,7 +369,7 @@ impl Tunnel {
             &self.psk,
             index,
             cookie.as_ref(),
-            &mut OsRng,
+            &mut self.rng,
             msg,
         )
         .map_err(|_| DropReason::HandshakeRejected)?;
@@ -646,10 +655,13 @@ mod tests {
         fn new() -> Self {
             let (a, b) = (keys(), keys());
             let now = Instant::now();
-            let local = Local::new(a.private, now);
+            let unix = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            let local = Local::new(a.private, now, unix);
             MockClock::set_time(Duration::ZERO);
             Self {
-                ours: Tunnel::new(&local, b.public, None, 7).unwrap(),
+                ours: Tunnel::new(&local, b.public, None, 7, &mut rand_core::OsRng).unwrap(),
                 local,
                 theirs: boringtun(&b, a.public, None, None),
                 now,
