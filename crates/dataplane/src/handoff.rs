@@ -5,7 +5,7 @@
 //! once and travel back on a second ring when empty, so nothing is allocated after start-up
 //! and no lock is taken: each ring has exactly one writer and one reader.
 
-use crate::worker::Waker;
+use crate::waker::Waker;
 use rtrb::{Consumer, Producer, RingBuffer};
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -14,6 +14,7 @@ pub mod steering;
 pub mod tun;
 pub mod udp;
 pub mod uring;
+mod waker;
 pub mod worker;
 
 pub use batch::{Batch, BATCH_SIZE, FRAME_PAYLOAD, HEADROOM};

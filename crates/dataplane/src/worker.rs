@@ -8,10 +8,11 @@
 
 use crate::busy_poll::BusyPoll;
 use crate::handoff::{self, Cargo, Inbox, Outbox};
+use crate::waker::Waker;
 use crate::offload::{self, OffloadError};
 use crate::{Batch, DatagramIo, PacketIo, FRAME_PAYLOAD};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,39 +31,6 @@ type Job = Box<dyn FnOnce(&mut Device, Instant) + Send>;
 enum Control {
     Run(Job),
     Shutdown,
-}
-
-/// Wakes a worker blocked in `poll`.
-#[derive(Debug)]
-pub(crate) struct Waker {
-    fd: OwnedFd,
-}
-
-impl Waker {
-    fn new() -> io::Result<Self> {
-        // SAFETY: eventfd takes no pointers; a negative return is an error.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a freshly created descriptor that nothing else owns.
-        Ok(Self {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
-    }
-
-    pub(crate) fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to an eventfd we own. A full counter
-        // (EAGAIN) still leaves the worker woken, so the result needs no handling.
-        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-    }
-
-    fn reset(&self) {
-        let mut value: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64; EAGAIN (not woken) is fine.
-        unsafe { libc::read(self.fd.as_raw_fd(), (&mut value as *mut u64).cast(), 8) };
-    }
 }
 
 /// The control plane's end of a worker.
@@ -495,7 +463,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         let mut fds = [
             pollfd(self.tun.fd()),
             pollfd(self.udp.fd()),
-            pollfd(Some(self.waker.fd.as_raw_fd())),
+            pollfd(Some(self.waker.as_raw_fd())),
         ];
         let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         // SAFETY: fds is a valid array of pollfd for its whole length; entries with fd -1

@@ -18,7 +18,7 @@
 //! back with one `sendmmsg` per batch, runs of equal size as one GSO send, so a datagram
 //! costs no system call of its own on either side of the bridge.
 
-use super::relay::Established;
+use super::handshake::Established;
 use super::stream::RecordStream;
 use anyhow::Context;
 use std::io::{self, ErrorKind, IoSlice};

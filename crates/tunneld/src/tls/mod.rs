@@ -10,6 +10,7 @@
 //! re-read certificates while live connections keep the ones they started with.
 
 mod datagrams;
+mod handshake;
 mod pool;
 mod records;
 mod relay;
@@ -466,7 +467,7 @@ fn accept_loop(listener: TcpListener, side: Side, name: String, stats: Arc<Liste
         let end = move |result: anyhow::Result<()>| {
             match result {
                 Ok(()) => {}
-                Err(e) if e.downcast_ref::<relay::ClosedEarly>().is_some() => {
+                Err(e) if e.downcast_ref::<handshake::ClosedEarly>().is_some() => {
                     tracing::debug!("{name2}: connection from {peer}: {e:#}")
                 }
                 Err(e) => {
@@ -521,8 +522,8 @@ fn connection(
                 .map_err(|e| anyhow::anyhow!("server_name: {e}"))?;
             let conn = rustls::client::UnbufferedClientConnection::new(config, name)
                 .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
-            let established = relay::handshake_for_records(
-                relay::Unbuffered::Client(conn),
+            let established = handshake::handshake_for_records(
+                handshake::Unbuffered::Client(conn),
                 &remote,
                 ring_has_faster_aes_gcm(),
             )
@@ -544,8 +545,8 @@ fn connection(
             let config = config.read().unwrap_or_else(|p| p.into_inner()).clone();
             let conn = rustls::server::UnbufferedServerConnection::new(config)
                 .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
-            let established = relay::handshake_for_records(
-                relay::Unbuffered::Server(conn),
+            let established = handshake::handshake_for_records(
+                handshake::Unbuffered::Server(conn),
                 &accepted,
                 ring_has_faster_aes_gcm(),
             )
@@ -657,14 +658,14 @@ impl TlsTransport {
                 handle.run_each(move |device, _| device.request_handshake(&key));
             }
         };
-        let connect = move || -> anyhow::Result<(TcpStream, relay::Established)> {
+        let connect = move || -> anyhow::Result<(TcpStream, handshake::Established)> {
             let stream = connect(&remote)?;
             let server = ServerName::try_from(tls.server_name.clone())
                 .map_err(|e| anyhow::anyhow!("tls_server_name: {e}"))?;
             let conn = rustls::client::UnbufferedClientConnection::new(client.clone(), server)
                 .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
-            let established = relay::handshake_for_records(
-                relay::Unbuffered::Client(conn),
+            let established = handshake::handshake_for_records(
+                handshake::Unbuffered::Client(conn),
                 &stream,
                 ring_has_faster_aes_gcm(),
             )

@@ -489,7 +489,7 @@ impl Records {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::relay::{handshake_for_records, Unbuffered};
+    use crate::tls::handshake::{handshake_for_records, Unbuffered};
     use std::io::Read;
     use std::net::{TcpListener, TcpStream};
     use std::sync::Arc;

@@ -11,7 +11,7 @@
 //! nothing more is read until the pieces have been taken.
 
 use super::records::{self, Records};
-use super::relay::{Established, CHUNK};
+use super::handshake::{Established, CHUNK};
 use anyhow::{bail, Context};
 use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
