@@ -360,6 +360,33 @@ pub struct ConfigError {
     pub message: String,
 }
 
+impl ConfigError {
+    /// A problem in `field` (as the config file spells it: `peer[1].allowed_ips[0]`; empty
+    /// for the file as a whole).
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A problem from its one-line form, `field: message` (a line whose start is not a
+    /// field name is all message).
+    pub fn from_line(line: &str) -> Self {
+        match line.split_once(": ") {
+            Some((field, message))
+                if !field.is_empty()
+                    && field.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'[' | b']')
+                    }) =>
+            {
+                ConfigError::new(field, message)
+            }
+            _ => ConfigError::new("", line),
+        }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.field.is_empty() {

@@ -8,8 +8,8 @@
 
 use crate::busy_poll::BusyPoll;
 use crate::handoff::{self, Cargo, Inbox, Outbox};
-use crate::waker::Waker;
 use crate::offload::{self, OffloadError};
+use crate::waker::Waker;
 use crate::{Batch, DatagramIo, PacketIo, FRAME_PAYLOAD};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};

@@ -36,11 +36,16 @@ pub fn load(path: &Path, resolve: Resolve) -> Result<Loaded, Vec<String>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| vec![format!("cannot read the config file: {e}")])?;
     let base = path.parent().unwrap_or(Path::new("."));
-    let config = config::parse(&text).map_err(|errors| {
+    load_text(&text, base, resolve)
+}
+
+/// A config's text, with relative file names taken from `base`.
+pub fn load_text(text: &str, base: &Path, resolve: Resolve) -> Result<Loaded, Vec<String>> {
+    let config = config::parse(text).map_err(|errors| {
         let mut lines: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
         // Key files are read only for a valid config; check them anyway so every problem is
         // reported in one go.
-        lines.extend(key_file_problems(&text, base));
+        lines.extend(key_file_problems(text, base));
         lines
     })?;
     let mut errors = Vec::new();

@@ -1,15 +1,8 @@
-//! `tunneld`: a WireGuard site-to-site gateway. See README.md for the commands.
+//! `tunneld`: a WireGuard site-to-site gateway. See README.md for the commands. The command
+//! line over the `tunneld` library: what is here parses arguments, prints, and waits for
+//! signals; everything else is the library's.
 
-mod load;
-mod metrics;
-mod netlink;
-mod privileges;
-mod reload;
 mod show;
-mod tls;
-mod topology;
-mod uapi_server;
-mod up;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -73,18 +66,18 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Up { config } => {
             init_logging();
-            up::run(&config)?;
+            up(&config)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { configs } => {
             let mut ok = true;
             for path in &configs {
-                match load::load(path, load::Resolve::CheckOnly) {
-                    Ok(_) => print_stdout(&[&path.display().to_string(), ": ok\n"])?,
-                    Err(errors) => {
+                match tunneld::Settings::check_file(path) {
+                    Ok(()) => print_stdout(&[&path.display().to_string(), ": ok\n"])?,
+                    Err(e) => {
                         ok = false;
-                        for e in errors {
-                            eprintln!("{}: {e}", path.display());
+                        for line in e.to_string().lines() {
+                            eprintln!("{}: {line}", path.display());
                         }
                     }
                 }
@@ -140,6 +133,58 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
         }
     }
+}
+
+/// `tunneld up`: starts the gateway the file describes, then waits for a signal: SIGHUP
+/// reloads the file, SIGINT and SIGTERM stop it; so does a worker that stops on its own.
+fn up(path: &std::path::Path) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    // Every line of an error is prefixed with the file, as `check` prints them.
+    let in_file = |e: tunneld::Error| {
+        let shown = path.display().to_string();
+        let lines: Vec<String> = e
+            .to_string()
+            .lines()
+            .map(|l| format!("{shown}: {l}"))
+            .collect();
+        anyhow::anyhow!(lines.join("\n"))
+    };
+    let settings = tunneld::Settings::from_file(path).map_err(in_file)?;
+    let name = settings.interface_name().map(str::to_string);
+    let gateway = tunneld::Gateway::builder(settings)
+        .drop_privileges(true)
+        .start()
+        .map_err(|e| match e {
+            tunneld::Error::Invalid(_) => in_file(e),
+            other => anyhow::anyhow!(other),
+        })?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .context("cannot install signal handlers")?;
+    let signal = 'wait: loop {
+        for signal in signals.pending() {
+            match signal {
+                SIGINT => break 'wait Some("SIGINT"),
+                SIGTERM => break 'wait Some("SIGTERM"),
+                // Logged by the gateway, success or not; the running settings stay on error.
+                _ => drop(gateway.reload_file("SIGHUP")),
+            }
+        }
+        if gateway.has_failed() {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    gateway.shutdown()?;
+    match (signal, name) {
+        (Some(signal), Some(name)) => {
+            tracing::info!(interface = %name, "{signal}: interface removed, exiting")
+        }
+        (Some(signal), None) => tracing::info!("{signal}: exiting"),
+        (None, _) => {
+            anyhow::bail!("the worker stopped unexpectedly; the interface has been removed")
+        }
+    }
+    Ok(())
 }
 
 /// Writes a command's output, in parts so a secret is not copied into a new string. A reader

@@ -13,7 +13,8 @@ use anyhow::Context;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tunneld_dataplane::worker::Workers;
 use tunneld_tunnel::uapi::{DeviceSnapshot, WorkerStats};
@@ -37,21 +38,31 @@ impl MetricsServer {
     }
 
     /// Serves `GET /metrics` for the WireGuard interface (its name and workers) and the TLS
-    /// sections, whichever the config has, on a thread of its own, until the process ends.
+    /// sections, whichever the config has, on a thread of its own, until the returned
+    /// guard is dropped.
     pub fn serve(
         self,
         wireguard: Option<(String, Workers)>,
         tls: Option<TlsStats>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<MetricsServing> {
         let listener = self.listener;
-        if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, "metrics: serving GET /metrics");
-        }
+        let addr = listener
+            .local_addr()
+            .context("metrics.listen: no local address")?;
+        tracing::info!(%addr, "metrics: serving GET /metrics");
         let sources = Sources { wireguard, tls };
+        let stopping = Arc::new(AtomicBool::new(false));
+        let serving = MetricsServing {
+            addr,
+            stopping: stopping.clone(),
+        };
         std::thread::Builder::new()
             .name("metrics".into())
             .spawn(move || {
                 for stream in listener.incoming() {
+                    if stopping.load(Ordering::SeqCst) {
+                        break;
+                    }
                     match stream {
                         Ok(stream) => {
                             if let Err(e) = answer(stream, &sources) {
@@ -63,7 +74,21 @@ impl MetricsServer {
                 }
             })
             .context("cannot start the metrics thread")?;
-        Ok(())
+        Ok(serving)
+    }
+}
+
+/// Serving `/metrics`; dropping it stops the thread and closes the listener.
+#[derive(Debug)]
+pub struct MetricsServing {
+    addr: SocketAddr,
+    stopping: Arc<AtomicBool>,
+}
+
+impl Drop for MetricsServing {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        crate::tls::wake_listener(self.addr);
     }
 }
 

@@ -1,4 +1,4 @@
-//! SIGHUP: the config file read again and its WireGuard peers applied to the running interface
+//! Reloads (SIGHUP, `Gateway::reload`): the config read again and its WireGuard peers applied to the running interface
 //! without a restart. Peers whose keys did not change keep their sessions, so traffic to them
 //! loses nothing; peers gone from the file are removed, new ones added, and routes follow their
 //! allowed IPs, and the interface's addresses follow the file. What cannot change while
@@ -6,18 +6,19 @@
 //! listeners, the metrics listener) is left as it is, with a warning naming it.
 //! A file with errors changes nothing.
 
-use crate::load::{self, Resolve};
+use crate::load::{self, Loaded, Resolve};
 use crate::netlink::Netlink;
 use ipnet::IpNet;
 use std::path::PathBuf;
 use std::time::Instant;
 use tunneld_config::{Config, PeerConfig};
 use tunneld_dataplane::worker::Workers;
-use tunneld_tunnel::PeerSettings;
+use tunneld_tunnel::{PeerSettings, SyncReport};
 
 /// What a reload needs of the running interface, and what was applied last.
 pub struct Reloader {
-    path: PathBuf,
+    /// The config file, for a gateway started from one.
+    path: Option<PathBuf>,
     worker_count: usize,
     workers: Workers,
     netlink: Netlink,
@@ -33,7 +34,7 @@ pub struct Reloader {
 
 impl Reloader {
     pub fn new(
-        path: PathBuf,
+        path: Option<PathBuf>,
         config: Config,
         peers: Vec<PeerSettings>,
         workers: Workers,
@@ -60,44 +61,56 @@ impl Reloader {
         })
     }
 
-    /// Reads the config again and applies its peers. Everything it does or refuses is logged.
-    pub fn reload(&mut self) {
-        let loaded = match load::load(&self.path, Resolve::Everything) {
-            Ok(loaded) => loaded,
+    /// Reads the config file again and applies it (`SIGHUP`, `Gateway::reload_file`).
+    /// Everything it does or refuses is logged, each line starting with `label`.
+    pub fn reload(&mut self, label: &str) -> Result<ReloadReport, ReloadError> {
+        let Some(path) = self.path.clone() else {
+            return Err(ReloadError::NoFile);
+        };
+        match load::load(&path, Resolve::Everything) {
+            Ok(loaded) => self.apply(loaded, label),
             Err(errors) => {
                 tracing::error!(
-                    "SIGHUP: {}: {}; the running WireGuard settings stay",
-                    self.path.display(),
+                    "{label}: {}: {}; the running WireGuard settings stay",
+                    path.display(),
                     errors.join("; ")
                 );
-                return;
+                Err(ReloadError::Invalid(errors))
             }
-        };
+        }
+    }
+
+    /// Applies new settings to the running interface: its peers and addresses (see the
+    /// module's comment). Logged as `reload` does.
+    pub fn apply(&mut self, loaded: Loaded, label: &str) -> Result<ReloadReport, ReloadError> {
+        let shown = self.path.as_ref().map_or_else(
+            || "the new settings".to_string(),
+            |p| p.display().to_string(),
+        );
         let Some(wg) = loaded.wireguard else {
             tracing::error!(
-                "SIGHUP: {}: the [interface] section is gone; the running interface stays (stop tunneld to remove it)",
-                self.path.display()
+                "{label}: {shown}: the [interface] section is gone; the running interface stays (stop tunneld to remove it)",
             );
-            return;
+            return Err(ReloadError::Invalid(vec![
+                "[interface]: is gone; the running interface stays (stop the gateway to remove it)"
+                    .into(),
+            ]));
         };
         let not_applied = fixed_changes(&self.config, &loaded.config);
         if !not_applied.is_empty() {
             tracing::warn!(
-                "SIGHUP: {} changed; that takes a restart, the rest is applied",
+                "{label}: {} changed; that takes a restart, the rest is applied",
                 not_applied.join(", ")
             );
         }
         if let Some(interface) = &loaded.config.interface {
-            self.sync_addresses(&interface.addresses);
+            self.sync_addresses(&interface.addresses, label);
         }
-        let wanted = match self.wanted_peers(&loaded.config, wg.peers) {
+        let wanted = match self.wanted_peers(&loaded.config, wg.peers, label) {
             Ok(peers) => peers,
             Err(e) => {
-                tracing::error!(
-                    "SIGHUP: {}: {e}; the running WireGuard settings stay",
-                    self.path.display()
-                );
-                return;
+                tracing::error!("{label}: {shown}: {e}; the running WireGuard settings stay");
+                return Err(ReloadError::Invalid(vec![e]));
             }
         };
 
@@ -110,14 +123,14 @@ impl Reloader {
             (report, before, device.routes())
         });
         let Some((report, before, after)) = outcome.and_then(|o| o.into_iter().next()) else {
-            tracing::error!("SIGHUP: the workers have stopped; nothing applied");
-            return;
+            tracing::error!("{label}: the workers have stopped; nothing applied");
+            return Err(ReloadError::Stopped);
         };
         crate::uapi_server::sync_routes(&mut self.netlink, self.link, &before, &after);
         for key in &report.restarted {
             tracing::info!(
                 peer = %key,
-                "SIGHUP: the peer's preshared key or parallel changed; its session starts over"
+                "{label}: the peer's preshared key or parallel changed; its session starts over"
             );
         }
         tracing::info!(
@@ -126,14 +139,18 @@ impl Reloader {
             changed = report.changed,
             restarted = report.restarted.len(),
             private_key_changed = report.key_changed,
-            "SIGHUP: WireGuard settings reloaded; unchanged peers keep their sessions"
+            "{label}: WireGuard settings reloaded; unchanged peers keep their sessions"
         );
         self.running = wanted;
+        Ok(ReloadReport {
+            peers: report,
+            needs_restart: not_applied,
+        })
     }
 
     /// Adds the addresses the file has and the interface does not, then removes those it no
     /// longer has (adding first, so an address that moves within a subnet keeps its route).
-    fn sync_addresses(&mut self, wanted: &[IpNet]) {
+    fn sync_addresses(&mut self, wanted: &[IpNet], label: &str) {
         let mut now = Vec::with_capacity(wanted.len());
         for &addr in wanted {
             if self.addresses.contains(&addr) {
@@ -142,17 +159,17 @@ impl Reloader {
             }
             match self.netlink.add_address(self.link, addr) {
                 Ok(()) => {
-                    tracing::info!("SIGHUP: address {addr} added");
+                    tracing::info!("{label}: address {addr} added");
                     now.push(addr);
                 }
-                Err(e) => tracing::error!("SIGHUP: {e}"),
+                Err(e) => tracing::error!("{label}: {e}"),
             }
         }
         for &addr in self.addresses.iter().filter(|a| !wanted.contains(a)) {
             match self.netlink.del_address(self.link, addr) {
-                Ok(()) => tracing::info!("SIGHUP: address {addr} removed"),
+                Ok(()) => tracing::info!("{label}: address {addr} removed"),
                 Err(e) => {
-                    tracing::error!("SIGHUP: {e}");
+                    tracing::error!("{label}: {e}");
                     now.push(addr);
                 }
             }
@@ -167,6 +184,7 @@ impl Reloader {
         &self,
         config: &Config,
         peers: Vec<PeerSettings>,
+        label: &str,
     ) -> Result<Vec<(PeerConfig, PeerSettings)>, String> {
         let mut wanted = Vec::with_capacity(peers.len());
         for (i, (mut settings, peer)) in peers.into_iter().zip(&config.peers).enumerate() {
@@ -191,7 +209,7 @@ impl Reloader {
                 _ => {
                     tracing::warn!(
                         peer = %peer.public_key,
-                        "SIGHUP: peer[{i}]'s transport is new or changed; that takes a restart, the peer is left as it runs"
+                        "{label}: peer[{i}]'s transport is new or changed; that takes a restart, the peer is left as it runs"
                     );
                     wanted.extend(running.cloned());
                     continue;
@@ -201,6 +219,29 @@ impl Reloader {
         }
         Ok(wanted)
     }
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReloadReport {
+    /// The peers added, removed, changed in place and restarted, and whether the private key
+    /// changed.
+    pub peers: SyncReport,
+    /// Settings that differ from the running ones and take a restart (`interface.mtu`,
+    /// `[dataplane]`, …): left as they run.
+    pub needs_restart: Vec<&'static str>,
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadError {
+    /// The settings have problems, one line each naming the field.
+    Invalid(Vec<String>),
+    /// The gateway was not started from a file.
+    NoFile,
+    /// The workers have stopped.
+    Stopped,
 }
 
 /// The settings that differ between `old` and `new` and that a running tunneld cannot change.

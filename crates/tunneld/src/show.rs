@@ -1,12 +1,12 @@
 //! `tunneld show [INTERFACE]`: the state `wg show` gives, plus tunneld's per-worker counters,
 //! read from the running daemon's UAPI socket.
 
-use crate::uapi_server::SOCKET_DIR;
 use anyhow::{bail, Context};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tunneld::UAPI_SOCKET_DIR as SOCKET_DIR;
 use tunneld_crypto::{parse_hex_key, PrivateKey, PublicKey};
 
 /// A line of output into a `String`, where writing cannot fail.

@@ -29,6 +29,16 @@ pub struct UapiServer {
     path: PathBuf,
 }
 
+/// Until it serves, dropping the bound socket removes its file: a start that fails after
+/// binding it leaves no socket behind.
+impl Drop for UapiServer {
+    fn drop(&mut self) {
+        if !self.path.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 /// Serving the socket; dropping it stops serving and removes the socket file.
 #[derive(Debug)]
 pub struct Serving {
@@ -76,17 +86,21 @@ impl UapiServer {
     }
 
     pub fn serve(
-        self,
+        mut self,
         worker: Workers,
         mut netlink: Netlink,
         link: u32,
     ) -> anyhow::Result<Serving> {
         let stop = Arc::new(AtomicBool::new(false));
+        // The file is `Serving`'s to remove from here on.
         let serving = Serving {
-            path: self.path.clone(),
+            path: std::mem::take(&mut self.path),
             stop: stop.clone(),
         };
-        let listener = self.listener;
+        let listener = self
+            .listener
+            .try_clone()
+            .context("cannot keep the UAPI socket")?;
         std::thread::Builder::new()
             .name("uapi".into())
             .spawn(move || {

@@ -85,6 +85,10 @@ pub struct TlsService {
     /// Bound listeners whose accept threads have not started yet.
     unstarted: Vec<(TcpListener, Side, String, Arc<ListenerStats>)>,
     stats: TlsStats,
+    /// Set by `stop`: the accept threads end at their next wake-up.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// Where the started listeners listen, to wake them for `stop`.
+    listening: Vec<SocketAddr>,
 }
 
 impl std::fmt::Debug for TlsService {
@@ -357,6 +361,8 @@ impl TlsService {
             stats: TlsStats {
                 listeners: listener_stats,
             },
+            stopping: Arc::default(),
+            listening: Vec::new(),
         })
     }
 
@@ -364,6 +370,10 @@ impl TlsService {
     /// dropped.
     pub fn serve(&mut self) -> anyhow::Result<()> {
         for (listener, side, name, stats) in self.unstarted.drain(..) {
+            if let Ok(addr) = listener.local_addr() {
+                self.listening.push(addr);
+            }
+            let stopping = self.stopping.clone();
             match &side {
                 Side::Client { forward, .. } => tracing::info!(
                     "{name}: accepting plaintext on {} for TLS to {} ({})",
@@ -384,10 +394,19 @@ impl TlsService {
             }
             std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || accept_loop(listener, side, name, stats))
+                .spawn(move || accept_loop(listener, side, name, stats, stopping))
                 .context("cannot start a TLS listener thread")?;
         }
         Ok(())
+    }
+
+    /// Stops accepting: each listener's thread ends and its socket closes. Connections
+    /// already forwarding carry on until they end.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for addr in &self.listening {
+            wake_listener(*addr);
+        }
     }
 
     /// The listeners' counters, for `[metrics]`.
@@ -439,10 +458,21 @@ enum Side {
     },
 }
 
-fn accept_loop(listener: TcpListener, side: Side, name: String, stats: Arc<ListenerStats>) {
+fn accept_loop(
+    listener: TcpListener,
+    side: Side,
+    name: String,
+    stats: Arc<ListenerStats>,
+    stopping: Arc<std::sync::atomic::AtomicBool>,
+) {
     let side = Arc::new(side);
     loop {
-        let (stream, peer) = match listener.accept() {
+        let accepted = listener.accept();
+        if stopping.load(Ordering::SeqCst) {
+            tracing::debug!("{name}: stopped accepting");
+            return;
+        }
+        let (stream, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
                 // EMFILE and the like: wait a little rather than spin.
@@ -760,4 +790,17 @@ fn connect(to: &Endpoint) -> anyhow::Result<TcpStream> {
         Some(e) => Err(anyhow::anyhow!("cannot connect to {to}: {e}")),
         None => Err(anyhow::anyhow!("cannot connect to {to}: no address")),
     }
+}
+
+/// Wakes a thread blocked in `accept` on `addr` (one listening on every address is reached
+/// through loopback) by connecting once; the connection is closed at once.
+pub(crate) fn wake_listener(addr: SocketAddr) {
+    let mut target = addr;
+    if target.ip().is_unspecified() {
+        target.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let _ = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1));
 }

@@ -336,7 +336,10 @@ impl Records {
     ) -> anyhow::Result<Opened> {
         let mut at = 0;
         while let Some(header) = buf.get(at..at + HEADER) {
-            let header: [u8; HEADER] = header.try_into().expect("HEADER bytes");
+            // `get` gave exactly HEADER bytes.
+            let Ok(header) = <[u8; HEADER]>::try_from(header) else {
+                break;
+            };
             let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
             if header[0] != APPLICATION_DATA {
                 return refuse(

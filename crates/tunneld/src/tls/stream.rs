@@ -10,8 +10,8 @@
 //! also the backpressure: nothing more is sealed until the socket has taken the last run,
 //! nothing more is read until the pieces have been taken.
 
-use super::records::{self, Records};
 use super::handshake::{Established, CHUNK};
+use super::records::{self, Records};
 use anyhow::{bail, Context};
 use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;

@@ -1,15 +1,14 @@
-//! `tunneld up`: bring the interface up, run its workers, serve UAPI, tear down on a signal.
+//! Bringing a WireGuard interface up: the TUN queues, the sockets, addresses and routes, the
+//! AEAD, the backend, one worker thread per queue, and the UAPI socket (`gateway.rs` calls it).
 //!
 //! Teardown is by ownership: the TUN device is not persistent, so when the workers (which own
 //! its queues) are dropped the kernel removes the interface with its addresses and routes;
-//! the UAPI socket file is removed by a guard. Every exit path, error or signal, runs both.
+//! the UAPI socket file is removed by a guard. Every exit path, error or stop, runs both.
 
-use crate::load::{self, Resolve};
+use crate::load;
 use crate::netlink::Netlink;
 use crate::uapi_server::UapiServer;
-use anyhow::{bail, Context};
-use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use anyhow::Context;
 use std::time::{Duration, Instant};
 use tunneld_config::{self as config, Backend, DataplaneConfig};
 use tunneld_dataplane::tun::Tun;
@@ -19,136 +18,18 @@ use tunneld_dataplane::worker::{Worker, Workers};
 use tunneld_dataplane::{DatagramIo, PacketIo};
 use tunneld_tunnel::Device;
 
-pub fn run(config_path: &Path) -> anyhow::Result<()> {
-    let mut loaded = load::load(config_path, Resolve::Everything).map_err(|errors| {
-        anyhow::anyhow!(
-            "{}: {}",
-            config_path.display(),
-            errors.join(&format!("\n{}: ", config_path.display()))
-        )
-    })?;
-    if let Some(aead) = loaded.config.dataplane.aead {
-        anyhow::ensure!(
-            aead.is_available(),
-            "{}: dataplane.aead = \"{}\": this CPU does not run it (it needs AVX-512 F, BW and VL); use \"auto\", \"ring\" or \"aws-lc\"",
-            config_path.display(),
-            aead.name()
-        );
-    }
-    let workers = worker_count(&loaded.config.dataplane, &loaded.config.peers);
-    if let Some(wg) = &mut loaded.wireguard {
-        // `load` keeps the config's peers in order, one settings entry each.
-        for (settings, peer) in wg.peers.iter_mut().zip(&loaded.config.peers) {
-            settings.parallel = peer.parallel.sub_tunnels(workers);
-        }
-    }
-    let use_uring = match &loaded.wireguard {
-        Some(wg) => {
-            check_dataplane(&loaded.config.dataplane, workers, &wg.peers)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
-            choose_uring(loaded.config.dataplane.backend)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?
-        }
-        None => false,
-    };
-    let wg_port = Arc::new(OnceLock::new());
-    // Sockets are bound while tunneld still has its privileges; threads start only once
-    // they are dropped, since a thread keeps the capabilities of the one that started it.
-    let mut tls = if loaded.config.tls.is_empty() {
-        None
-    } else {
-        Some(crate::tls::TlsService::bind(
-            &loaded.config.tls,
-            &loaded.base,
-            wg_port.clone(),
-        )?)
-    };
-    let metrics = match &loaded.config.metrics {
-        Some(m) => Some(
-            crate::metrics::MetricsServer::bind(m.listen)
-                .map_err(|e| anyhow::anyhow!("{}: {e:#}", config_path.display()))?,
-        ),
-        None => None,
-    };
-    let mut reloader = None;
-    let (wireguard, starters) = match loaded.wireguard {
-        Some(mut wg) => {
-            // Peers with transport = "tls" are reached through a loopback bridge each.
-            let worker = Arc::new(OnceLock::new());
-            let (bridges, starters) =
-                crate::tls::prepare_peer_transports(&loaded.config, &loaded.base, worker.clone())?;
-            for (i, bridge) in bridges {
-                if let Some(peer) = wg.peers.get_mut(i) {
-                    peer.endpoint = Some(bridge);
-                }
-            }
-            let peers_as_run = wg.peers.clone();
-            // Drops privileges (to CAP_NET_ADMIN) before its first thread.
-            let running = start_wireguard(wg, &loaded.config.dataplane, workers, use_uring)?;
-            let _ = wg_port.set(running.port);
-            let _ = worker.set(running.workers.clone());
-            reloader = Some(crate::reload::Reloader::new(
-                config_path.to_path_buf(),
-                loaded.config.clone(),
-                peers_as_run,
-                running.workers.clone(),
-                workers,
-                running.link,
-            )?);
-            (Some(running), starters)
-        }
-        None => {
-            crate::privileges::drop_all();
-            (None, Vec::new())
-        }
-    };
-    if let Some(metrics) = metrics {
-        let wg = wireguard
-            .as_ref()
-            .map(|w| (w.name.clone(), w.workers.clone()));
-        metrics.serve(wg, tls.as_ref().map(|t| t.stats()))?;
-    }
-    if let Some(tls) = tls.as_mut() {
-        tls.serve()?;
-    }
-    for start in starters {
-        start()?;
-    }
-
-    let threads = wireguard.as_ref().map_or(&[][..], |w| &w.threads[..]);
-    let signals = wait_for_signal(threads, tls.as_ref(), reloader.as_mut());
-    let name = match wireguard {
-        Some(wg) => {
-            wg.workers.shutdown();
-            let failed = wg.threads.into_iter().map(|t| t.join()).any(|r| r.is_err());
-            if failed {
-                bail!("a worker thread failed; the interface has been removed");
-            }
-            drop(wg.uapi_thread);
-            Some(wg.name)
-        }
-        None => None,
-    };
-    match (signals, name) {
-        (Some(signal), Some(name)) => {
-            tracing::info!(interface = %name, "{signal}: interface removed, exiting")
-        }
-        (Some(signal), None) => tracing::info!("{signal}: exiting"),
-        (None, _) => bail!("the worker stopped unexpectedly; the interface has been removed"),
-    }
-    Ok(())
-}
-
 /// A running WireGuard interface: its worker and UAPI threads.
-struct RunningWireGuard {
-    name: String,
+pub(crate) struct RunningWireGuard {
+    pub name: String,
     /// The UDP port the interface listens on.
-    port: u16,
+    pub port: u16,
     /// The interface's link index, for route changes.
-    link: u32,
-    workers: Workers,
-    threads: Vec<std::thread::JoinHandle<()>>,
-    uapi_thread: crate::uapi_server::Serving,
+    pub link: u32,
+    pub public_key: tunneld_crypto::PublicKey,
+    pub workers: Workers,
+    pub threads: Vec<std::thread::JoinHandle<()>>,
+    /// Serving the UAPI socket, if asked for (dropping it removes the socket).
+    pub uapi: Option<crate::uapi_server::Serving>,
 }
 
 /// The kernel's limit on the queues of one TUN device.
@@ -157,7 +38,10 @@ const MAX_WORKERS: usize = 256;
 /// How many workers: as configured, or for `auto` one per CPU tunneld may run on (`cpus` if
 /// given), except for a config whose only peer is a plain one: one worker carries all of a
 /// plain peer's sessions, so more could only add hand-offs (and wake-ups) to its packets.
-fn worker_count(dataplane: &DataplaneConfig, peers: &[tunneld_config::PeerConfig]) -> usize {
+pub(crate) fn worker_count(
+    dataplane: &DataplaneConfig,
+    peers: &[tunneld_config::PeerConfig],
+) -> usize {
     let one_plain_link = matches!(peers, [peer] if peer.parallel.is_plain());
     match (dataplane.workers, &dataplane.cpus) {
         (config::Workers::Count(n), _) => n,
@@ -197,17 +81,31 @@ fn worker_cpus(
         .collect()
 }
 
-fn start_wireguard(
+/// What a start does beyond the interface itself.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StartOptions {
+    pub use_uring: bool,
+    /// Serve `/var/run/wireguard/<name>.sock` for `wg`.
+    pub uapi: bool,
+    /// Drop every capability but `CAP_NET_ADMIN` before the worker threads start.
+    pub drop_privileges: bool,
+}
+
+pub(crate) fn start_wireguard(
     wg: load::WireGuard,
     dataplane: &DataplaneConfig,
     workers: usize,
-    use_uring: bool,
+    options: StartOptions,
 ) -> anyhow::Result<RunningWireGuard> {
     let name = wg.interface.name.clone();
     let mtu = wg.interface.mtu;
     // The socket first: it refuses to start a second tunneld for the same interface before
     // anything else is touched.
-    let uapi = UapiServer::bind(&name)?;
+    let uapi = if options.uapi {
+        Some(UapiServer::bind(&name)?)
+    } else {
+        None
+    };
     let tuns = if workers > 1 {
         Tun::open_queues(&name, workers, dataplane.tun_offload)?
     } else if dataplane.tun_offload {
@@ -251,6 +149,7 @@ fn start_wireguard(
         })
         .collect();
     let device = &devices[0];
+    let public_key = device.public_key();
     for route in device.routes() {
         netlink.add_route(index, route)?;
     }
@@ -287,9 +186,10 @@ fn start_wireguard(
         busy_poll: Duration::from_micros(dataplane.busy_poll_us.into()),
         cpus,
         mtu: usize::from(mtu),
+        drop_privileges: options.drop_privileges,
     };
     let parts = devices.into_iter().zip(tuns).zip(sockets);
-    let (threads, handles) = if use_uring {
+    let (threads, handles) = if options.use_uring {
         let mut uring_parts = Vec::new();
         for ((device, tun), udp) in parts {
             // With offloads, TUN reads are up to 64 KiB each: reading them straight into the
@@ -316,15 +216,19 @@ fn start_wireguard(
         start_workers(parts, &settings)?
     };
     let workers = Workers::new(handles);
-    let uapi_thread = uapi.serve(workers.clone(), netlink, index)?;
+    let uapi = match uapi {
+        Some(uapi) => Some(uapi.serve(workers.clone(), netlink, index)?),
+        None => None,
+    };
 
     Ok(RunningWireGuard {
         name,
         port: listen_port,
         link: index,
+        public_key,
         workers,
         threads,
-        uapi_thread,
+        uapi,
     })
 }
 
@@ -343,54 +247,9 @@ fn bind_sockets(port: u16, workers: usize) -> anyhow::Result<Vec<UdpSocket>> {
     UdpSocket::bind_group(any, workers).with_context(context)
 }
 
-/// Waits for SIGINT or SIGTERM (returning its name), or for a worker to stop (`None`).
-/// SIGHUP reloads the TLS certificates and keys, and the config's WireGuard peers.
-fn wait_for_signal(
-    workers: &[std::thread::JoinHandle<()>],
-    tls: Option<&crate::tls::TlsService>,
-    mut reloader: Option<&mut crate::reload::Reloader>,
-) -> Option<&'static str> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!("cannot install signal handlers: {e}");
-            return Some("signal setup failure");
-        }
-    };
-    loop {
-        for signal in signals.pending() {
-            match signal {
-                SIGINT => return Some("SIGINT"),
-                SIGTERM => return Some("SIGTERM"),
-                _ => {
-                    if let Some(tls) = tls {
-                        match tls.reload() {
-                            Ok(()) => tracing::info!(
-                                "SIGHUP: TLS certificates and keys reloaded; new connections use them"
-                            ),
-                            Err(e) => tracing::error!(
-                                "SIGHUP: TLS reload failed, the old certificates stay in use: {}",
-                                e.replace('\n', "; ")
-                            ),
-                        }
-                    }
-                    if let Some(reloader) = reloader.as_deref_mut() {
-                        reloader.reload();
-                    }
-                }
-            }
-        }
-        if workers.iter().any(|w| w.is_finished()) {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Refuses, before anything is created, the dataplane settings this build cannot honour, so
 /// that a config never silently runs differently from what it says.
-fn check_dataplane(
+pub(crate) fn check_dataplane(
     dataplane: &DataplaneConfig,
     workers: usize,
     peers: &[tunneld_tunnel::PeerSettings],
@@ -423,7 +282,7 @@ fn check_dataplane(
 /// for `mmsg`. `auto` takes recvmmsg/sendmmsg: side by side (docs/benchmarks.md) it carries
 /// bulk TCP at more Gbit per CPU-second and lower RTT than io_uring, which copies each
 /// received datagram out of its provided buffer; io_uring wins only on small-packet rate.
-fn choose_uring(backend: Backend) -> Result<bool, String> {
+pub(crate) fn choose_uring(backend: Backend) -> Result<bool, String> {
     match backend {
         Backend::Uring => uring::probe().map(|()| true).map_err(|e| {
             format!("dataplane.backend = \"uring\": io_uring is not usable here: {e}")
@@ -439,6 +298,7 @@ struct WorkerSettings<'a> {
     /// Per worker.
     cpus: Vec<Option<usize>>,
     mtu: usize,
+    drop_privileges: bool,
 }
 
 type Started = (
@@ -447,8 +307,8 @@ type Started = (
 );
 
 /// Starts one worker per (device, TUN queue, socket), joined by their hand-off rings, each
-/// on its own thread, pinned when it has a CPU. Privileges are dropped first: everything
-/// that needs root is done, and the threads inherit what is left.
+/// on its own thread, pinned when it has a CPU. Privileges are dropped first when asked:
+/// everything that needs root is done, and the threads inherit what is left.
 fn start_workers<P, D>(
     parts: Vec<(Device, P, D)>,
     settings: &WorkerSettings<'_>,
@@ -467,7 +327,9 @@ where
         handles.push(handle);
     }
     Worker::connect(&mut workers, settings.mtu);
-    crate::privileges::drop_to_net_admin();
+    if settings.drop_privileges {
+        crate::privileges::drop_to_net_admin();
+    }
     let mut threads = Vec::new();
     for (i, worker) in workers.into_iter().enumerate() {
         let cpu = settings.cpus.get(i).copied().flatten();

@@ -1,0 +1,47 @@
+//! tunneld as a library: embed a WireGuard (and TLS) gateway in a Rust program.
+//!
+//! [`Settings`] come from a config file or its text (the format `tunneld up` reads, see
+//! README.md), [`Gateway::builder`] starts them, and the [`Gateway`] handle changes peers,
+//! reads their state and per-worker counters, reloads and shuts down, with typed
+//! [`Error`]s that name the field at fault. The `tunneld` command line is this library and
+//! a signal loop.
+//!
+//! ```no_run
+//! use tunneld::{Gateway, Settings};
+//!
+//! let gateway = Gateway::builder(Settings::from_file("/etc/tunneld/site-a.toml")?).start()?;
+//! println!("{} listening on {:?}", gateway.interface_name().unwrap_or("-"), gateway.listen_port());
+//! gateway.shutdown()?;
+//! # Ok::<(), tunneld::Error>(())
+//! ```
+//!
+//! The crates below it are usable on their own: `tunneld-tunnel` (the sans-IO WireGuard
+//! core), `tunneld-dataplane` (batches, backends, workers), `tunneld-config` (the file).
+
+// Input from the network, config files and the UAPI socket must never panic: no unwrap or
+// expect outside tests.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![deny(missing_docs)]
+
+mod bring_up;
+mod error;
+mod gateway;
+mod load;
+mod metrics;
+mod netlink;
+mod privileges;
+mod reload;
+mod tls;
+mod topology;
+mod uapi_server;
+
+pub use error::Error;
+pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};
+pub use reload::ReloadReport;
+pub use tunneld_config::{self as config, ConfigError, ConfigErrors};
+pub use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
+pub use tunneld_tunnel::uapi::{DeviceSnapshot, PeerSnapshot, WorkerStats};
+pub use tunneld_tunnel::{PeerSettings, SyncReport};
+
+/// Where the UAPI sockets live (`<dir>/<interface>.sock`), as `wg` expects.
+pub const UAPI_SOCKET_DIR: &str = uapi_server::SOCKET_DIR;
