@@ -835,12 +835,24 @@ impl Device {
                     self.stats.drop(DropReason::NetworkBatchFull);
                     return;
                 };
-                if let (Some(n), Some(endpoint)) = (peer.tunnel.keepalive(buf, now), peer.endpoint)
-                {
-                    network.push(n, endpoint);
-                    peer.last_sent = Some(now);
-                    peer.tx_bytes += n as u64;
-                    self.stats.tx_bytes += n as u64;
+                match (peer.tunnel.keepalive(buf, now), peer.endpoint) {
+                    (Some(n), Some(endpoint)) => {
+                        network.push(n, endpoint);
+                        peer.last_sent = Some(now);
+                        peer.tx_bytes += n as u64;
+                        self.stats.tx_bytes += n as u64;
+                    }
+                    (None, Some(_)) => {
+                        // No session yet (a start, a restart, a peer just configured): as
+                        // in the kernel, the keepalive waits for one and starts its
+                        // handshake, so the far side can reach us before we send anything.
+                        // The tunnel's own timers retry it; this path waits an interval.
+                        peer.last_sent = Some(now);
+                        if !Self::initiate(&self.local, peer, now, network, &mut self.stats) {
+                            return;
+                        }
+                    }
+                    (_, None) => {}
                 }
             }
             if peer.maybe_queued {

@@ -123,6 +123,8 @@ struct Pair {
     /// Where every device's randomness comes from; a restart takes the next one.
     seed: u64,
     devices_made: u64,
+    /// The virtual time the run began at.
+    started: Instant,
 }
 
 /// The wall-clock time the devices are told it is at the start (any fixed time will do).
@@ -136,9 +138,14 @@ fn harness_seed() -> u64 {
         .unwrap_or_else(|| rand_core::OsRng.next_u64())
 }
 
-/// The `n`th device environment of a run seeded with `seed`.
-fn environment(seed: u64, n: u64) -> Environment {
-    Environment::seeded(seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15), UNIX_START)
+/// The `n`th device environment of a run seeded with `seed`, made `since_start` into the
+/// run (the wall clock moves with the virtual one: a restarted device's handshake
+/// timestamps must be later than before, or its peer takes them for replays).
+fn environment(seed: u64, n: u64, since_start: Duration) -> Environment {
+    Environment::seeded(
+        seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        UNIX_START + since_start,
+    )
 }
 
 struct PairConfig {
@@ -252,7 +259,7 @@ impl Pair {
             now,
             wa,
             na,
-            environment(cfg.seed, 1),
+            environment(cfg.seed, 1, Duration::ZERO),
         );
         let b = Device::for_worker(
             built_from[1].0.clone(),
@@ -260,7 +267,7 @@ impl Pair {
             now,
             wb,
             nb,
-            environment(cfg.seed, 2),
+            environment(cfg.seed, 2, Duration::ZERO),
         );
         Self {
             a,
@@ -277,6 +284,7 @@ impl Pair {
             workers: cfg.workers,
             seed: cfg.seed,
             devices_made: 2,
+            started: now,
         }
     }
 
@@ -286,7 +294,8 @@ impl Pair {
         let (settings, peers) = self.built_from[side as usize].clone();
         let (worker, workers) = self.workers[side as usize];
         self.devices_made += 1;
-        let environment = environment(self.seed, self.devices_made);
+        let since_start = self.now - self.started;
+        let environment = environment(self.seed, self.devices_made, since_start);
         *self.device(side) =
             Device::for_worker(settings, peers, self.now, worker, workers, environment);
     }
@@ -495,6 +504,53 @@ fn persistent_keepalive_keeps_an_idle_tunnel_talking() {
         (3..=5).contains(&keepalives),
         "{keepalives} keepalives in 100 s at 25 s"
     );
+}
+
+#[test]
+fn persistent_keepalive_starts_the_handshake_without_traffic() {
+    // As in the kernel and wireguard-go: a peer with a keepalive and an endpoint gets a
+    // handshake at the first tick, though nothing is sent through it.
+    let mut pair = Pair::new(PairConfig {
+        a_keepalive: 25,
+        ..PairConfig::default()
+    });
+    pair.advance(Duration::from_secs(1));
+    assert_eq!(pair.initiations_from(Side::A), 1);
+    assert_eq!(pair.initiations_from(Side::B), 0);
+    // B can now send to A, which has sent nothing but the handshake and its keepalive.
+    let packet = ip_packet("10.0.0.2", "10.0.0.1", b"first word from B");
+    pair.send(Side::B, &packet);
+    assert_eq!(pair.to_a_tun, vec![packet]);
+    // Without a keepalive nothing starts on its own.
+    let mut quiet = Pair::new(PairConfig::default());
+    quiet.advance(Duration::from_secs(30));
+    assert_eq!(quiet.wire_log.len(), 0);
+}
+
+#[test]
+fn a_restarted_peer_with_keepalive_is_reachable_from_the_far_side_alone() {
+    let mut pair = Pair::new(PairConfig {
+        a_keepalive: 25,
+        ..PairConfig::default()
+    });
+    pair.send(Side::A, &ip_packet("10.0.0.1", "10.0.0.2", b"up"));
+    pair.send(Side::B, &ip_packet("10.0.0.2", "10.0.0.1", b"up"));
+    assert_eq!(pair.to_a_tun.len(), 1, "a session both ways");
+    pair.to_a_tun.clear();
+    pair.advance(Duration::from_secs(1));
+    pair.restart(Side::A);
+    // A lost everything (kill -9); only B has something to say. A's keepalive handshakes
+    // at its first tick, and B's packets then cross on the new session.
+    let mut first_delivery = None;
+    for quarter in 1..=20 {
+        pair.send(Side::B, &ip_packet("10.0.0.2", "10.0.0.1", b"from B"));
+        pair.advance(Duration::from_millis(250));
+        if first_delivery.is_none() && !pair.to_a_tun.is_empty() {
+            first_delivery = Some(quarter);
+        }
+    }
+    let after = first_delivery.expect("nothing from B reached the restarted A in 5 s");
+    assert!(after <= 4, "B reached A only after {after} quarter seconds");
 }
 
 #[test]
@@ -889,7 +945,7 @@ fn a_handshake_flood_gets_cookies_and_the_real_peer_still_connects() {
                     persistent_keepalive: 0,
                 }],
                 pair.now,
-                environment(pair.seed, 1000 + u64::from(i)),
+                environment(pair.seed, 1000 + u64::from(i), pair.now - pair.started),
             );
             let packet = ip_packet("10.0.0.1", "10.0.0.2", b"let me in");
             let mut frame = packet.clone();

@@ -775,6 +775,54 @@ fn kill_9_and_restart_recovers_the_tunnel() {
     tcp_transfer(b, a, "10.77.0.1:5003".parse().unwrap(), 1 << 20);
 }
 
+/// A gateway whose peer has a persistent keepalive handshakes as soon as it is up, as the
+/// kernel does: after kill -9 and a restart of it, the far side, which still holds the old
+/// session and sends nothing else, reaches it within seconds.
+#[test]
+fn a_restarted_gateway_with_keepalive_is_reached_from_the_far_side_alone() {
+    if !require_netns_and_wg(
+        "a_restarted_gateway_with_keepalive_is_reached_from_the_far_side_alone",
+    ) {
+        return;
+    }
+    let (a, b) = two_sites();
+    let (ka, kb) = (genkey(), genkey());
+    let (ia, ib) = (
+        tunneld_testnet::unique_name("wg"),
+        tunneld_testnet::unique_name("wg"),
+    );
+    let body_a = format!(
+        "{}persistent_keepalive = 25\n",
+        site_body(1, &pubkey(&kb), "192.0.2.2:51820")
+    );
+    let mut ga = Gateway::start(&a, &ia, &ka, &body_a);
+    let _gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
+    ping(&b, "10.77.0.1");
+
+    step("kill -9 site A's tunneld and start it again");
+    ga.stop_with("KILL");
+    wait_until("the kernel to remove A's interface", || {
+        !a.output(&["ip", "link", "show", &ia]).status.success()
+    });
+    let _ga = Gateway::start(&a, &ia, &ka, &body_a);
+    let ready = std::time::Instant::now();
+
+    step("ping A from B only, for at most 5 s");
+    let reached = loop {
+        if b.output(&["ping", "-c", "1", "-W", "1", "10.77.0.1"])
+            .status
+            .success()
+        {
+            break Some(ready.elapsed());
+        }
+        if ready.elapsed() > std::time::Duration::from_secs(5) {
+            break None;
+        }
+    };
+    let took = reached.expect("B did not reach the restarted A within 5 s");
+    eprintln!("the far side reached the restarted gateway after {took:?}");
+}
+
 /// A gateway with every offload and one with none carry the same traffic: offloads change
 /// nothing on the wire.
 #[test]
