@@ -105,7 +105,7 @@ fn is_congestion_control_name(name: &str) -> bool {
 pub(crate) fn congestion_control_note(tcp_cc: &str) -> String {
     let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
         .unwrap_or_default();
-    let host = host_tcp_cc();
+    let host = crate::system::host_tcp_cc();
     if tcp_cc == host || allowed.split_whitespace().any(|a| a == tcp_cc) {
         format!(
             "TCP congestion control: {tcp_cc}, both sites' default (the host's default: {host})"
@@ -118,13 +118,6 @@ pub(crate) fn congestion_control_note(tcp_cc: &str) -> String {
             allowed.split_whitespace().collect::<Vec<_>>().join(" or ")
         )
     }
-}
-
-/// The host's default TCP congestion control, which the report names beside the one used.
-pub(crate) fn host_tcp_cc() -> String {
-    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// The parts of an `--only` list. Row names have commas of their own, always followed by a

@@ -4,6 +4,8 @@
 mod bench;
 mod demo;
 mod fuzz;
+#[cfg(test)]
+mod module_cycles;
 mod system;
 mod testbed;
 mod tls_bench;

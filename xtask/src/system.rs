@@ -259,3 +259,10 @@ pub fn cargo_streaming(
         .map_err(|e| format!("waiting for cargo: {e}"))?;
     Ok(status.success())
 }
+
+/// The host's default TCP congestion control, which the report names beside the one used.
+pub(crate) fn host_tcp_cc() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}

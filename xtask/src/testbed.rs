@@ -440,7 +440,7 @@ impl Testbed {
                 ));
             }
             self.iperf_cc = Some(name.to_string());
-            return Ok(Some(crate::bench::host_tcp_cc()));
+            return Ok(Some(system::host_tcp_cc()));
         }
         self.iperf_cc = Some(name.to_string());
         Ok(None)
