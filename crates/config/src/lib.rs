@@ -644,6 +644,35 @@ impl Checker {
     }
 }
 
+/// Parses and validates the settings of a `[dataplane]` section on their own (`key = value`
+/// lines, without the header), as the bare mode takes them from its options. Errors name
+/// the field as `dataplane.<key>`.
+pub fn parse_dataplane(body: &str) -> Result<DataplaneConfig, ConfigErrors> {
+    let root = parse_toml(&format!("[dataplane]\n{body}"))?;
+    let mut c = Checker::default();
+    let dataplane = match root.get("dataplane") {
+        Some(Value::Table(t)) => check_dataplane(&mut c, t),
+        _ => DataplaneConfig::default(),
+    };
+    for key in root.keys().filter(|k| *k != "dataplane") {
+        c.error(key.as_str(), "is not a dataplane setting");
+    }
+    if c.errors.is_empty() {
+        Ok(dataplane)
+    } else {
+        Err(ConfigErrors(c.errors))
+    }
+}
+
+/// Checks a WireGuard interface name as Linux would (at most 15 bytes; no `/`, `:`,
+/// whitespace or control characters; not `.` or `..`).
+pub fn check_interface_name(name: &str) -> Result<(), ConfigError> {
+    match interface_name_problem(name) {
+        Some(problem) => Err(ConfigError::new("interface.name", problem)),
+        None => Ok(()),
+    }
+}
+
 /// Parses and validates a config file's text. On failure, returns every problem found.
 pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
     let root = parse_toml(text)?;

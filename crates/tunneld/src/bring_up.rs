@@ -16,7 +16,7 @@ use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::uring::{self, UringTun, UringUdp};
 use tunneld_dataplane::worker::{Worker, Workers};
 use tunneld_dataplane::{DatagramIo, PacketIo};
-use tunneld_tunnel::Device;
+use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
 
 /// A running WireGuard interface: its worker and UAPI threads.
 pub(crate) struct RunningWireGuard {
@@ -91,54 +91,134 @@ pub(crate) struct StartOptions {
     pub drop_privileges: bool,
 }
 
+/// The WireGuard interface with no dataplane yet: its UAPI socket (bound, not served), its
+/// TUN queues, its MTU set.
+pub(crate) struct Opened {
+    pub name: String,
+    pub mtu: u16,
+    pub uapi: Option<UapiServer>,
+    pub tuns: Vec<Tun>,
+    pub netlink: Netlink,
+    pub index: u32,
+}
+
+/// Creates the interface: binds its UAPI socket (when asked), opens one TUN queue per worker
+/// and sets the MTU. The socket first: it refuses to start a second tunneld for the same
+/// interface before anything else is touched.
+pub(crate) fn open_interface(
+    name: &str,
+    mtu: u16,
+    workers: usize,
+    dataplane: &DataplaneConfig,
+    uapi: bool,
+) -> anyhow::Result<Opened> {
+    let uapi = if uapi {
+        Some(UapiServer::bind(name)?)
+    } else {
+        None
+    };
+    let tuns = if workers > 1 {
+        Tun::open_queues(name, workers, dataplane.tun_offload)?
+    } else if dataplane.tun_offload {
+        vec![Tun::open_with_offloads(name)?]
+    } else {
+        vec![Tun::open(name)?]
+    };
+    let mut netlink = Netlink::open().context("cannot open a netlink socket")?;
+    let index = netlink.link_index(name)?;
+    netlink.set_mtu(index, mtu.into())?;
+    Ok(Opened {
+        name: name.to_string(),
+        mtu,
+        uapi,
+        tuns,
+        netlink,
+        index,
+    })
+}
+
+/// The interface's UDP sockets, bound and set up as `dataplane` says (fallible: the port may
+/// be taken), before anything is committed to a dataplane.
+pub(crate) fn bind_dataplane_sockets(
+    port: u16,
+    fwmark: u32,
+    workers: usize,
+    dataplane: &DataplaneConfig,
+) -> anyhow::Result<Vec<UdpSocket>> {
+    let mut sockets = bind_sockets(port, workers)?;
+    for udp in &mut sockets {
+        if fwmark != 0 {
+            udp.set_mark(fwmark)?;
+        }
+        udp.set_gso(dataplane.udp_gso);
+        udp.set_gro(dataplane.udp_gro);
+    }
+    Ok(sockets)
+}
+
 pub(crate) fn start_wireguard(
     wg: load::WireGuard,
     dataplane: &DataplaneConfig,
     workers: usize,
     options: StartOptions,
 ) -> anyhow::Result<RunningWireGuard> {
-    let name = wg.interface.name.clone();
-    let mtu = wg.interface.mtu;
-    // The socket first: it refuses to start a second tunneld for the same interface before
-    // anything else is touched.
-    let uapi = if options.uapi {
-        Some(UapiServer::bind(&name)?)
-    } else {
-        None
-    };
-    let tuns = if workers > 1 {
-        Tun::open_queues(&name, workers, dataplane.tun_offload)?
-    } else if dataplane.tun_offload {
-        vec![Tun::open_with_offloads(&name)?]
-    } else {
-        vec![Tun::open(&name)?]
-    };
-    let mut sockets = bind_sockets(wg.device.listen_port, workers)?;
-    for udp in &mut sockets {
-        if wg.device.fwmark != 0 {
-            udp.set_mark(wg.device.fwmark)?;
-        }
-        udp.set_gso(dataplane.udp_gso);
-        udp.set_gro(dataplane.udp_gro);
-    }
-    let (tun, udp) = (&tuns[0], &sockets[0]);
-
-    let mut netlink = Netlink::open().context("cannot open a netlink socket")?;
-    let index = netlink.link_index(&name)?;
-    netlink.set_mtu(index, mtu.into())?;
+    let mut opened = open_interface(
+        &wg.interface.name,
+        wg.interface.mtu,
+        workers,
+        dataplane,
+        options.uapi,
+    )?;
+    let sockets =
+        bind_dataplane_sockets(wg.device.listen_port, wg.device.fwmark, workers, dataplane)?;
     for addr in &wg.interface.addresses {
-        netlink.add_address(index, *addr)?;
+        opened.netlink.add_address(opened.index, *addr)?;
     }
-    netlink.set_up(index)?;
+    opened.netlink.set_up(opened.index)?;
+    let uapi = opened.uapi.take();
+    let mut running = run_dataplane(
+        opened, sockets, wg.device, wg.peers, dataplane, options, true,
+    )?;
+    if let Some(uapi) = uapi {
+        let routes = Netlink::open().context("cannot open a netlink socket")?;
+        running.uapi = Some(uapi.serve(crate::uapi_server::worker_answers(
+            running.workers.clone(),
+            Some((routes, running.link)),
+        ))?);
+    }
+    Ok(running)
+}
 
+/// Starts the dataplane of an opened interface on `sockets`: one device and worker per TUN
+/// queue, each with `peers`; with `routes`, a route for each allowed IP. The UAPI socket is
+/// the caller's to serve.
+pub(crate) fn run_dataplane(
+    opened: Opened,
+    sockets: Vec<UdpSocket>,
+    device_settings: DeviceSettings,
+    peers: Vec<PeerSettings>,
+    dataplane: &DataplaneConfig,
+    options: StartOptions,
+    routes: bool,
+) -> anyhow::Result<RunningWireGuard> {
+    let Opened {
+        name,
+        mtu,
+        tuns,
+        mut netlink,
+        index,
+        ..
+    } = opened;
+    let workers = tuns.len();
+    let (tun, udp) = (&tuns[0], &sockets[0]);
     let listen_port = udp.local_port();
-    let cpus = worker_cpus(dataplane, workers, &wg.peers);
+    let cpus = worker_cpus(dataplane, workers, &peers);
     let now = Instant::now();
     let devices: Vec<Device> = (0..workers)
         .map(|i| {
             let mut device = Device::for_worker(
-                wg.device.clone(),
-                wg.peers.clone(),
+                device_settings.clone(),
+                peers.clone(),
                 now,
                 i,
                 workers,
@@ -150,8 +230,10 @@ pub(crate) fn start_wireguard(
         .collect();
     let device = &devices[0];
     let public_key = device.public_key();
-    for route in device.routes() {
-        netlink.add_route(index, route)?;
+    if routes {
+        for route in device.routes() {
+            netlink.add_route(index, route)?;
+        }
     }
     tracing::info!(
         interface = %name,
@@ -216,11 +298,6 @@ pub(crate) fn start_wireguard(
         start_workers(parts, &settings)?
     };
     let workers = Workers::new(handles);
-    let uapi = match uapi {
-        Some(uapi) => Some(uapi.serve(workers.clone(), netlink, index)?),
-        None => None,
-    };
-
     Ok(RunningWireGuard {
         name,
         port: listen_port,
@@ -228,7 +305,7 @@ pub(crate) fn start_wireguard(
         public_key,
         workers,
         threads,
-        uapi,
+        uapi: None,
     })
 }
 

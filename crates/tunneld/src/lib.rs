@@ -23,6 +23,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(missing_docs)]
 
+mod bare;
 mod bring_up;
 mod error;
 mod gateway;
@@ -35,6 +36,7 @@ mod tls;
 mod topology;
 mod uapi_server;
 
+pub use bare::BareInterface;
 pub use error::Error;
 pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};
 pub use reload::ReloadReport;

@@ -18,6 +18,9 @@ use tunneld_crypto::{PresharedKey, PrivateKey};
     about = "A fast user-space WireGuard gateway"
 )]
 struct Cli {
+    /// With an interface name (`tunneld [-f] INTERFACE`): stay in the foreground.
+    #[arg(short, long, global = true)]
+    foreground: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -49,11 +52,24 @@ enum Command {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Create a bare interface, configured from then on by `wg` and `ip` (as `wireguard-go
+    /// INTERFACE` does; `tunneld INTERFACE` is the same). Returns once the interface and its
+    /// UAPI socket exist, leaving tunneld in the background (`-f`: stays in the foreground);
+    /// exits when the interface is deleted or on SIGINT/SIGTERM.
+    Bare {
+        interface: String,
+        /// A `[dataplane]` setting (`workers=2`, `backend=uring`, …), repeatable; also
+        /// from `TUNNELD_DATAPLANE` (comma-separated).
+        #[arg(long = "dataplane", value_name = "KEY=VALUE")]
+        dataplane: Vec<String>,
+    },
+    #[command(external_subcommand)]
+    Interface(Vec<String>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli.command) {
+    match run(cli.command, cli.foreground) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("tunneld: {e:#}");
@@ -62,8 +78,176 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(command: Command) -> anyhow::Result<ExitCode> {
+/// Set by the parent of a backgrounded bare interface: the child says `ready` on stdout.
+const READY_ENV: &str = "TUNNELD_BARE_READY";
+
+/// The bare mode: the interface and its UAPI socket, configured by `wg`; in the background
+/// unless `foreground`. The background is a copy of this program in the foreground, started
+/// in a session of its own, which says `ready` on its standard output once the interface
+/// exists (its errors before that reach the caller's standard error).
+fn bare(interface: &str, dataplane: &[String], foreground: bool) -> anyhow::Result<ExitCode> {
+    if !foreground {
+        return spawn_in_background(interface, dataplane);
+    }
+    init_logging();
+    let mut lines: Vec<String> = dataplane.to_vec();
+    if let Ok(env) = std::env::var("TUNNELD_DATAPLANE") {
+        lines.extend(
+            env.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from),
+        );
+    }
+    let settings = lines
+        .iter()
+        .map(|l| dataplane_line(l))
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .join("\n");
+    let bare = tunneld::BareInterface::create(interface, &settings)?;
+    if std::env::var_os(READY_ENV).is_some() {
+        say_ready_and_detach();
+    }
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .context("cannot install signal handlers")?;
+    let why = 'wait: loop {
+        for signal in signals.pending() {
+            match signal {
+                SIGINT => break 'wait "SIGINT",
+                SIGTERM => break 'wait "SIGTERM",
+                _ => tracing::info!(
+                    "SIGHUP: a bare interface has no file to reload; use wg syncconf"
+                ),
+            }
+        }
+        if !bare.interface_exists() {
+            break "the interface was deleted";
+        }
+        if bare.has_failed() {
+            break if bare.interface_exists() {
+                "a worker stopped"
+            } else {
+                "the interface was deleted"
+            };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    bare.shutdown()?;
+    tracing::info!(interface, "{why}: exiting");
+    Ok(if why == "a worker stopped" {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `KEY=VALUE` as a TOML line of the `[dataplane]` section: numbers, booleans, lists and
+/// quoted strings as they are, any other value as a string (`backend=uring`).
+fn dataplane_line(setting: &str) -> anyhow::Result<String> {
+    let Some((key, value)) = setting.split_once('=') else {
+        anyhow::bail!("--dataplane takes KEY=VALUE (e.g. workers=2), not `{setting}`");
+    };
+    let value = value.trim();
+    let literal = value.parse::<i64>().is_ok()
+        || matches!(value, "true" | "false")
+        || value.starts_with(['"', '[']);
+    Ok(if literal {
+        format!("{} = {value}", key.trim())
+    } else {
+        format!("{} = {value:?}", key.trim())
+    })
+}
+
+/// Tells the parent the interface is up, then lets go of the pipes it shares with it:
+/// standard output and error go to /dev/null (unless `TUNNELD_LOG` asks for logs, which
+/// then stay on the inherited standard error).
+fn say_ready_and_detach() {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(b"ready\n").and_then(|()| out.flush());
+    drop(out);
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        use std::os::fd::AsRawFd;
+        let fds: &[i32] = if std::env::var_os("TUNNELD_LOG").is_some() {
+            &[0, 1]
+        } else {
+            &[0, 1, 2]
+        };
+        for fd in fds {
+            // SAFETY: dup2 onto the standard descriptors of this process, from a valid one.
+            unsafe { libc::dup2(null.as_raw_fd(), *fd) };
+        }
+    }
+}
+
+/// Starts this program again as `tunneld bare -f INTERFACE`, in a session of its own, and
+/// waits until it says `ready` (success) or exits (its status, its errors already printed).
+fn spawn_in_background(interface: &str, dataplane: &[String]) -> anyhow::Result<ExitCode> {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("cannot find this program to start it again")?;
+    let mut command = std::process::Command::new(exe);
+    command.arg("bare").arg("--foreground");
+    for d in dataplane {
+        command.arg("--dataplane").arg(d);
+    }
+    command
+        .arg(interface)
+        .env(READY_ENV, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped());
+    // SAFETY: setsid is async-signal-safe and touches nothing of the parent's.
+    unsafe {
+        command.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = command
+        .spawn()
+        .context("cannot start tunneld in the background")?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+    }
+    if line.trim() == "ready" {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let status = child.wait().context("waiting for the background tunneld")?;
+    Ok(ExitCode::from(
+        status
+            .code()
+            .and_then(|c| u8::try_from(c).ok())
+            .filter(|c| *c != 0)
+            .unwrap_or(1),
+    ))
+}
+
+fn run(command: Command, foreground: bool) -> anyhow::Result<ExitCode> {
     match command {
+        Command::Bare {
+            interface,
+            dataplane,
+        } => bare(&interface, &dataplane, foreground),
+        // `tunneld [-f] INTERFACE [-f]`, as wg-quick runs a userspace implementation.
+        Command::Interface(args) => {
+            let mut args = args.into_iter();
+            let interface = args.next().unwrap_or_default();
+            let mut foreground = foreground;
+            for arg in args {
+                match arg.as_str() {
+                    "-f" | "--foreground" => foreground = true,
+                    other => anyhow::bail!(
+                        "unexpected argument `{other}` after the interface name `{interface}` (usage: tunneld [-f] INTERFACE)"
+                    ),
+                }
+            }
+            bare(&interface, &[], foreground)
+        }
         Command::Up { config } => {
             init_logging();
             up(&config)?;

@@ -85,11 +85,10 @@ impl UapiServer {
         Ok(Self { listener, path })
     }
 
+    /// Serves the socket on a thread of its own, answering each request with `answer`.
     pub fn serve(
         mut self,
-        worker: Workers,
-        mut netlink: Netlink,
-        link: u32,
+        mut answer: impl FnMut(Request) -> String + Send + 'static,
     ) -> anyhow::Result<Serving> {
         let stop = Arc::new(AtomicBool::new(false));
         // The file is `Serving`'s to remove from here on.
@@ -110,7 +109,7 @@ impl UapiServer {
                     }
                     match stream {
                         Ok(stream) => {
-                            if let Err(e) = serve_client(stream, &worker, &mut netlink, link) {
+                            if let Err(e) = serve_client(stream, &mut answer) {
                                 tracing::debug!("uapi client: {e}");
                             }
                         }
@@ -125,9 +124,7 @@ impl UapiServer {
 
 fn serve_client(
     mut stream: UnixStream,
-    worker: &Workers,
-    netlink: &mut Netlink,
-    link: u32,
+    answer: &mut impl FnMut(Request) -> String,
 ) -> io::Result<()> {
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
@@ -147,7 +144,13 @@ fn serve_client(
             continue;
         }
         let reply = match std::str::from_utf8(&buf) {
-            Ok(text) => handle(text, worker, netlink, link),
+            Ok(text) => match uapi::parse_request(text) {
+                Ok(request) => answer(request),
+                Err(e) => {
+                    tracing::warn!("uapi: refused request: {e}");
+                    uapi::format_errno(e.errno)
+                }
+            },
             Err(_) => {
                 tracing::warn!("uapi: request is not UTF-8");
                 uapi::format_errno(libc::EPROTO)
@@ -158,14 +161,21 @@ fn serve_client(
     }
 }
 
-fn handle(text: &str, worker: &Workers, netlink: &mut Netlink, link: u32) -> String {
-    let request = match uapi::parse_request(text) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!("uapi: refused request: {e}");
-            return uapi::format_errno(e.errno);
-        }
-    };
+/// Answers requests from the running interface's workers; with `routes`, the kernel's routes
+/// through the link follow the peers' allowed IPs after each `set` (`tunneld up`; in the
+/// bare mode `wg-quick` makes the routes).
+pub fn worker_answers(
+    worker: Workers,
+    mut routes: Option<(Netlink, u32)>,
+) -> impl FnMut(Request) -> String + Send + 'static {
+    move |request| answer_from_workers(request, &worker, routes.as_mut())
+}
+
+pub(crate) fn answer_from_workers(
+    request: Request,
+    worker: &Workers,
+    routes: Option<&mut (Netlink, u32)>,
+) -> String {
     match request {
         Request::Get => {
             let unix_now = SystemTime::now()
@@ -194,7 +204,9 @@ fn handle(text: &str, worker: &Workers, netlink: &mut Netlink, link: u32) -> Str
             let Some((result, before, after)) = outcome.and_then(|o| o.into_iter().next()) else {
                 return uapi::format_errno(libc::ESHUTDOWN);
             };
-            sync_routes(netlink, link, &before, &after);
+            if let Some((netlink, link)) = routes {
+                sync_routes(netlink, *link, &before, &after);
+            }
             match result {
                 Ok(()) => uapi::format_errno(0),
                 Err(e) => {

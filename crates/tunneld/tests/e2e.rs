@@ -118,26 +118,7 @@ fn tunneld_to_wireguard_go_both_ways() {
     let ga = Gateway::start(&a, &ia, &ka, &body);
 
     let wg = WireguardGo::start(&b, &ib);
-    let dir = tempfile::tempdir().unwrap();
-    let key = write_private(dir.path(), "b.key", &kb);
-    b.run(&[
-        "wg",
-        "set",
-        &ib,
-        "private-key",
-        &key.to_string_lossy(),
-        "listen-port",
-        "51820",
-        "peer",
-        &ga.public_key,
-        "endpoint",
-        "192.0.2.1:51820",
-        "allowed-ips",
-        "10.77.0.1/32,fd77::1/128",
-    ]);
-    b.run(&["ip", "addr", "add", "10.77.0.2/24", "dev", &ib]);
-    b.run(&["ip", "-6", "addr", "add", "fd77::2/64", "dev", &ib, "nodad"]);
-    b.run(&["ip", "link", "set", &ib, "mtu", "1420", "up"]);
+    wg.configure_as_site_2(&b, &kb, &ga.public_key, &["endpoint", "192.0.2.1:51820"]);
 
     // wireguard-go initiates this time (b pings first), tunneld responds.
     ping(&b, "10.77.0.1");

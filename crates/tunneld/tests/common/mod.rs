@@ -292,6 +292,35 @@ impl WireguardGo {
     }
 }
 
+impl WireguardGo {
+    /// Configures this interface as site 2 of the tunnel with `wg` and `ip`: key `private`,
+    /// port 51820, 10.77.0.2/24 and fd77::2/64, and site 1 (`peer_public`) as its peer,
+    /// with `peer_args` added to the peer (`endpoint …`, `preshared-key FILE`, …).
+    pub fn configure_as_site_2(
+        &self,
+        ns: &NetNs,
+        private: &str,
+        peer_public: &str,
+        peer_args: &[&str],
+    ) {
+        let ib = &self.ifname;
+        let key = write_private(self._dir.path(), "site.key", private);
+        let key = key.to_string_lossy();
+        let mut argv = vec!["wg", "set", ib, "private-key", &key, "listen-port", "51820"];
+        argv.extend([
+            "peer",
+            peer_public,
+            "allowed-ips",
+            "10.77.0.1/32,fd77::1/128",
+        ]);
+        argv.extend(peer_args);
+        ns.run(&argv);
+        ns.run(&["ip", "addr", "add", "10.77.0.2/24", "dev", ib]);
+        ns.run(&["ip", "-6", "addr", "add", "fd77::2/64", "dev", ib, "nodad"]);
+        ns.run(&["ip", "link", "set", ib, "mtu", "1420", "up"]);
+    }
+}
+
 /// Whether the external `tool` is installed (`cargo xtask test` installs it). Like
 /// [`tunneld_testnet::require_netns`]: a missing tool skips the test with a message, or fails
 /// it when `TUNNELD_REQUIRE_NETNS=1`.
