@@ -6,6 +6,7 @@ mod demo;
 mod fuzz;
 #[cfg(test)]
 mod module_cycles;
+mod package;
 mod system;
 mod testbed;
 mod tls_bench;
@@ -34,6 +35,9 @@ commands:
   fuzz <target|all|list> [--time N]
                    coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
                    installed when missing); default 60 s each
+  deb [--check]    the Debian package (cargo-deb, installed when missing): the binary, the
+                   systemd unit, man pages, shell completions, an example config; --check
+                   installs it, uses it (and systemd-analyze on its unit), removes it
   deps             only install the system tools the tests and demo need";
 
 fn main() -> ExitCode {
@@ -52,6 +56,13 @@ fn main() -> ExitCode {
         Some("bench-tls") => tls_bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("deps") => system::install_tools(),
+        Some("deb") => package::build().and_then(|deb| {
+            if args.iter().any(|a| a == "--check") {
+                package::check_installed(&deb)
+            } else {
+                Ok(())
+            }
+        }),
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);
@@ -198,6 +209,22 @@ fn test() -> ExitCode {
         }
     } else {
         eprintln!("==> fuzz smoke: SKIPPED (needs nightly and cargo-fuzz; the stable replay ran)");
+    }
+    // The package: built, installed with dpkg, used as a user would, removed. Needs root.
+    if netns_usable() {
+        eprintln!("==> package: cargo xtask deb, dpkg -i, checks, dpkg -r");
+        match package::build().and_then(|deb| package::check_installed(&deb)) {
+            Ok(()) => eprintln!("package: built, installed, checked and removed"),
+            Err(e) => {
+                eprintln!("package: {e}");
+                failures.push("package".into());
+            }
+        }
+    } else if std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() == Ok("1") {
+        eprintln!("package: needs root and TUNNELD_REQUIRE_NETNS=1");
+        failures.push("package (not root)".into());
+    } else {
+        eprintln!("==> package check: SKIPPED (needs root to install it)");
     }
     // The end-to-end benchmark harness, one short round, so it never rots. It needs network
     // namespaces: without them it is skipped like the privileged tests (a failure when they

@@ -20,6 +20,11 @@ const TOOLS: &[(&str, &str)] = &[
     ("openssl", "openssl"),
     // libfuzzer-sys (the fuzz crate, replayed in the tests) compiles libFuzzer's C++.
     ("g++", "g++"),
+    // The package check: `man -w tunneld`, and the unit's `systemd-analyze verify`/`security`.
+    ("man", "man-db"),
+    ("systemd-analyze", "systemd"),
+    // wg-quick (tests/bare.rs) runs it with bash.
+    ("bash", "bash"),
 ];
 
 pub fn repo_root() -> Result<PathBuf, String> {

@@ -6,6 +6,7 @@ mod show;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use sd_notify::NotifyState;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -63,6 +64,10 @@ enum Command {
         #[arg(long = "dataplane", value_name = "KEY=VALUE")]
         dataplane: Vec<String>,
     },
+    /// Write the man pages (tunneld.8, tunneld-up.8, …) and the shell completions (bash, zsh, fish) into DIR,
+    /// for packaging (`cargo xtask deb`).
+    #[command(hide = true)]
+    GenerateAssets { dir: PathBuf },
     #[command(external_subcommand)]
     Interface(Vec<String>),
 }
@@ -108,6 +113,7 @@ fn bare(interface: &str, dataplane: &[String], foreground: bool) -> anyhow::Resu
     if std::env::var_os(READY_ENV).is_some() {
         say_ready_and_detach();
     }
+    tell_systemd(&[NotifyState::Ready]);
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
         .context("cannot install signal handlers")?;
@@ -133,6 +139,7 @@ fn bare(interface: &str, dataplane: &[String], foreground: bool) -> anyhow::Resu
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
+    tell_systemd(&[NotifyState::Stopping]);
     bare.shutdown()?;
     tracing::info!(interface, "{why}: exiting");
     Ok(if why == "a worker stopped" {
@@ -140,6 +147,50 @@ fn bare(interface: &str, dataplane: &[String], foreground: bool) -> anyhow::Resu
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The man page and shell completions, generated from the command line's own definition so
+/// they never drift from it.
+fn generate_assets(dir: &std::path::Path) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    let write = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).with_context(|| format!("cannot write {}", path.display()))
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let command = Cli::command();
+    // tunneld.8, and tunneld-up.8 and so on, which it names.
+    let mut pages = vec![("tunneld".to_string(), command.clone())];
+    for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("tunneld-{}", sub.get_name());
+        pages.push((name.clone(), sub.clone().name(name)));
+    }
+    for (name, page_command) in pages {
+        let mut page = Vec::new();
+        clap_mangen::Man::new(page_command)
+            .section("8")
+            .render(&mut page)
+            .context("cannot render the man page")?;
+        write(&format!("{name}.8"), &page)?;
+    }
+    for (shell, name) in [
+        (clap_complete::Shell::Bash, "tunneld.bash"),
+        (clap_complete::Shell::Zsh, "_tunneld"),
+        (clap_complete::Shell::Fish, "tunneld.fish"),
+    ] {
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut command.clone(), "tunneld", &mut script);
+        write(name, &script)?;
+    }
+    Ok(())
+}
+
+/// Tells systemd (under `Type=notify`, where `NOTIFY_SOCKET` is set; nothing otherwise) how
+/// the service stands. A failure to tell it is logged, never fatal.
+fn tell_systemd(states: &[NotifyState]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!("cannot notify systemd: {e}");
+    }
 }
 
 /// `KEY=VALUE` as a TOML line of the `[dataplane]` section: numbers, booleans, lists and
@@ -233,6 +284,10 @@ fn run(command: Command, foreground: bool) -> anyhow::Result<ExitCode> {
             interface,
             dataplane,
         } => bare(&interface, &dataplane, foreground),
+        Command::GenerateAssets { dir } => {
+            generate_assets(&dir)?;
+            Ok(ExitCode::SUCCESS)
+        }
         // `tunneld [-f] INTERFACE [-f]`, as wg-quick runs a userspace implementation.
         Command::Interface(args) => {
             let mut args = args.into_iter();
@@ -344,13 +399,25 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
         })?;
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
         .context("cannot install signal handlers")?;
+    let status = match &name {
+        Some(name) => format!("interface {name} up"),
+        None => "TLS forwarding up".into(),
+    };
+    tell_systemd(&[NotifyState::Ready, NotifyState::Status(&status)]);
     let signal = 'wait: loop {
         for signal in signals.pending() {
             match signal {
                 SIGINT => break 'wait Some("SIGINT"),
                 SIGTERM => break 'wait Some("SIGTERM"),
-                // Logged by the gateway, success or not; the running settings stay on error.
-                _ => drop(gateway.reload_file("SIGHUP")),
+                _ => {
+                    let mut reloading = vec![NotifyState::Reloading];
+                    reloading.extend(NotifyState::monotonic_usec_now().ok());
+                    tell_systemd(&reloading);
+                    // Logged by the gateway, success or not; the running settings stay on
+                    // error.
+                    drop(gateway.reload_file("SIGHUP"));
+                    tell_systemd(&[NotifyState::Ready, NotifyState::Status(&status)]);
+                }
             }
         }
         if gateway.has_failed() {
@@ -358,6 +425,7 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
+    tell_systemd(&[NotifyState::Stopping]);
     gateway.shutdown()?;
     match (signal, name) {
         (Some(signal), Some(name)) => {

@@ -33,13 +33,24 @@ fn drop_privileges(kept: Option<Capability>) {
     let keep: CapsHashSet = kept.into_iter().collect();
     let mut failed: Vec<String> = Vec::new();
     let mut bounding_left = 0;
-    for cap in caps::all() {
-        if Some(cap) != kept && caps::drop(None, CapSet::Bounding, cap).is_err() {
+    // Only what is in the bounding set needs dropping from it (a service manager may have
+    // made it small already).
+    let bounding = caps::read(None, CapSet::Bounding).unwrap_or_default();
+    for cap in bounding.into_iter().filter(|c| Some(*c) != kept) {
+        if caps::drop(None, CapSet::Bounding, cap).is_err() {
             bounding_left += 1;
         }
     }
-    if bounding_left > 0 {
+    let can_set_bounding =
+        caps::has_cap(None, CapSet::Effective, Capability::CAP_SETPCAP).unwrap_or(false);
+    if bounding_left > 0 && can_set_bounding {
         failed.push(format!("{bounding_left} left in the bounding set"));
+    } else if bounding_left > 0 {
+        // Without CAP_SETPCAP (a systemd unit that leaves it out) the bounding set stays as
+        // the manager made it; no_new_privs, below, stops any exec from using it.
+        tracing::debug!(
+            "{bounding_left} capabilities stay in the bounding set (no CAP_SETPCAP to drop them)"
+        );
     }
     // The ambient set may not exist on old kernels; nothing to drop there then.
     let _ = caps::clear(None, CapSet::Ambient);
