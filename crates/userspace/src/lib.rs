@@ -1,0 +1,253 @@
+//! WireGuard tunnels for tokio programs, with their own user-space TCP/IP stack: no TUN
+//! device and no root.
+//!
+//! A [`Tunnel`] is one WireGuard interface that lives inside the program. It owns a UDP
+//! socket (the underlay) and a TCP/IP stack ([smoltcp]) that has the tunnel's addresses;
+//! [`Tunnel::tcp_connect`], [`Tunnel::tcp_listen`] and [`Tunnel::udp_bind`] give tokio
+//! sockets inside the tunnel.
+//!
+//! ```no_run
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//! use tunneld_userspace::{Tunnel, TunnelSettings};
+//! # async fn run(settings: TunnelSettings) -> Result<(), Box<dyn std::error::Error>> {
+//! let tunnel = Tunnel::start(settings)?;
+//! let mut stream = tunnel.tcp_connect("10.77.0.2:80".parse()?).await?;
+//! stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
+//! let mut reply = Vec::new();
+//! stream.read_to_end(&mut reply).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Shape
+//!
+//! One engine thread per tunnel owns the WireGuard [`Device`](tunneld_tunnel::Device) and the
+//! stack, and is driven like the dataplane's worker: it waits in `poll` on the UDP socket and
+//! a waker, takes a batch of datagrams (`recvmmsg`, GRO), decrypts them into the stack, lets
+//! the stack run with the current time, encrypts what it sends into a batch (`sendmmsg`,
+//! GSO), and sleeps until the next datagram, wake-up or timer. Handles never touch the stack:
+//! each TCP stream has two bounded single-producer rings of bytes (one per direction), each
+//! UDP socket two rings of framed datagrams, and requests (connect, listen, bind) go over a
+//! bounded channel. There is no lock around the stack and no task or thread per connection.
+//!
+//! [smoltcp]: https://docs.rs/smoltcp
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![deny(missing_docs)]
+
+mod engine;
+mod rings;
+mod settings;
+mod tcp;
+mod udp;
+
+pub use settings::{Error, TunnelSettings};
+pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream};
+pub use tunneld_crypto::{PrivateKey, PublicKey};
+pub use tunneld_tunnel::PeerSettings;
+pub use udp::UdpSocket;
+
+use engine::{Control, Shared};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// A running WireGuard tunnel with its own TCP/IP stack. Cheap to clone; every clone (and
+/// every socket made from it) is a handle on the same engine.
+///
+/// The engine stops on [`Tunnel::shutdown`], or when the last handle (this and every socket
+/// made through it) is dropped.
+///
+/// ```no_run
+/// # use tunneld_userspace::{Tunnel, TunnelSettings};
+/// # fn run(settings: TunnelSettings) -> Result<(), tunneld_userspace::Error> {
+/// let tunnel = Tunnel::start(settings)?;
+/// let other = tunnel.clone(); // the same tunnel, e.g. for another task
+/// println!("underlay: {}", other.local_addr());
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Tunnel {
+    link: Arc<Link>,
+}
+
+/// Keeps the engine running while any handle holds it; the last one dropped stops it.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.shared.stop();
+    }
+}
+
+/// What a tunnel has done so far, from [`Tunnel::stats`].
+///
+/// ```no_run
+/// # fn run(tunnel: tunneld_userspace::Tunnel) {
+/// let stats = tunnel.stats();
+/// if stats.handshake_done {
+///     println!("{} bytes out, {} in", stats.tx_bytes, stats.rx_bytes);
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TunnelStats {
+    /// Whether a WireGuard handshake with some peer has completed.
+    pub handshake_done: bool,
+    /// WireGuard bytes sent on the underlay (datagrams, headers included).
+    pub tx_bytes: u64,
+    /// WireGuard bytes received on the underlay and accepted (authenticated).
+    pub rx_bytes: u64,
+    /// Datagrams and packets the WireGuard device dropped (no route, bad packets, ...).
+    pub drops: u64,
+}
+
+impl Tunnel {
+    /// Checks `settings`, binds the underlay UDP socket (in the calling thread's network
+    /// namespace) and starts the engine thread.
+    ///
+    /// Errors name the setting that is wrong, e.g. `addresses: no address given`.
+    ///
+    /// ```no_run
+    /// use tunneld_userspace::{PeerSettings, PrivateKey, PublicKey, Tunnel, TunnelSettings};
+    /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let tunnel = Tunnel::start(TunnelSettings {
+    ///     private_key: PrivateKey::generate(),
+    ///     listen: "0.0.0.0:0".parse()?,
+    ///     addresses: vec!["10.77.0.1/24".parse()?],
+    ///     mtu: 1420,
+    ///     peers: vec![PeerSettings {
+    ///         public_key: PublicKey::from_base64("xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=")?,
+    ///         preshared_key: None,
+    ///         endpoint: Some("192.0.2.2:51820".parse()?),
+    ///         allowed_ips: vec!["10.77.0.0/24".parse()?],
+    ///         persistent_keepalive: 25,
+    ///         parallel: 1,
+    ///     }],
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn start(settings: TunnelSettings) -> Result<Tunnel, Error> {
+        let shared = engine::start(settings)?;
+        Ok(Tunnel {
+            link: Arc::new(Link { shared }),
+        })
+    }
+
+    /// Opens a TCP connection through the tunnel to `addr` (IPv4 or IPv6, routed to a peer
+    /// by its allowed IPs). Fails with `TimedOut` when no answer comes within 30 s, and with
+    /// `ConnectionRefused` when the far side resets.
+    ///
+    /// ```no_run
+    /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> std::io::Result<()> {
+    /// use tokio::io::AsyncWriteExt;
+    /// let mut stream = tunnel.tcp_connect("[fd77::2]:7".parse().unwrap()).await?;
+    /// stream.write_all(b"hello").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn tcp_connect(&self, addr: SocketAddr) -> io::Result<TcpStream> {
+        let parts = self
+            .request(|reply| Control::Connect {
+                remote: addr,
+                reply,
+            })
+            .await?;
+        Ok(TcpStream::new(self.link.clone(), parts))
+    }
+
+    /// Listens for TCP connections arriving through the tunnel on `addr` (an address of the
+    /// tunnel, or the unspecified address for all of them; port 0 picks a free port).
+    ///
+    /// ```no_run
+    /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> std::io::Result<()> {
+    /// let listener = tunnel.tcp_listen("0.0.0.0:8080".parse().unwrap()).await?;
+    /// loop {
+    ///     let (stream, from) = listener.accept().await?;
+    ///     println!("connection from {from}");
+    ///     # drop(stream);
+    /// }
+    /// # }
+    /// ```
+    pub async fn tcp_listen(&self, addr: SocketAddr) -> io::Result<TcpListener> {
+        let parts = self
+            .request(|reply| Control::Listen { local: addr, reply })
+            .await?;
+        Ok(TcpListener::new(self.link.clone(), parts))
+    }
+
+    /// Binds a UDP socket inside the tunnel at `addr` (an address of the tunnel or the
+    /// unspecified address; port 0 picks a free port).
+    ///
+    /// ```no_run
+    /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> std::io::Result<()> {
+    /// let socket = tunnel.udp_bind("0.0.0.0:0".parse().unwrap()).await?;
+    /// socket.send_to(b"ping", "10.77.0.2:7".parse().unwrap()).await?;
+    /// let mut buf = [0u8; 1500];
+    /// let (n, from) = socket.recv_from(&mut buf).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn udp_bind(&self, addr: SocketAddr) -> io::Result<UdpSocket> {
+        let parts = self
+            .request(|reply| Control::UdpBind { local: addr, reply })
+            .await?;
+        Ok(UdpSocket::new(self.link.clone(), parts))
+    }
+
+    /// Stops the engine: open sockets' reads and writes, pending accepts and receives, and
+    /// later calls on this tunnel all fail with `ConnectionAborted`. Connections are not
+    /// closed gracefully (the far side sees them go silent). Idempotent.
+    ///
+    /// ```no_run
+    /// # fn run(tunnel: tunneld_userspace::Tunnel) {
+    /// tunnel.shutdown();
+    /// # }
+    /// ```
+    pub fn shutdown(&self) {
+        self.link.shared.stop();
+    }
+
+    /// The underlay UDP socket's local address (its port is the WireGuard listen port).
+    ///
+    /// ```no_run
+    /// # fn run(tunnel: tunneld_userspace::Tunnel) {
+    /// println!("peers reach this tunnel on UDP port {}", tunnel.local_addr().port());
+    /// # }
+    /// ```
+    pub fn local_addr(&self) -> SocketAddr {
+        self.link.shared.local_addr
+    }
+
+    /// The tunnel's public key, to configure peers with.
+    ///
+    /// ```no_run
+    /// # fn run(tunnel: tunneld_userspace::Tunnel) {
+    /// println!("public key: {}", tunnel.public_key().to_base64());
+    /// # }
+    /// ```
+    pub fn public_key(&self) -> PublicKey {
+        self.link.shared.public_key
+    }
+
+    /// Counters of the tunnel (updated by the engine as it runs).
+    ///
+    /// ```no_run
+    /// # fn run(tunnel: tunneld_userspace::Tunnel) {
+    /// println!("{:?}", tunnel.stats());
+    /// # }
+    /// ```
+    pub fn stats(&self) -> TunnelStats {
+        self.link.shared.stats()
+    }
+
+    async fn request<T>(
+        &self,
+        make: impl FnOnce(tokio::sync::oneshot::Sender<io::Result<T>>) -> Control,
+    ) -> io::Result<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.link.shared.send_control(make(tx)).await?;
+        rx.await.unwrap_or_else(|_| Err(engine::aborted()))
+    }
+}

@@ -1,0 +1,171 @@
+//! The tunnel's typed settings and the errors that name what is wrong with them.
+
+use ipnet::IpNet;
+use std::collections::HashSet;
+use std::io;
+use std::net::SocketAddr;
+use tunneld_crypto::PrivateKey;
+use tunneld_tunnel::PeerSettings;
+
+/// Smallest tunnel MTU: the IPv4 minimum (RFC 791); with an IPv6 address, 1280 (RFC 8200).
+const MIN_MTU: u16 = 576;
+const MIN_MTU_V6: u16 = 1280;
+/// Largest tunnel MTU: an IP packet plus WireGuard's 32 bytes must fit one UDP datagram.
+const MAX_MTU: u16 = 65_535 - 32 - 48;
+
+/// Everything a [`Tunnel`](crate::Tunnel) needs.
+///
+/// ```
+/// use tunneld_userspace::{PrivateKey, TunnelSettings};
+/// let settings = TunnelSettings {
+///     private_key: PrivateKey::generate(),
+///     listen: "0.0.0.0:0".parse().unwrap(),
+///     addresses: vec!["10.77.0.1/24".parse().unwrap(), "fd77::1/64".parse().unwrap()],
+///     mtu: 1420,
+///     peers: vec![],
+/// };
+/// assert_eq!(settings.addresses.len(), 2);
+/// ```
+#[derive(Debug, Clone)]
+pub struct TunnelSettings {
+    /// The interface's WireGuard private key.
+    pub private_key: PrivateKey,
+    /// Where the underlay UDP socket binds (port 0: any free port). `[::]:port` also takes
+    /// IPv4 peers; `0.0.0.0:port` only IPv4 ones.
+    pub listen: SocketAddr,
+    /// The tunnel's own addresses with their prefixes (at most one IPv4 and one IPv6),
+    /// e.g. `10.77.0.1/24`: the prefix says which destinations are on the tunnel's link.
+    /// Other destinations are reached all the same, routed by the peers' allowed IPs.
+    pub addresses: Vec<IpNet>,
+    /// The tunnel's MTU: the largest IP packet sent through it (1420 is usual).
+    pub mtu: u16,
+    /// The peers, as for a tunneld gateway (`parallel` must be 1).
+    pub peers: Vec<PeerSettings>,
+}
+
+/// Why a tunnel could not start. Displayed as one line that starts with the setting at
+/// fault, e.g. `addresses: no address given`.
+///
+/// ```
+/// use tunneld_userspace::{Error, PrivateKey, Tunnel, TunnelSettings};
+/// let err = Tunnel::start(TunnelSettings {
+///     private_key: PrivateKey::generate(),
+///     listen: "127.0.0.1:0".parse().unwrap(),
+///     addresses: vec![],
+///     mtu: 1420,
+///     peers: vec![],
+/// })
+/// .unwrap_err();
+/// assert_eq!(err.field(), "addresses");
+/// assert!(err.to_string().starts_with("addresses: "));
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting has a value the tunnel cannot use.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The setting: `addresses`, `mtu`, `peers`, `listen`.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The underlay socket could not be bound.
+    #[error("listen: cannot bind {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// The engine's thread or poller could not be made.
+    #[error("engine: {0}")]
+    Engine(io::Error),
+}
+
+impl Error {
+    /// The setting the error is about (`engine` for a failure that is no setting's fault).
+    ///
+    /// ```
+    /// # use tunneld_userspace::Error;
+    /// fn report(e: &Error) -> String {
+    ///     format!("check the `{}` setting", e.field())
+    /// }
+    /// ```
+    pub fn field(&self) -> &'static str {
+        match self {
+            Error::Invalid { field, .. } => field,
+            Error::Bind { .. } => "listen",
+            Error::Engine(_) => "engine",
+        }
+    }
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+    Error::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+impl TunnelSettings {
+    /// Checks what the engine relies on; the first problem found is returned.
+    pub(crate) fn validate(&self) -> Result<(), Error> {
+        if self.addresses.is_empty() {
+            return Err(invalid("addresses", "no address given"));
+        }
+        let v4 = self.addresses.iter().filter(|a| a.addr().is_ipv4()).count();
+        let v6 = self.addresses.len() - v4;
+        if v4 > 1 || v6 > 1 {
+            return Err(invalid(
+                "addresses",
+                "at most one IPv4 and one IPv6 address",
+            ));
+        }
+        for a in &self.addresses {
+            let ip = a.addr();
+            if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() {
+                return Err(invalid(
+                    "addresses",
+                    format!("{a} cannot be an interface address"),
+                ));
+            }
+        }
+        let min = if v6 > 0 { MIN_MTU_V6 } else { MIN_MTU };
+        if !(min..=MAX_MTU).contains(&self.mtu) {
+            return Err(invalid(
+                "mtu",
+                format!("{} is outside {min}..={MAX_MTU}", self.mtu),
+            ));
+        }
+        if self.listen.ip().is_multicast() {
+            return Err(invalid("listen", "a multicast address cannot be bound"));
+        }
+        let own = self.private_key.public_key();
+        let mut seen = HashSet::new();
+        for (i, peer) in self.peers.iter().enumerate() {
+            if peer.public_key == own {
+                return Err(invalid(
+                    "peers",
+                    format!("peer {i} has the tunnel's own public key"),
+                ));
+            }
+            if !seen.insert(peer.public_key) {
+                return Err(invalid(
+                    "peers",
+                    format!("peer {i}: public key {} given twice", peer.public_key),
+                ));
+            }
+            if peer.parallel != 1 {
+                return Err(invalid(
+                    "peers",
+                    format!(
+                        "peer {i}: parallel = {} (a user-space tunnel has one engine; use 1)",
+                        peer.parallel
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

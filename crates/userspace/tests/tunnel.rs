@@ -1,0 +1,210 @@
+//! The tunnel's own behaviour: settings errors (no privileges needed) and shutdown.
+
+mod common;
+
+use common::*;
+use std::io;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tunneld_userspace::{Error, PeerSettings, PrivateKey, Tunnel, TunnelSettings};
+
+fn valid() -> TunnelSettings {
+    TunnelSettings {
+        private_key: PrivateKey::generate(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        addresses: vec!["10.77.0.1/24".parse().unwrap()],
+        mtu: 1420,
+        peers: vec![],
+    }
+}
+
+fn start_err(settings: TunnelSettings) -> Error {
+    match Tunnel::start(settings) {
+        Ok(_) => panic!("started with bad settings"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn settings_errors_name_their_field() {
+    let e = start_err(TunnelSettings {
+        addresses: vec![],
+        ..valid()
+    });
+    assert_eq!(e.field(), "addresses");
+    assert_eq!(e.to_string(), "addresses: no address given");
+
+    let e = start_err(TunnelSettings {
+        addresses: vec![
+            "10.0.0.1/24".parse().unwrap(),
+            "10.0.0.2/24".parse().unwrap(),
+        ],
+        ..valid()
+    });
+    assert!(e.to_string().starts_with("addresses: "), "{e}");
+
+    let e = start_err(TunnelSettings {
+        mtu: 100,
+        ..valid()
+    });
+    assert_eq!(e.field(), "mtu");
+    assert!(e.to_string().starts_with("mtu: 100 is outside"), "{e}");
+
+    let e = start_err(TunnelSettings {
+        addresses: vec!["fd00::1/64".parse().unwrap()],
+        mtu: 1000,
+        ..valid()
+    });
+    assert_eq!(e.field(), "mtu", "IPv6 needs 1280: {e}");
+
+    let key = PrivateKey::generate();
+    let peer = PeerSettings {
+        public_key: key.public_key(),
+        preshared_key: None,
+        endpoint: None,
+        allowed_ips: vec![],
+        persistent_keepalive: 0,
+        parallel: 1,
+    };
+    let e = start_err(TunnelSettings {
+        peers: vec![peer.clone(), peer.clone()],
+        ..valid()
+    });
+    assert_eq!(e.field(), "peers");
+    assert!(e.to_string().contains("given twice"), "{e}");
+    let e = start_err(TunnelSettings {
+        peers: vec![PeerSettings {
+            parallel: 2,
+            ..peer
+        }],
+        ..valid()
+    });
+    assert_eq!(e.field(), "peers");
+
+    // A port already taken: a bind error, named for `listen`.
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let e = start_err(TunnelSettings {
+        listen: taken.local_addr().unwrap(),
+        ..valid()
+    });
+    assert_eq!(e.field(), "listen");
+    assert!(
+        e.to_string().starts_with("listen: cannot bind 127.0.0.1:"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_secret_key_never_shows() {
+    let settings = valid();
+    let secret = settings.private_key.to_base64();
+    assert!(!format!("{settings:?}").contains(secret.as_str()));
+}
+
+#[test]
+fn calls_without_a_route_fail_at_once() {
+    let tunnel = Tunnel::start(valid()).unwrap();
+    runtime().block_on(async {
+        let e = tunnel
+            .tcp_connect("10.77.0.2:80".parse().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::HostUnreachable);
+        let e = tunnel
+            .tcp_connect("[fd00::2]:80".parse().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrNotAvailable, "no IPv6 address");
+        let e = tunnel
+            .tcp_listen("10.9.9.9:80".parse().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrNotAvailable);
+        let l = tunnel
+            .tcp_listen("0.0.0.0:80".parse().unwrap())
+            .await
+            .unwrap();
+        let e = tunnel
+            .tcp_listen("0.0.0.0:80".parse().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        drop(l);
+    });
+    tunnel.shutdown();
+    runtime().block_on(async {
+        let e = tunnel
+            .udp_bind("0.0.0.0:0".parse().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+    });
+}
+
+#[test]
+fn shutdown_aborts_open_streams_promptly() {
+    let test = "shutdown_aborts_open_streams_promptly";
+    if !tunneld_testnet::require_netns(test)
+        || !require_tool(test, "wg")
+        || !require_tool(test, "wireguard-go")
+    {
+        return;
+    }
+    let mut sites = sites();
+    sites.start_wireguard_go();
+    let _echo = EchoServer::start(&sites.far, &["10.77.0.2:7".parse().unwrap()]);
+    let tunnel = sites.start_tunnel(sites.settings(0));
+    runtime().block_on(async {
+        let stream = tunnel
+            .tcp_connect("10.77.0.2:7".parse().unwrap())
+            .await
+            .unwrap();
+        let listener = tunnel
+            .tcp_listen("0.0.0.0:9".parse().unwrap())
+            .await
+            .unwrap();
+        let socket = tunnel.udp_bind("0.0.0.0:0".parse().unwrap()).await.unwrap();
+        let (mut r, mut w) = stream.into_split();
+        w.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        r.read_exact(&mut buf).await.unwrap();
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            r.read(&mut buf).await
+        });
+        let acceptor = tokio::spawn(async move { listener.accept().await.map(|_| ()) });
+        let receiver = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            socket.recv_from(&mut buf).await.map(|_| ())
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        step("shutdown with a read, an accept and a receive waiting");
+        tunnel.shutdown();
+        let limit = Duration::from_secs(2);
+        let e = tokio::time::timeout(limit, reader)
+            .await
+            .expect("read ends")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        let e = tokio::time::timeout(limit, acceptor)
+            .await
+            .expect("accept ends")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        let e = tokio::time::timeout(limit, receiver)
+            .await
+            .expect("recv ends")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        let e = w.write_all(b"more").await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        let e = tunnel
+            .tcp_connect("10.77.0.2:7".parse().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+    });
+}
