@@ -25,6 +25,9 @@ const TOOLS: &[(&str, &str)] = &[
     ("systemd-analyze", "systemd"),
     // wg-quick (tests/bare.rs) runs it with bash.
     ("bash", "bash"),
+    // `promtool check metrics` on a scrape (tests/metrics.rs); images of this kind keep apt
+    // from starting the prometheus service it comes with (policy-rc.d).
+    ("promtool", "prometheus"),
 ];
 
 pub fn repo_root() -> Result<PathBuf, String> {
@@ -203,11 +206,28 @@ pub fn install_tools() -> Result<(), String> {
     }
     eprintln!("==> installing {}", missing.join(" "));
     run(Command::new("apt-get").args(["update", "-qq"]))?;
-    run(Command::new("apt-get")
+    // Packages like prometheus (for promtool) come with a service; a test machine must not
+    // start it. Debian's policy-rc.d hook says no for the length of the install, unless the
+    // machine has one of its own already.
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    let made_policy = !policy.exists()
+        && std::fs::write(
+            policy,
+            "#!/bin/sh\n# services are not started on a test machine\nexit 101\n",
+        )
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(policy, std::fs::Permissions::from_mode(0o755))
+        })
+        .is_ok();
+    let installed = run(Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
         .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    Ok(())
+        .env("DEBIAN_FRONTEND", "noninteractive"));
+    if made_policy {
+        let _ = std::fs::remove_file(policy);
+    }
+    installed
 }
 
 /// cargo-deny checks the dependency policy (`deny.toml`); installed from crates.io (a few

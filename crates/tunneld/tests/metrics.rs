@@ -69,6 +69,45 @@ fn a_scrape_shows_the_traffic_and_other_requests_get_http_errors() {
         0
     );
 
+    step("the scrape, taken under traffic, passes Prometheus's own checker");
+    if require_tool(
+        "a_scrape_shows_the_traffic_and_other_requests_get_http_errors",
+        "promtool",
+    ) {
+        tcp_transfer(
+            &sites.a,
+            &sites.b,
+            "10.77.0.2:5401".parse().unwrap(),
+            1 << 20,
+        );
+        let reply = http(
+            &sites.b,
+            "GET /metrics HTTP/1.1\r\nHost: tunneld\r\nAccept: */*\r\n\r\n",
+        );
+        let body = reply.split_once("\r\n\r\n").unwrap().1.to_string();
+        let mut promtool = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        promtool
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(body.as_bytes())
+            .unwrap();
+        let checked = promtool.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&checked.stdout).into_owned()
+            + &String::from_utf8_lossy(&checked.stderr);
+        assert!(
+            checked.status.success() && said.trim().is_empty(),
+            "promtool check metrics: {}\n{said}",
+            checked.status
+        );
+    }
+
     step("what is not a scrape gets its HTTP error");
     let head = http(&sites.b, "HEAD /metrics HTTP/1.1\r\n\r\n");
     assert!(
