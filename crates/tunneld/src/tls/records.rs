@@ -613,6 +613,62 @@ mod tests {
         assert!(established.peer_closed);
     }
 
+    /// tlsfuzzer's client offers no psk_dhe_ke, so the server sends no session tickets, and
+    /// it sends its Finished alone and its first record in a later write. rustls then says
+    /// that the handshake is over in the same step that discards the Finished, which it has
+    /// decrypted in place: the record layer once got that Finished as if it were the first
+    /// record, and answered the real one with bad_record_mac.
+    #[test]
+    fn the_first_record_after_a_finished_that_came_alone_opens() {
+        let (mut server, client) = configs();
+        server.send_tls13_tickets = 0;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
+            let established = handshake_for_records(Unbuffered::Server(conn), &sock, true);
+            (established.unwrap(), sock)
+        });
+        let mut sock = TcpStream::connect(addr).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut conn = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+        while conn.is_handshaking() {
+            while conn.wants_write() {
+                conn.write_tls(&mut sock).unwrap();
+            }
+            if conn.is_handshaking() {
+                conn.read_tls(&mut sock).unwrap();
+                conn.process_new_packets().unwrap();
+            }
+        }
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        // The Finished went alone: the server is done with it before the request leaves.
+        let (established, server_sock) = server.join().unwrap();
+        assert_eq!(
+            established.received_end, 0,
+            "nothing of the handshake is left"
+        );
+        assert!(established.early.is_empty());
+        std::io::Write::write_all(&mut conn.writer(), b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        let mut records = established.records;
+        let mut received = established.received.to_vec();
+        let mut end = established.received_end;
+        let want = HEADER + 18 + 1 + TAG;
+        while end < want {
+            end += (&server_sock).read(&mut received[end..]).unwrap();
+        }
+        assert_eq!(
+            opened(&mut records, &mut received[..end]),
+            b"GET / HTTP/1.0\r\n\r\n"
+        );
+    }
+
     #[test]
     fn records_cross_both_ways_after_the_session_tickets() {
         let (mut client, mut server) = pair();
