@@ -249,4 +249,11 @@ fn send_queued_alert<C: Process>(conn: &mut C, sock: &TcpStream, received: &mut 
             let _ = sock.write_all(&alert[..n]);
         }
     }
+    // Our FIN after the alert; then what the other side sent after the bytes that failed is
+    // read and dropped, since closing with unread data sends a reset, which can overtake
+    // the alert.
+    let _ = sock.shutdown(std::net::Shutdown::Write);
+    if sock.set_nonblocking(true).is_ok() {
+        super::stream::drain(sock, received);
+    }
 }
