@@ -21,7 +21,7 @@
 //! the RFC names ([`RecordError`]): a record over 2^14 + 256 bytes or an inner plaintext
 //! over 2^14 + 1 (padding included) is record_overflow; a record that does not authenticate
 //! is bad_record_mac; another record between the fragments of a handshake message, a record
-//! with no content type, an empty handshake record, and more than
+//! with no content type, an empty handshake or alert record, and more than
 //! [`MAX_EMPTY_RECORDS`] empty records or [`MAX_KEY_UPDATES`] KeyUpdates with no data
 //! between are unexpected_message. A receive sequence number that would wrap ends the
 //! connection.
@@ -777,6 +777,13 @@ impl Records {
                         );
                     }
                 }
+                // Alerts are never fragmented, and never empty (RFC 8446 5.1).
+                ALERT if typed == 0 => {
+                    return refuse(
+                        AlertDescription::UnexpectedMessage,
+                        "an empty TLS alert record",
+                    );
+                }
                 ALERT => {
                     if self.alert_received(&body[..typed])? {
                         return Ok(Opened {
@@ -1373,6 +1380,14 @@ mod tests {
         assert_eq!(
             refusal(&mut server, &mut tiny),
             AlertDescription::DecodeError
+        );
+
+        // An empty alert, padded or not.
+        let (mut client, mut server) = plain_pair(Suite::Aes128GcmSha256);
+        let mut empty = sealed_inner(&mut client, &[ALERT, 0, 0]);
+        assert_eq!(
+            refusal(&mut server, &mut empty),
+            AlertDescription::UnexpectedMessage
         );
 
         // All padding, no content type.
