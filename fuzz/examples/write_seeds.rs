@@ -201,6 +201,49 @@ fn main() {
             })
             .collect(),
     ));
+    // The record layer: a byte choosing the suite, the AEAD library of each side and the
+    // read size, then a script of 3-byte operations (see `tunneld_fuzz::records`): data,
+    // an empty record, padded data, a KeyUpdate asking for one back, the server's reply,
+    // user_canceled, a flipped byte, close_notify; and raw bytes (top bit) shaped like a
+    // record header and a too-short record.
+    let op = |op: u8, arg: u16| [op, (arg >> 8) as u8, arg as u8];
+    all.push((
+        "records",
+        vec![
+            [
+                &[0u8][..],
+                &op(0, 5),
+                &op(1, 0),
+                &op(2, 40),
+                &[9],
+                &op(3, 1),
+                &op(4, 300),
+                &op(0, 16384),
+                &op(6, 0),
+                &op(5, 0),
+            ]
+            .concat(),
+            [&[0x21u8][..], &op(0, 100), &op(7, 3), &op(0, 7), &op(4, 1)].concat(),
+            [
+                &[0x42u8][..],
+                &op(2, 256),
+                &[250],
+                &op(3, 0),
+                &op(4, 0),
+                &op(0, 1),
+            ]
+            .concat(),
+            [
+                &[0x80u8][..],
+                &[23, 3, 3, 0, 17],
+                &[0; 17],
+                &[23, 3, 3, 0, 3],
+                &[1, 2, 3],
+            ]
+            .concat(),
+            [&[0x9au8][..], &[22, 3, 3, 0, 2, 1, 0]].concat(),
+        ],
+    ));
     for (name, inputs) in all {
         let dir = corpus(name);
         fs::create_dir_all(&dir).unwrap();

@@ -8,13 +8,13 @@
 use std::cell::RefCell;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
+use tunneld_config as config;
 use tunneld_crypto::PrivateKey;
 use tunneld_dataplane::offload::{
     self, checksum_add, checksum_fold, Coalescer, VnetHdr, GSO_ECN, GSO_NONE, VNET_HDR_LEN,
 };
 use tunneld_dataplane::{Batch, BATCH_SIZE, FRAME_PAYLOAD};
 use tunneld_tunnel::uapi::{self, Request};
-use tunneld_config as config;
 use tunneld_tunnel::{Device, DeviceSettings, Environment, PeerSettings};
 
 thread_local! {
@@ -183,7 +183,10 @@ fn device_with_fixed_keys(own: u8, peer: u8, now: Instant) -> Device {
         }],
         now,
         // Seeded: a fuzz input replays to the same run.
-        Environment::seeded(u64::from(own), std::time::Duration::from_secs(1_790_000_000)),
+        Environment::seeded(
+            u64::from(own),
+            std::time::Duration::from_secs(1_790_000_000),
+        ),
     )
 }
 
@@ -323,6 +326,206 @@ pub fn aead_differential(data: &[u8]) {
     }
 }
 
+/// tunneld's TLS 1.3 record layer, client and server built from fixed secrets. With the first
+/// byte's top bit set, the rest is raw bytes from the network, fed to the server in pieces:
+/// it never panics and never yields plaintext (nothing was sealed). Otherwise the rest is a
+/// script of what the client sends (application data with or without padding, empty
+/// records, KeyUpdates, alerts, a byte flipped on the wire) and of server replies, each
+/// record fed to the other side as it is made, in pieces: what the server yields is always
+/// a prefix of what the client sealed, all of it unless a byte was flipped or a limit of
+/// RFC 8446 section 5 was crossed (then the server refuses), and what the server seals the
+/// client opens byte for byte.
+pub fn records(data: &[u8]) {
+    use tunneld::tls_records::{
+        Records, Suite, ALERT, APPLICATION_DATA, FULL_RECORD, HEADER, MAX_EMPTY_RECORDS,
+        MAX_KEY_UPDATES, MAX_PLAINTEXT, MAX_RECORD, TAG,
+    };
+    let Some((&first, script)) = data.split_first() else {
+        return;
+    };
+    let suite = match first % 3 {
+        0 => Suite::Aes128GcmSha256,
+        1 => Suite::Aes256GcmSha384,
+        _ => Suite::Chacha20Poly1305Sha256,
+    };
+    let (c, s) = (vec![0xc1; suite.hash_len()], vec![0x5e; suite.hash_len()]);
+    let new = |client: bool, ring: bool| {
+        let (tx, rx) = if client { (&c, &s) } else { (&s, &c) };
+        Records::from_secrets(suite, client, tx, rx, ring).unwrap()
+    };
+    let mut client = new(true, first & 8 != 0);
+    let mut server = new(false, first & 16 == 0);
+    let piece = usize::from(first >> 2 & 0x1f) * 97 + 1;
+
+    /// A receiving side: its receive buffer, and the plaintext it has yielded.
+    struct Side {
+        received: Vec<u8>,
+        plaintext: Vec<u8>,
+        closed: bool,
+    }
+    impl Side {
+        /// Feeds `bytes` in pieces of `piece`, as reads would; false once `to` refused.
+        fn feed(&mut self, to: &mut Records, bytes: &[u8], piece: usize) -> bool {
+            for chunk in bytes.chunks(piece) {
+                if self.closed {
+                    return true;
+                }
+                self.received.extend_from_slice(chunk);
+                let mut pieces = Vec::new();
+                let opened = to.open(&mut self.received, &mut pieces);
+                for &(at, len) in &pieces {
+                    self.plaintext
+                        .extend_from_slice(&self.received[at..at + len]);
+                }
+                let Ok(opened) = opened else {
+                    return false;
+                };
+                assert!(opened.consumed <= self.received.len());
+                self.received.drain(..opened.consumed);
+                self.closed = opened.close_notify;
+                assert!(
+                    self.received.len() < MAX_RECORD,
+                    "a whole record left unopened"
+                );
+            }
+            true
+        }
+    }
+    let side = || Side {
+        received: Vec::new(),
+        plaintext: Vec::new(),
+        closed: false,
+    };
+    let (mut at_server, mut at_client) = (side(), side());
+
+    if first & 0x80 != 0 {
+        at_server.feed(&mut server, script, piece);
+        assert!(at_server.plaintext.is_empty(), "plaintext nobody sealed");
+        return;
+    }
+
+    let mut sent = Vec::new();
+    let mut replies = Vec::new();
+    let (mut flip, mut tampered, mut over_limit, mut closing) = (None, false, false, false);
+    let (mut empties, mut updates) = (0u32, 0u32);
+    let mut buf = vec![0; FULL_RECORD + 256];
+    let mut ops = script.iter().copied();
+    let mut next = move || ops.next().unwrap_or(0);
+    for _ in 0..script.len().min(200) {
+        let op = next();
+        let arg = usize::from(u16::from_be_bytes([next(), next()]));
+        let record = match op % 8 {
+            0 | 1 => {
+                let len = if op % 8 == 0 {
+                    arg % (MAX_PLAINTEXT + 1)
+                } else {
+                    0
+                };
+                let text: Vec<u8> = (0..len).map(|i| (i * 31 + sent.len()) as u8).collect();
+                buf[HEADER..HEADER + len].copy_from_slice(&text);
+                let n = client.seal(&mut buf, len, APPLICATION_DATA).unwrap();
+                if !closing {
+                    sent.extend_from_slice(&text);
+                    if len == 0 {
+                        empties += 1;
+                        over_limit |= empties > MAX_EMPTY_RECORDS;
+                    } else {
+                        (empties, updates) = (0, 0);
+                    }
+                }
+                buf[..n].to_vec()
+            }
+            2 => {
+                // Data, its type and zero padding, laid out by hand: up to the largest record.
+                let len = (arg % 257).min(MAX_PLAINTEXT);
+                let inner = (len + 1 + usize::from(next()) * 67).min(MAX_RECORD - HEADER - TAG);
+                let text: Vec<u8> = (0..len).map(|i| (i * 7 + sent.len()) as u8 | 1).collect();
+                buf[HEADER..HEADER + len].copy_from_slice(&text);
+                buf[HEADER + len] = APPLICATION_DATA;
+                buf[HEADER + len + 1..HEADER + inner].fill(0);
+                let n = client.seal_inner(&mut buf, inner).unwrap();
+                if !closing {
+                    over_limit |= inner > MAX_PLAINTEXT + 1;
+                    if !over_limit {
+                        sent.extend_from_slice(&text);
+                    }
+                    if len == 0 {
+                        empties += 1;
+                        over_limit |= empties > MAX_EMPTY_RECORDS;
+                    } else {
+                        (empties, updates) = (0, 0);
+                    }
+                }
+                buf[..n].to_vec()
+            }
+            3 => {
+                let n = client.key_update(&mut buf, arg & 1 != 0).unwrap();
+                if !closing {
+                    updates += 1;
+                    over_limit |= updates > MAX_KEY_UPDATES;
+                }
+                buf[..n].to_vec()
+            }
+            4 => {
+                // The server answers: a KeyUpdate if one is owed, then data.
+                let mut out = Vec::new();
+                let n = server.due(&mut buf, 1).unwrap();
+                out.extend_from_slice(&buf[..n]);
+                let len = arg % (MAX_PLAINTEXT + 1);
+                let text: Vec<u8> = (0..len).map(|i| (i * 13 + replies.len()) as u8).collect();
+                buf[HEADER..HEADER + len].copy_from_slice(&text);
+                let n = server.seal(&mut buf, len, APPLICATION_DATA).unwrap();
+                out.extend_from_slice(&buf[..n]);
+                replies.extend_from_slice(&text);
+                assert!(
+                    at_client.feed(&mut client, &out, piece),
+                    "the client refused the server"
+                );
+                assert_eq!(
+                    at_client.plaintext, replies,
+                    "the server's data, byte for byte"
+                );
+                continue;
+            }
+            5 => {
+                let n = client.close_notify(&mut buf).unwrap();
+                closing = true;
+                buf[..n].to_vec()
+            }
+            6 => {
+                let n = client.seal_message(&mut buf, ALERT, &[1, 90]).unwrap(); // user_canceled
+                buf[..n].to_vec()
+            }
+            _ => {
+                flip = Some(arg);
+                continue;
+            }
+        };
+        let mut record = record;
+        if let Some(at) = flip.take() {
+            let at = at % record.len();
+            record[at] ^= 1 << (op % 8);
+            tampered = true;
+        }
+        let fine = at_server.feed(&mut server, &record, piece);
+        assert!(
+            sent.starts_with(&at_server.plaintext),
+            "plaintext that was not sealed"
+        );
+        if !fine {
+            assert!(
+                tampered || over_limit,
+                "refused a record sealed as it should be"
+            );
+            return;
+        }
+    }
+    if !tampered && !over_limit {
+        assert_eq!(at_server.plaintext, sent, "what was sealed, byte for byte");
+        assert_eq!(at_server.closed, closing);
+    }
+}
+
 /// A fuzz target's body.
 pub type Target = fn(&[u8]);
 
@@ -335,4 +538,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("uapi_parse", uapi_parse),
     ("framing", framing),
     ("aead_differential", aead_differential),
+    ("records", records),
 ];

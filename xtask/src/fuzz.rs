@@ -15,6 +15,7 @@ pub const TARGETS: &[&str] = &[
     "uapi_parse",
     "framing",
     "aead_differential",
+    "records",
 ];
 
 /// `cargo xtask fuzz <target|all|list> [--time N]`.

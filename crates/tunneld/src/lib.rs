@@ -37,6 +37,18 @@ mod topology;
 mod uapi_server;
 
 pub use bare::BareInterface;
+/// tunneld's TLS 1.3 record layer, for its fuzz target (`fuzz/`) only: **not a stable
+/// interface**; it changes with tunneld's internals, without notice.
+#[doc(hidden)]
+#[allow(missing_docs)]
+pub mod tls_records {
+    pub use crate::tls::records::{
+        KeySchedule, Opened, RecordError, Records, Suite, Tls13Schedule, TrafficKeys, ALERT,
+        APPLICATION_DATA, FULL_RECORD, HANDSHAKE, HEADER, KEY_UPDATE, MAX_EMPTY_RECORDS,
+        MAX_KEY_UPDATES, MAX_PLAINTEXT, MAX_RECORD, TAG,
+    };
+}
+
 pub use error::Error;
 pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};
 pub use reload::ReloadReport;

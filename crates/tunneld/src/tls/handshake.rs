@@ -117,7 +117,7 @@ fn drive_handshake<C: Process>(
                 return Err(e.into());
             }
         };
-        let (mut read_more, mut peer_closed) = (false, false);
+        let (mut read_more, mut peer_closed, mut done) = (false, false, false);
         match state {
             ConnectionState::ReadTraffic(mut traffic) => {
                 while let Some(record) = traffic.next_record() {
@@ -147,19 +147,24 @@ fn drive_handshake<C: Process>(
             ConnectionState::WriteTraffic(_) => {
                 // A server may write once its own flight is out, before the client's last
                 // message: the handshake is over only when that has come too.
-                if !conn.handshaking() {
-                    return Ok((received_end, false));
-                }
-                read_more = true;
+                done = !conn.handshaking();
+                read_more = !done;
             }
             ConnectionState::BlockedHandshake => read_more = true,
             ConnectionState::PeerClosed => peer_closed = true,
             ConnectionState::Closed => return Err(ClosedEarly.into()),
             other => bail!("TLS: unexpected handshake state {other:?}"),
         }
+        // Every state, the last included, may come with bytes rustls has used: a server
+        // that sends no session tickets (the client offered no psk_dhe_ke) learns that the
+        // handshake is over together with the discard of the client's Finished, which rustls
+        // has decrypted in place and which must not reach the record layer.
         if discard > 0 {
             received.copy_within(discard..received_end, 0);
             received_end -= discard;
+        }
+        if done {
+            return Ok((received_end, false));
         }
         if peer_closed {
             // Closed in the handshake: a probe. After it: a request sent with the client's
@@ -243,5 +248,12 @@ fn send_queued_alert<C: Process>(conn: &mut C, sock: &TcpStream, received: &mut 
         if let Ok(n) = data.encode(&mut alert) {
             let _ = sock.write_all(&alert[..n]);
         }
+    }
+    // Our FIN after the alert; then what the other side sent after the bytes that failed is
+    // read and dropped, since closing with unread data sends a reset, which can overtake
+    // the alert.
+    let _ = sock.shutdown(std::net::Shutdown::Write);
+    if sock.set_nonblocking(true).is_ok() {
+        super::stream::drain(sock, received);
     }
 }

@@ -12,7 +12,7 @@
 mod datagrams;
 mod handshake;
 mod pool;
-mod records;
+pub(crate) mod records;
 mod relay;
 mod stream;
 

@@ -200,15 +200,20 @@ impl RecordStream {
         Ok(came)
     }
 
-    /// Tells the other side, best effort, why its record ends the connection.
-    fn refused(&mut self, e: anyhow::Error) -> anyhow::Error {
-        if let Some(refused) = e.downcast_ref::<records::Refused>() {
-            let mut alert = [0; 64];
-            if let Ok(n) = self.records.alert(&mut alert, refused.alert) {
-                let _ = self.tls.write(&alert[..n]);
+    /// Tells the other side, best effort, why its record ends the connection: the alert,
+    /// then our FIN. What it sent after the record is read and dropped first (without
+    /// waiting), since closing a socket with unread data resets the connection, and a reset
+    /// can overtake the alert.
+    fn refused(&mut self, e: records::RecordError) -> anyhow::Error {
+        if let Some(alert) = e.alert_owed() {
+            let mut buf = [0; 64];
+            if let Ok(n) = self.records.alert(&mut buf, alert) {
+                let _ = self.tls.write(&buf[..n]);
             }
+            let _ = self.tls.shutdown(std::net::Shutdown::Write);
+            drain(&self.tls, &mut self.received);
         }
-        e.context("TLS")
+        anyhow::Error::new(e).context("TLS")
     }
 
     /// Whether opened plaintext waits to be taken.
@@ -241,6 +246,18 @@ impl RecordStream {
             n -= left;
             self.piece += 1;
             self.piece_taken = 0;
+        }
+    }
+}
+
+/// Reads and drops what `sock` holds now (at most a few buffers' worth), so that closing it
+/// sends a FIN, not a reset.
+pub fn drain(mut sock: &TcpStream, buf: &mut [u8]) {
+    for _ in 0..16 {
+        match sock.read(buf) {
+            Ok(1..) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            _ => return,
         }
     }
 }
