@@ -37,7 +37,9 @@
 //!   `--endpoint`: the far side's WireGuard UDP address. No preshared key, no keepalive: the
 //!   client starts the handshake with its first packet.
 //! - `bulk SECONDS`: one TCP connection to the sink, written to as fast as the client can
-//!   for SECONDS (a decimal number), then closed. Prints
+//!   for SECONDS (a decimal number); then the client shuts its sending side and reads until
+//!   the sink closes the connection (at most 10 s), which the sink does once it has read to
+//!   the end, so every byte has been delivered before the client (and its stack) exits. Prints
 //!   `{"mode":"bulk","bytes":N,"seconds":S}` — bytes written, seconds from the connection's
 //!   first write to its close.
 //! - `rr CONNS ROUNDS`: CONNS connections to the echo server; one round trip on each first
@@ -154,8 +156,8 @@ struct Contender {
     name: String,
     which: Result<Carrier, String>,
     samples: Vec<Sample>,
-    /// The first line of the latest failure, for the table when no round succeeded.
-    last_error: Option<String>,
+    /// Each failed round and the first line of its error.
+    failures: Vec<(usize, String)>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -298,7 +300,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 Ok(sample) => c.samples.push(Sample { round, ..sample }),
                 Err(e) => {
                     eprintln!("  failed: {e}");
-                    c.last_error = Some(e.lines().next().unwrap_or("").trim().to_string());
+                    let first = e.lines().next().unwrap_or("").trim().to_string();
+                    c.failures.push((round, first));
                 }
             }
         }
@@ -329,7 +332,7 @@ fn contender(kind: Kind, name: &str, which: Result<Carrier, String>) -> Contende
         name: name.to_string(),
         which,
         samples: Vec::new(),
-        last_error: None,
+        failures: Vec::new(),
     }
 }
 
@@ -1004,7 +1007,13 @@ fn reference_bulk(
         bytes += n as u64;
     }
     let seconds = start.elapsed().as_secs_f64();
-    drop(stream);
+    // As the contract has it: shut the sending side, then wait (each read at most
+    // IO_TIMEOUT) for the sink to close once it has read everything.
+    stream
+        .shutdown(std::net::Shutdown::Write)
+        .map_err(|e| format!("shutdown: {e}"))?;
+    std::io::copy(&mut stream, &mut std::io::sink())
+        .map_err(|e| format!("waiting for the sink to close: {e}"))?;
     Ok(Report::Bulk {
         bytes: bytes as f64,
         seconds,
@@ -1364,29 +1373,32 @@ fn markdown(contenders: &[Contender], o: &Options, rr_rounds: usize) -> String {
     );
     let _ = writeln!(
         out,
-        "| side A | TCP 1 stream | tunnel CPU-s (A + B) | Gbit per tunnel CPU-s | \
+        "| side A | rounds measured | TCP 1 stream | tunnel CPU-s (A + B) | Gbit per tunnel CPU-s | \
          {RR_CONNS} conns: requests/s | p50 | p99 | peak RSS (side A) |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for c in contenders {
         if let Err(why) = &c.which {
-            let _ = writeln!(out, "| {} | {why} | | | | | | |", c.name);
+            let _ = writeln!(out, "| {} | {why} | | | | | | | |", c.name);
             continue;
         }
+        let rounds = format!(
+            "{} of {}",
+            c.samples.len(),
+            c.samples.len() + c.failures.len()
+        );
         if c.samples.is_empty() {
-            let why = c.last_error.as_deref().unwrap_or("no measurement");
             let _ = writeln!(
                 out,
-                "| {} | failed: {} | | | | | | |",
-                c.name,
-                why.replace('|', "\\|")
+                "| {} | {rounds} | failed (below) | | | | | | |",
+                c.name
             );
             continue;
         }
         let m = |f: fn(&Sample) -> f64| median(c.samples.iter().map(f).collect());
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {rounds} | {} | {} | {} | {} | {} | {} | {} |",
             c.name,
             cell(m(Sample::gbits), 2, " Gbit/s"),
             cell(m(|s| s.bulk_cpu), 2, ""),
@@ -1395,6 +1407,21 @@ fn markdown(contenders: &[Contender], o: &Options, rr_rounds: usize) -> String {
             cell(m(|s| s.rr_p50_us), 0, " µs"),
             cell(m(|s| s.rr_p99_us), 0, " µs"),
             cell(m(|s| s.peak_rss_kib) / 1024.0, 1, " MiB"),
+        );
+    }
+    let failures: Vec<String> = contenders
+        .iter()
+        .flat_map(|c| {
+            c.failures.iter().map(|(round, why)| {
+                format!("- {}, round {round}: {}", c.name, why.replace('|', "\\|"))
+            })
+        })
+        .collect();
+    if !failures.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nFailed rounds (left out of the medians):\n\n{}",
+            failures.join("\n")
         );
     }
 
@@ -1606,7 +1633,7 @@ mod tests {
                     ..Sample::default()
                 })
                 .collect(),
-            last_error: None,
+            failures: Vec::new(),
         }
     }
 
@@ -1641,9 +1668,18 @@ mod tests {
         assert!(line("| Gbit per CPU-second, against onetun").ends_with("| met |"));
 
         let pending = contender(Kind::Userspace, "u", Err("not built in this tree".into()));
-        let text = markdown(&[row(Kind::Kernel, &[(1, 4.0, 2.0)]), pending], &o, 100);
+        let mut kernel = row(Kind::Kernel, &[(1, 4.0, 2.0)]);
+        kernel
+            .failures
+            .push((2, "connection 63: no echo | within 10 s".into()));
+        let text = markdown(&[kernel, pending], &o, 100);
         assert_eq!(text.matches("pending: not built").count(), 4, "{text}");
         assert!(text.contains("| u | not built in this tree |"));
+        assert!(text.contains("| Kernel | 1 of 2 | 4.00 Gbit/s |"), "{text}");
+        assert!(
+            text.contains("- Kernel, round 2: connection 63: no echo \\| within 10 s"),
+            "{text}"
+        );
     }
 
     #[test]

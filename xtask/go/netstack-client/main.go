@@ -157,7 +157,8 @@ type bulkResult struct {
 	Seconds float64 `json:"seconds"`
 }
 
-// bulk sends as fast as it can on one connection for `length`, then closes it.
+// bulk sends as fast as it can on one connection for `length`, then closes it and waits
+// until the sink has read everything.
 func bulk(dial func(int) (net.Conn, error), port int, length time.Duration) (bulkResult, error) {
 	c, err := dial(port)
 	if err != nil {
@@ -180,8 +181,21 @@ func bulk(dial func(int) (net.Conn, error), port int, length time.Duration) (bul
 		}
 	}
 	seconds := time.Since(start).Seconds()
-	if err := c.Close(); err != nil {
+	// Every byte written is delivered before the process exits (its stack goes with it):
+	// close the sending side, then wait for the sink to close its own, which it does once it
+	// has read to the end.
+	half, ok := c.(interface{ CloseWrite() error })
+	if !ok {
+		return bulkResult{}, errors.New("the connection cannot close one side")
+	}
+	if err := half.CloseWrite(); err != nil {
 		return bulkResult{}, fmt.Errorf("close: %v", err)
+	}
+	if err := c.SetReadDeadline(time.Now().Add(ioTimeout)); err != nil {
+		return bulkResult{}, err
+	}
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		return bulkResult{}, fmt.Errorf("waiting for the sink to close: %v", err)
 	}
 	return bulkResult{Mode: "bulk", Bytes: sent, Seconds: seconds}, nil
 }
