@@ -249,36 +249,47 @@ pub fn run(args: &[String]) -> Result<(), String> {
         RR_ROUNDS
     };
 
-    let downloaded = |build: &dyn Fn() -> Result<PathBuf, String>| {
-        if local {
-            Err("left out (--local: only rows built from this repository)".to_string())
-        } else {
-            build()
-        }
-    };
-    let mut contenders = vec![
-        contender(
+    // Each row's program is built only when the row is in this run (`--only`), and a row
+    // that needs a download only without `--local`.
+    type Build<'a> = Box<dyn Fn() -> Result<Carrier, String> + 'a>;
+    let rows: [(Kind, String, bool, Build); 4] = [
+        (
             Kind::Kernel,
-            "kernel TCP through tunneld's TUN path (reference)",
-            Ok(Carrier::KernelPath),
+            "kernel TCP through tunneld's TUN path (reference)".into(),
+            false,
+            Box::new(|| Ok(Carrier::KernelPath)),
         ),
-        contender(
+        (
             Kind::Userspace,
-            "tunneld-userspace (embedded_client example)",
-            build_userspace_client(&root).map(Carrier::InProcess),
+            "tunneld-userspace (embedded_client example)".into(),
+            false,
+            Box::new(|| build_userspace_client(&root).map(Carrier::InProcess)),
         ),
-        contender(
+        (
             Kind::Netstack,
-            "wireguard-go v0.0.20250522 netstack (gVisor)",
-            downloaded(&|| build_netstack_client(&root)).map(Carrier::InProcess),
+            "wireguard-go v0.0.20250522 netstack (gVisor)".into(),
+            true,
+            Box::new(|| build_netstack_client(&root).map(Carrier::InProcess)),
         ),
-        contender(
+        (
             Kind::Onetun,
-            &format!("onetun {ONETUN_VERSION} (smoltcp port forwarder)"),
-            downloaded(&|| install_onetun(&root)).map(Carrier::Onetun),
+            format!("onetun {ONETUN_VERSION} (smoltcp port forwarder)"),
+            true,
+            Box::new(|| install_onetun(&root).map(Carrier::Onetun)),
         ),
     ];
-    contenders.retain(|c| options.keeps(&c.name));
+    let mut contenders: Vec<Contender> = rows
+        .into_iter()
+        .filter(|(_, name, _, _)| options.keeps(name))
+        .map(|(kind, name, downloads, build)| {
+            let which = if downloads && local {
+                Err("left out (--local: only rows built from this repository)".to_string())
+            } else {
+                build()
+            };
+            contender(kind, &name, which)
+        })
+        .collect();
     if contenders.is_empty() {
         return Err("--only matched no row".into());
     }
