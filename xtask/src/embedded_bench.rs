@@ -40,12 +40,12 @@
 //!   for SECONDS (a decimal number); then the client shuts its sending side and reads until
 //!   the sink closes the connection (at most 10 s), which the sink does once it has read to
 //!   the end, so every byte has been delivered before the client (and its stack) exits. Prints
-//!   `{"mode":"bulk","bytes":N,"seconds":S}` — bytes written, seconds from the connection's
-//!   first write to its close.
+//!   `{"mode":"bulk","bytes":N,"seconds":S}` — bytes written, seconds from the first write
+//!   to the last.
 //! - `rr CONNS ROUNDS`: CONNS connections to the echo server; one round trip on each first
 //!   (uncounted: handshakes, warm-up); then each keeps exactly one 64-byte request in flight
 //!   (the next is sent when the whole echo is back, and the echo is checked) until ROUNDS
-//!   round trips have completed over all of them. Prints
+//!   round trips have completed over all of them (ROUNDS ≥ CONNS). Prints
 //!   `{"mode":"rr","conns":C,"requests":N,"seconds":S,"requests_per_second":R,"p50_us":P,"p99_us":Q}`
 //!   — N = ROUNDS, S from the first counted request to the last echo, R = N / S, and the
 //!   round trips' percentiles in µs (nearest rank: the sorted value at round((N−1)·q)).
@@ -53,6 +53,8 @@
 //!   order, more keys allowed) and exit status 0; on failure, one line on stderr and a
 //!   non-zero status. It must be done within SECONDS + 30 s (bulk) or 90 s (rr, of which at
 //!   most 60 s for the round trips); past that it is killed and the round fails.
+//! - Threads, runtimes and buffers are the client's choice; all of its process's CPU and
+//!   memory count as side A's tunnel.
 //!
 //! The harness takes the throughput from the sink (bytes received, from the first byte to
 //! the end of the stream), so every row is counted the same way; the client's `bytes` must
