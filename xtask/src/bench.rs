@@ -13,7 +13,8 @@ use tunneld_testnet::require_netns;
 /// The offload-capable wireguard-go DESIGN.md compares against. The module proxy here refuses
 /// the tag `v0.0.20250522` but serves this pseudo-version, whose binary reports itself as
 /// "wireguard-go v0.0.20250522"; pinned for reproducibility.
-const WIREGUARD_GO_MODULE: &str = "golang.zx2c4.com/wireguard@v0.0.0-20260522210424-ecfc5a8d5446";
+pub(crate) const WIREGUARD_GO_MODULE: &str =
+    "golang.zx2c4.com/wireguard@v0.0.0-20260522210424-ecfc5a8d5446";
 const BORINGTUN_CLI_VERSION: &str = "0.7.1";
 /// gotatun-cli from crates.io (Mullvad's fork of boringtun, the peer table of DESIGN.md).
 const GOTATUN_CLI_VERSION: &str = "0.10.2";
@@ -436,7 +437,7 @@ fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> 
     })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.retain(|v| v.is_finite());
     if values.is_empty() {
         return f64::NAN;
@@ -480,7 +481,7 @@ fn medians(c: &Contender, seconds: f64) -> Medians {
     }
 }
 
-fn cell(v: f64, decimals: usize, unit: &str) -> String {
+pub(crate) fn cell(v: f64, decimals: usize, unit: &str) -> String {
     if v.is_finite() {
         format!("{v:.decimals$}{unit}")
     } else {
@@ -628,7 +629,7 @@ fn per_round(
 }
 
 /// "2.04× (1.86–2.21)": the median of per-round values and their range.
-fn spread(values: &[f64], unit: &str, decimals: usize) -> String {
+pub(crate) fn spread(values: &[f64], unit: &str, decimals: usize) -> String {
     let (Some(low), Some(high)) = (
         values.iter().copied().reduce(f64::min),
         values.iter().copied().reduce(f64::max),

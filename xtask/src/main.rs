@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod embedded_bench;
 mod fuzz;
 #[cfg(test)]
 mod module_cycles;
@@ -32,6 +33,12 @@ commands:
                    [[tls.forward]]/[[tls.listen]]; throughput, proxy CPU, echo latency,
                    64 connections at once; --tunneld-baseline adds each tunneld row for
                    another tunneld build too; report in target/bench-report/tls-report.md
+  bench-embedded [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--local]
+                   embedded TCP/IP stacks in a WireGuard tunnel (tunneld-userspace,
+                   wireguard-go's netstack, onetun) against the kernel's TCP through
+                   tunneld's TUN path: 1 stream, 64 connections' requests, CPU, memory;
+                   --local keeps the rows built from this repository (no downloads);
+                   report in target/bench-report/embedded-report.md
   fuzz <target|all|list> [--time N]
                    coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
                    installed when missing); default 60 s each
@@ -45,7 +52,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if matches!(
         args.first().map(String::as_str),
-        Some("demo" | "bench" | "bench-tls")
+        Some("demo" | "bench" | "bench-tls" | "bench-embedded")
     ) {
         system::catch_interrupts();
     }
@@ -54,6 +61,7 @@ fn main() -> ExitCode {
         Some("demo") => demo::run(args.iter().any(|a| a == "--compare")),
         Some("bench") => bench::run(&args[1..]),
         Some("bench-tls") => tls_bench::run(&args[1..]),
+        Some("bench-embedded") => embedded_bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("deps") => system::install_tools(),
         Some("deb") => package::build().and_then(|deb| {
@@ -234,6 +242,13 @@ fn test() -> ExitCode {
         if let Err(e) = bench::run(&["--quick".to_string()]) {
             eprintln!("bench --quick: {e}");
             failures.push("bench --quick".into());
+        }
+        // The embedded-stack section too, with only the rows built from this repository
+        // (the kernel path; tunneld-userspace once it is in the tree): no downloads, seconds.
+        eprintln!("==> embedded-stack bench smoke run: cargo xtask bench-embedded --quick --local");
+        if let Err(e) = embedded_bench::run(&["--quick".to_string(), "--local".to_string()]) {
+            eprintln!("bench-embedded --quick --local: {e}");
+            failures.push("bench-embedded --quick --local".into());
         }
     } else if std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() == Ok("1") {
         eprintln!(

@@ -39,6 +39,24 @@ pub enum Impl {
     Boringtun(PathBuf),
     /// The kernel's WireGuard module, configured with `ip` and `wg`.
     Kernel,
+    /// tunneld (this binary, one worker) at site B only. Site A's peer is a program that
+    /// carries WireGuard itself (an embedded TCP/IP stack, or a port forwarder such as
+    /// onetun), started by the caller with the keys in [`Testbed::site_a_peer`]; B learns
+    /// its endpoint from its handshake.
+    TunneldSiteB(PathBuf),
+}
+
+/// What a site-A program needs to be the WireGuard peer of an [`Impl::TunneldSiteB`] testbed.
+#[derive(Clone, Debug)]
+pub struct SiteAPeer {
+    /// Site A's private key, base64 (as `wg genkey` writes it), in a file only root reads.
+    pub private_key_file: PathBuf,
+    /// Site B's public key, base64.
+    pub peer_public_key: String,
+    /// Site B's WireGuard endpoint on the underlay.
+    pub endpoint: &'static str,
+    /// Site A's own address inside the tunnel (B allows exactly this one).
+    pub address: &'static str,
 }
 
 /// A process killed and reaped when dropped (SIGTERM first, so tunnels tear down cleanly).
@@ -77,6 +95,8 @@ pub struct Testbed {
     /// The congestion control iperf3 asks for on each of its connections (`-C`), once
     /// `set_tcp_congestion_control` has chosen one.
     iperf_cc: Option<String>,
+    /// For [`Impl::TunneldSiteB`]: what site A's program is given.
+    site_a_peer: Option<SiteAPeer>,
     _dir: TempDir,
 }
 
@@ -205,6 +225,7 @@ impl Testbed {
             processes: Vec::new(),
             interfaces: Vec::new(),
             iperf_cc: None,
+            site_a_peer: None,
             _dir: dir,
         };
         if *which == Impl::Direct {
@@ -232,6 +253,18 @@ impl Testbed {
             (2u8, b_key, a_pub.clone(), "192.0.2.1"),
         ];
         for (me, key, peer_pub, peer_ip) in sites {
+            if me == 1 {
+                if let Impl::TunneldSiteB(_) = which {
+                    // Nothing runs at site A: the caller's program is its peer.
+                    bed.site_a_peer = Some(SiteAPeer {
+                        private_key_file: key,
+                        peer_public_key: peer_pub,
+                        endpoint: "192.0.2.2:51820",
+                        address: "10.77.0.1",
+                    });
+                    continue;
+                }
+            }
             let other = 3 - me;
             let ns = if me == 1 { &bed.a } else { &bed.b };
             let ifname = unique_name("tb");
@@ -284,7 +317,7 @@ impl Testbed {
             bed.interfaces.push(ifname.clone());
             match which {
                 Impl::Direct => unreachable!(),
-                Impl::Tunneld(..) | Impl::TunneldOverTls { .. } => {
+                Impl::Tunneld(..) | Impl::TunneldOverTls { .. } | Impl::TunneldSiteB(_) => {
                     // What differs between the two: the dataplane lines, how A reaches B, and
                     // B's TLS listener for WireGuard over TLS (B then learns A's endpoint).
                     let (bin, dataplane, peer_lines, tail) = match which {
@@ -318,6 +351,13 @@ impl Testbed {
                                 (bin, dataplane, String::new(), tail)
                             }
                         }
+                        // No endpoint: site A's program starts every session.
+                        Impl::TunneldSiteB(bin) => (
+                            bin,
+                            "backend = \"mmsg\"\nworkers = 1".to_string(),
+                            String::new(),
+                            String::new(),
+                        ),
                         _ => unreachable!(),
                     };
                     let cpus = site_cpus(me);
@@ -358,6 +398,10 @@ impl Testbed {
                 }
             }
         }
+        if bed.site_a_peer.is_some() {
+            // No tunnel until site A's program comes up and starts one.
+            return Ok(bed);
+        }
         // The first packet waits for the handshake.
         let warm = bed.a.output(&["ping", "-c", "1", "-W", "5", bed.target_v4]);
         if !warm.status.success() {
@@ -384,7 +428,17 @@ impl Testbed {
         text
     }
 
-    /// The tunnel interfaces, in site A then site B.
+    /// For an [`Impl::TunneldSiteB`] testbed, the keys and addresses site A's program uses.
+    pub fn site_a_peer(&self) -> Option<&SiteAPeer> {
+        self.site_a_peer.as_ref()
+    }
+
+    /// This testbed's private directory (keys, configs, logs), removed with it.
+    pub fn dir(&self) -> &Path {
+        &self._dir.0
+    }
+
+    /// The tunnel interfaces, in site A then site B (B's alone for [`Impl::TunneldSiteB`]).
     pub fn interfaces(&self) -> &[String] {
         &self.interfaces
     }
@@ -396,8 +450,13 @@ impl Testbed {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        [&self.a, &self.b]
-            .iter()
+        let sites = if self.site_a_peer.is_some() {
+            vec![&self.b]
+        } else {
+            vec![&self.a, &self.b]
+        };
+        sites
+            .into_iter()
             .zip(&self.interfaces)
             .map(|(ns, ifname)| {
                 let out = ns.output(&["wg", "show", ifname, "latest-handshakes"]);

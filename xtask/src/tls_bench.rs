@@ -610,7 +610,7 @@ fn wait_ready(bed: &Testbed, proxies: &mut [Proxy]) -> Result<(), String> {
 }
 
 /// Whether every address in `addrs` has a listening TCP socket in `ns`.
-fn listening(ns: &NetNs, addrs: &[&str]) -> bool {
+pub(crate) fn listening(ns: &NetNs, addrs: &[&str]) -> bool {
     let out = ns.output(&["ss", "-ltnH"]);
     let text = String::from_utf8_lossy(&out.stdout);
     let local: Vec<&str> = text
@@ -668,13 +668,13 @@ fn iperf_server(ns: &NetNs, host: &str) -> Result<Guard, String> {
 /// A TCP echo server on a thread that entered a namespace, a thread per connection. Stops
 /// accepting when dropped; connection threads end when their client closes (or after
 /// [`IO_TIMEOUT`] of silence).
-struct EchoServer {
+pub(crate) struct EchoServer {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl EchoServer {
-    fn start(ns: &NetNs, addr: SocketAddr) -> Result<EchoServer, String> {
+    pub(crate) fn start(ns: &NetNs, addr: SocketAddr) -> Result<EchoServer, String> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let stopping = stop.clone();
@@ -721,7 +721,7 @@ impl Drop for EchoServer {
 }
 
 /// Whether `fd` becomes readable within `timeout_ms`.
-fn readable(fd: std::os::fd::RawFd, timeout_ms: i32) -> bool {
+pub(crate) fn readable(fd: std::os::fd::RawFd, timeout_ms: i32) -> bool {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,
