@@ -7,12 +7,12 @@
 //!     http://10.77.0.2:8080/
 //! ```
 //!
-//! The request is written by hand (HTTP/1.1, `Connection: close`, body read to EOF), which
-//! is all a GET needs; an HTTP client library (hyper with hyper-util's `TokioIo`) works the
-//! same way over [`tunneld_userspace::TcpStream`], which is a tokio `AsyncRead + AsyncWrite`.
+//! The HTTP client is hyper's, over the tunnel's [`tunneld_userspace::TcpStream`] (a tokio
+//! `AsyncRead + AsyncWrite`, adapted with hyper-util's `TokioIo`): any tokio-based HTTP
+//! client runs over it the same way. The status and headers go to stderr, the body to stdout.
 
+use http_body_util::BodyExt;
 use std::net::SocketAddr;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tunneld_userspace::{PeerSettings, PrivateKey, PublicKey, Tunnel, TunnelSettings};
 
 fn usage() -> ! {
@@ -70,22 +70,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             parallel: 1,
         }],
     })?;
-    let mut stream = tunnel.tcp_connect(target).await?;
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: tunneld-userspace\r\n\
-         Connection: close\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    let text = String::from_utf8_lossy(&response);
-    match text.split_once("\r\n\r\n") {
-        Some((head, body)) => {
-            eprintln!("{head}");
-            print!("{body}");
-        }
-        None => print!("{text}"),
+    let stream = tunnel.tcp_connect(target).await?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    // The connection's I/O runs beside the request, as hyper requires.
+    let driver = tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, authority)
+        .header(hyper::header::USER_AGENT, "tunneld-userspace")
+        .body(http_body_util::Empty::<hyper::body::Bytes>::new())?;
+    let response = sender.send_request(request).await?;
+    eprintln!("{:?} {}", response.version(), response.status());
+    for (name, value) in response.headers() {
+        eprintln!("{name}: {}", value.to_str().unwrap_or("(not text)"));
     }
+    let body = response.into_body().collect().await?.to_bytes();
+    print!("{}", String::from_utf8_lossy(&body));
+    drop(sender);
+    let _ = driver.await;
     tunnel.shutdown();
     Ok(())
 }
