@@ -15,6 +15,10 @@
 //! # Ok::<(), tunneld::Error>(())
 //! ```
 //!
+//! With the `tokio` feature, `tunneld::userspace` gives a tokio program its own TCP/IP stack inside
+//! a WireGuard tunnel (`Tunnel::tcp_connect`, `tcp_listen`, `udp_bind`), with no TUN and no
+//! root.
+//!
 //! The crates below it are usable on their own: `tunneld-tunnel` (the sans-IO WireGuard
 //! core), `tunneld-dataplane` (batches, backends, workers), `tunneld-config` (the file).
 
@@ -50,6 +54,10 @@ pub mod tls_records {
 }
 
 pub use error::Error;
+/// Tunnels with their own TCP/IP stack for tokio programs, with no TUN and no root (the
+/// `tunneld-userspace` crate; the `tokio` feature).
+#[cfg(feature = "tokio")]
+pub use tunneld_userspace as userspace;
 pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};
 pub use reload::ReloadReport;
 pub use tunneld_config::{self as config, ConfigError, ConfigErrors};
