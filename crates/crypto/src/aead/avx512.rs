@@ -6,9 +6,11 @@
 //! the two vector Poly1305s against the scalar one by the tests here.
 //!
 //! Per message: block 0 is the Poly1305 key, blocks 1.. encrypt the data; the tag covers the
-//! ciphertext padded to 16 bytes and the two lengths (no associated data: WireGuard uses
-//! none). Opening in place authenticates the whole ciphertext before any of it is
-//! overwritten. Messages of more than 15 blocks, on CPUs with IFMA, BMI2 and ADX, run scalar
+//! associated data and the ciphertext, each padded to 16 bytes, and the two lengths
+//! (WireGuard's data messages have no associated data and a nonce of 4 zero bytes and the
+//! message counter; the tests also run RFC 8439's and Wycheproof's nonces and associated
+//! data through the same code). Opening in place authenticates the whole ciphertext before
+//! any of it is overwritten. Messages of more than 15 blocks, on CPUs with IFMA, BMI2 and ADX, run scalar
 //! Poly1305 between the ChaCha20 rounds ([`open_stitched`] from another buffer, which
 //! writes the plaintext before the tag is checked and leaves zeroing it to the caller;
 //! [`seal_stitched`]).
@@ -23,12 +25,65 @@ use zeroize::Zeroize;
 pub struct Key {
     /// The key as ChaCha20's eight little-endian words.
     words: [u32; 8],
-    /// Whether the CPU has AVX-512 IFMA, for the 44-bit Poly1305 ([`lanes44`]).
-    ifma: bool,
-    /// Whether messages of more than 15 blocks go through [`seal_stitched`] and
-    /// [`open_stitched`]: IFMA (the vector Poly1305 they end with, and the CPUs they were
-    /// measured on), and BMI2 and ADX for their scalar Poly1305.
-    stitch: bool,
+    paths: Paths,
+}
+
+/// Which variants of the code a key runs. [`Key::new`] takes what this CPU runs best; a
+/// test may choose ([`Key::with_paths`]), so that every variant meets the same vectors
+/// whatever this CPU prefers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paths {
+    /// The vector Poly1305 in 44-bit limbs with AVX-512 IFMA ([`lanes44`]), else in 26-bit
+    /// limbs ([`lanes`]).
+    pub ifma: bool,
+    /// Messages of more than 15 blocks go through [`seal_stitched`] and [`open_stitched`],
+    /// which need BMI2 and ADX for their scalar Poly1305. [`Key::new`] sets it only with
+    /// IFMA too (the vector Poly1305 they end with is then the 44-bit one, and IFMA CPUs are
+    /// where they were measured); a test may set it without.
+    pub stitch: bool,
+    /// Fewest full blocks of ciphertext that go through the vector Poly1305:
+    /// [`VECTOR_MIN_BLOCKS`], but a test may lower it so that short vectors reach it too.
+    pub vector_min_blocks: usize,
+}
+
+impl Paths {
+    /// What this CPU runs best; `None` without AVX-512F, BW and VL.
+    pub fn detected() -> Option<Self> {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl"))
+        {
+            return None;
+        }
+        let ifma = is_x86_feature_detected!("avx512ifma");
+        Some(Self {
+            ifma,
+            stitch: ifma && is_x86_feature_detected!("bmi2") && is_x86_feature_detected!("adx"),
+            vector_min_blocks: VECTOR_MIN_BLOCKS,
+        })
+    }
+
+    /// The CPU features these paths need that this CPU lacks (none when it runs them).
+    #[cfg(test)]
+    pub fn missing(self) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        let mut need = |wanted: bool, name: &'static str, present: bool| {
+            if wanted && !present {
+                missing.push(name);
+            }
+        };
+        need(true, "avx512f", is_x86_feature_detected!("avx512f"));
+        need(true, "avx512bw", is_x86_feature_detected!("avx512bw"));
+        need(true, "avx512vl", is_x86_feature_detected!("avx512vl"));
+        need(
+            self.ifma,
+            "avx512ifma",
+            is_x86_feature_detected!("avx512ifma"),
+        );
+        need(self.stitch, "bmi2", is_x86_feature_detected!("bmi2"));
+        need(self.stitch, "adx", is_x86_feature_detected!("adx"));
+        missing
+    }
 }
 
 impl Drop for Key {
@@ -38,30 +93,46 @@ impl Drop for Key {
 }
 
 impl Key {
-    /// `None` unless this CPU runs the AVX-512 code.
+    /// `None` unless this CPU runs the AVX-512 code; the paths this CPU runs best.
     pub fn new(key: &[u8; 32]) -> Option<Self> {
-        if !(is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl"))
-        {
-            return None;
+        Some(Self::from_parts(key, Paths::detected()?))
+    }
+
+    /// A key on `paths` whatever this CPU prefers (tests only), or the CPU features it lacks
+    /// for them.
+    #[cfg(test)]
+    pub fn with_paths(key: &[u8; 32], paths: Paths) -> Result<Self, String> {
+        let missing = paths.missing();
+        if missing.is_empty() {
+            Ok(Self::from_parts(key, paths))
+        } else {
+            Err(format!("this CPU lacks {}", missing.join(", ")))
         }
-        Some(Self {
+    }
+
+    /// Only once the CPU was checked for `paths`: every `unsafe` call below relies on it.
+    fn from_parts(key: &[u8; 32], paths: Paths) -> Self {
+        Self {
             words: std::array::from_fn(|i| {
                 u32::from_le_bytes([key[4 * i], key[4 * i + 1], key[4 * i + 2], key[4 * i + 3]])
             }),
-            ifma: is_x86_feature_detected!("avx512ifma"),
-            stitch: is_x86_feature_detected!("avx512ifma")
-                && is_x86_feature_detected!("bmi2")
-                && is_x86_feature_detected!("adx"),
-        })
+            paths,
+        }
+    }
+
+    /// The paths this key runs.
+    #[cfg(test)]
+    pub fn paths(&self) -> Paths {
+        self.paths
     }
 
     /// Encrypts `input` into `out` (the same length), or `out` in place when `input` is
-    /// `None`, and returns the tag. `None` for a message too long for ChaCha20's counter.
+    /// `None`, and returns the tag over `aad` and the ciphertext. `None` for a message too
+    /// long for ChaCha20's counter.
     pub fn seal(
         &mut self,
-        counter: u64,
+        nonce: &[u8; 12],
+        aad: &[u8],
         input: Option<&[u8]>,
         out: &mut [u8],
     ) -> Option<[u8; TAG_LEN]> {
@@ -72,20 +143,22 @@ impl Key {
         // In place, both pointers come from the one mutable borrow.
         let dst = out.as_mut_ptr();
         let src = input.map_or(dst.cast_const(), <[u8]>::as_ptr);
-        if self.stitch && len > 15 * 64 {
+        if self.paths.stitch && len > 15 * 64 {
             // SAFETY: as below, with the features `stitch` stands for.
-            return Some(unsafe { seal_stitched(self, counter, src, dst, len) });
+            return Some(unsafe { seal_stitched(self, nonce, aad, src, dst, len) });
         }
-        // SAFETY: `new` checked the CPU features; `src` and `dst` are `len` bytes each, and
-        // are either the same buffer or do not overlap (distinct borrows).
-        Some(unsafe { crypt(self, counter, src, dst, len, Direction::Seal) })
+        // SAFETY: the key was made for `paths` on a CPU that runs them (`new`, `with_paths`);
+        // `src` and `dst` are `len` bytes each, and are either the same buffer or do not
+        // overlap (distinct borrows).
+        Some(unsafe { crypt(self, nonce, aad, src, dst, len, Direction::Seal) })
     }
 
-    /// Decrypts `input` into `out` (or `out` in place) and checks `tag`: whether it
-    /// authenticates. The caller zeroes `out` when it does not.
+    /// Decrypts `input` into `out` (or `out` in place) and checks `tag` over `aad` and the
+    /// ciphertext: whether it authenticates. The caller zeroes `out` when it does not.
     pub fn open(
         &mut self,
-        counter: u64,
+        nonce: &[u8; 12],
+        aad: &[u8],
         input: Option<&[u8]>,
         out: &mut [u8],
         tag: &[u8; TAG_LEN],
@@ -96,15 +169,15 @@ impl Key {
         }
         let dst = out.as_mut_ptr();
         let computed = match input {
-            // SAFETY: `new` checked the CPU features `stitch` stands for; `input` and `out`
-            // are `len` bytes each and do not overlap (distinct borrows).
-            Some(input) if self.stitch && len > 15 * 64 => unsafe {
-                open_stitched(self, counter, input.as_ptr(), dst, len)
+            // SAFETY: the key was made on a CPU with the features `stitch` stands for;
+            // `input` and `out` are `len` bytes each and do not overlap (distinct borrows).
+            Some(input) if self.paths.stitch && len > 15 * 64 => unsafe {
+                open_stitched(self, nonce, aad, input.as_ptr(), dst, len)
             },
             // SAFETY: as in `seal`.
             _ => unsafe {
                 let src = input.map_or(dst.cast_const(), <[u8]>::as_ptr);
-                crypt(self, counter, src, dst, len, Direction::Open)
+                crypt(self, nonce, aad, src, dst, len, Direction::Open)
             },
         };
         // Constant time by construction: `subtle` compares every byte and hides the result
@@ -123,20 +196,22 @@ enum Direction {
 }
 
 /// Encrypts or decrypts `len` bytes from `src` to `dst` (which may be the same address) and
-/// returns the Poly1305 tag over the ciphertext.
+/// returns the Poly1305 tag over `aad` and the ciphertext.
 ///
 /// # Safety
-/// The CPU has AVX-512F, BW and VL; `src` is readable and `dst` writable for `len` bytes.
+/// The CPU has AVX-512F, BW and VL, and IFMA if `key.paths.ifma` is set; `src` is readable
+/// and `dst` writable for `len` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn crypt(
     key: &Key,
-    counter: u64,
+    nonce: &[u8; 12],
+    aad: &[u8],
     src: *const u8,
     dst: *mut u8,
     len: usize,
     direction: Direction,
 ) -> [u8; TAG_LEN] {
-    let state = State::new(&key.words, counter);
+    let state = State::new(&key.words, nonce);
     let mut poly_key = PolyKey([0; 32]);
     let mut tag = [0u8; TAG_LEN];
     let mut done = 0;
@@ -159,8 +234,9 @@ unsafe fn crypt(
                 // SAFETY: `len` bytes of `src` are readable, and nothing was written yet.
                 tag = poly1305(
                     &poly_key.0,
+                    aad,
                     unsafe { std::slice::from_raw_parts(src, len) },
-                    key.ifma,
+                    key.paths,
                 );
             }
         }
@@ -176,8 +252,9 @@ unsafe fn crypt(
         // SAFETY: all `len` bytes of `dst` were just written.
         tag = poly1305(
             &poly_key.0,
+            aad,
             unsafe { std::slice::from_raw_parts(dst, len) },
-            key.ifma,
+            key.paths,
         );
     }
     tag
@@ -197,14 +274,18 @@ unsafe fn crypt(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,bmi2,adx")]
 unsafe fn open_stitched(
     key: &Key,
-    counter: u64,
+    nonce: &[u8; 12],
+    aad: &[u8],
     src: *const u8,
     dst: *mut u8,
     len: usize,
 ) -> [u8; TAG_LEN] {
-    let state = State::new(&key.words, counter);
+    #[cfg(test)]
+    reached::note(|r| r.open_stitched += 1);
+    let state = State::new(&key.words, nonce);
     let first = state.keystream8(0, &mut BeforeKey);
     let mut poly = poly_for(first[0]);
+    poly.update_padded(aad);
     // SAFETY: `len` bytes of `src` are readable, and `dst` does not overlap them.
     let ciphertext = unsafe { std::slice::from_raw_parts(src, len) };
     let mut done = 7 * 64;
@@ -231,8 +312,8 @@ unsafe fn open_stitched(
         block += count as u32;
     }
     poly.h = hash.h;
-    // SAFETY: this function's AVX-512F; `stitch` implies IFMA.
-    unsafe { tag_from(&mut poly, ciphertext, hash.next, key.ifma) }
+    // SAFETY: this function's AVX-512F, and IFMA where `key.paths.ifma` is set.
+    unsafe { tag_from(&mut poly, aad.len(), ciphertext, hash.next, key.paths) }
 }
 
 /// Seals `len` bytes (more than 15 blocks) from `src` to `dst` (which may be the same
@@ -247,14 +328,18 @@ unsafe fn open_stitched(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,bmi2,adx")]
 unsafe fn seal_stitched(
     key: &Key,
-    counter: u64,
+    nonce: &[u8; 12],
+    aad: &[u8],
     src: *const u8,
     dst: *mut u8,
     len: usize,
 ) -> [u8; TAG_LEN] {
-    let state = State::new(&key.words, counter);
+    #[cfg(test)]
+    reached::note(|r| r.seal_stitched += 1);
+    let state = State::new(&key.words, nonce);
     let first = state.keystream16(0, &mut BeforeKey);
     let mut poly = poly_for(first[0]);
+    poly.update_padded(aad);
     let mut done = 15 * 64;
     // SAFETY: `len` is above 15 blocks, so the first 15 blocks' bytes are in bounds.
     unsafe { xor_keystream(&first[1..16], src, dst, 0, done) };
@@ -283,14 +368,15 @@ unsafe fn seal_stitched(
         block += count as u32;
     }
     poly.h = h;
-    // SAFETY: all `len` bytes of `dst` are written; this function's AVX-512F, and `stitch`
-    // implies IFMA.
+    // SAFETY: all `len` bytes of `dst` are written; this function's AVX-512F, and IFMA
+    // where `key.paths.ifma` is set.
     unsafe {
         tag_from(
             &mut poly,
+            aad.len(),
             std::slice::from_raw_parts(dst, len),
             hashed,
-            key.ifma,
+            key.paths,
         )
     }
 }
@@ -376,40 +462,53 @@ impl Drop for PolyKey {
     }
 }
 
-/// The AEAD's tag over `ciphertext` (no associated data): Poly1305 over the ciphertext padded
-/// to 16 bytes, then the two lengths. Runs of 8 blocks go through the vector code when there
-/// are enough of them to pay for its set-up; `ifma` picks the 44-bit code for them.
+/// The AEAD's tag over `aad` and `ciphertext`: Poly1305 over each padded to 16 bytes, then
+/// the two lengths. Runs of 8 ciphertext blocks go through the vector code when there are
+/// enough of them to pay for its set-up (`paths.vector_min_blocks`); `paths.ifma` picks the
+/// 44-bit code for them.
 #[target_feature(enable = "avx512f")]
-fn poly1305(key: &[u8; 32], ciphertext: &[u8], ifma: bool) -> [u8; TAG_LEN] {
+fn poly1305(key: &[u8; 32], aad: &[u8], ciphertext: &[u8], paths: Paths) -> [u8; TAG_LEN] {
     // A local `Poly1305`: handed in by reference, a 1420-byte seal took 20 ns longer.
     let mut poly = Poly1305::new(key);
-    // SAFETY: this function's AVX-512F, and `Key::new` checked IFMA where `ifma` is set.
-    unsafe { tag_from(&mut poly, ciphertext, 0, ifma) }
+    poly.update_padded(aad);
+    // SAFETY: this function's AVX-512F, and the key's CPU check covered IFMA where
+    // `paths.ifma` is set.
+    unsafe { tag_from(&mut poly, aad.len(), ciphertext, 0, paths) }
 }
 
-/// As [`poly1305`], from `poly`, which has taken the first `hashed` blocks already.
+/// As [`poly1305`], from `poly`, which has taken the `aad_len` bytes of associated data
+/// (padded) and the first `hashed` blocks of `ciphertext` already.
 ///
 /// # Safety
-/// The CPU has AVX-512F, and AVX-512 IFMA if `ifma` is set.
+/// The CPU has AVX-512F, and AVX-512 IFMA if `paths.ifma` is set.
 #[inline(always)]
 unsafe fn tag_from(
     poly: &mut Poly1305,
+    aad_len: usize,
     ciphertext: &[u8],
     hashed: usize,
-    ifma: bool,
+    paths: Paths,
 ) -> [u8; TAG_LEN] {
     let rest = &ciphertext[hashed * 16..];
     let full = rest.len() / 16;
-    let vector = if full >= VECTOR_MIN_BLOCKS {
+    let vector = if full >= paths.vector_min_blocks {
         full / 8 * 8
     } else {
         0
     };
     if vector > 0 {
         let runs = &rest[..vector * 16];
+        #[cfg(test)]
+        reached::note(|r| {
+            if paths.ifma {
+                r.lanes44 += 1;
+            } else {
+                r.lanes26 += 1;
+            }
+        });
         // SAFETY: as this function's.
         poly.h = unsafe {
-            if ifma {
+            if paths.ifma {
                 lanes44::blocks(poly.h, poly.r0, poly.r1, runs)
             } else {
                 lanes::blocks(poly.h, poly.r0, poly.r1, runs)
@@ -417,14 +516,46 @@ unsafe fn tag_from(
         };
     }
     poly.update_padded(&rest[vector * 16..]);
-    poly.block(0, ciphertext.len() as u64);
+    poly.block(aad_len as u64, ciphertext.len() as u64);
     poly.finish()
+}
+
+/// Which code the messages of a test reached (tests only): the vector Poly1305s and the
+/// stitched paths run only for messages long enough, so a test counts what its vectors
+/// reached rather than assume it. Per thread, as the test harness runs each test on its own.
+#[cfg(test)]
+pub mod reached {
+    use std::cell::Cell;
+
+    /// How many messages went through each.
+    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+    pub struct Reached {
+        pub lanes44: usize,
+        pub lanes26: usize,
+        pub seal_stitched: usize,
+        pub open_stitched: usize,
+    }
+
+    thread_local!(static REACHED: Cell<Reached> = Cell::new(Reached::default()));
+
+    pub(super) fn note(count: impl FnOnce(&mut Reached)) {
+        REACHED.with(|cell| {
+            let mut reached = cell.get();
+            count(&mut reached);
+            cell.set(reached);
+        });
+    }
+
+    /// What this thread reached since the last call.
+    pub fn take() -> Reached {
+        REACHED.with(Cell::take)
+    }
 }
 
 /// Fewest full blocks worth the vector code's set-up (the powers r² … r⁸): measured on an
 /// AVX-512 Intel core, from 384 bytes the 44-bit (IFMA) code wins (240 against 264 ns per
 /// seal) and the 26-bit code is even with the scalar one.
-const VECTOR_MIN_BLOCKS: usize = 24;
+pub(super) const VECTOR_MIN_BLOCKS: usize = 24;
 
 /// Work run between ChaCha20's double rounds: it must be inlined (`#[inline(always)]`), or
 /// every call spills the whole ChaCha20 state (no vector register survives a call).
@@ -524,14 +655,15 @@ struct State {
 }
 
 impl State {
-    fn new(key: &[u32; 8], counter: u64) -> Self {
+    fn new(key: &[u32; 8], nonce: &[u8; 12]) -> Self {
         let mut words = [0u32; 16];
         words[..4].copy_from_slice(&[0x6170_7865, 0x3320_646e, 0x7962_2d32, 0x6b20_6574]);
         words[4..12].copy_from_slice(key);
-        // Word 12 is the block counter, set per batch; the nonce is 4 zero bytes, then the
-        // 64-bit little-endian message counter.
-        words[14] = counter as u32;
-        words[15] = (counter >> 32) as u32;
+        // Word 12 is the block counter, set per batch; words 13..16 the nonce (WireGuard's:
+        // 4 zero bytes, then the 64-bit little-endian message counter).
+        for (word, bytes) in words[13..].iter_mut().zip(nonce.chunks_exact(4)) {
+            *word = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        }
         Self { words }
     }
 
