@@ -846,6 +846,25 @@ impl Poly1305 {
         self.h = poly_block(self.h, [self.r0, self.r1, self.s1], m0, m1);
     }
 
+    /// `message` as plain Poly1305 takes it (RFC 8439 §2.5; tests only): whole blocks as
+    /// [`block`](Self::block) does, a last partial one followed by a 1 byte and zeros, with
+    /// no 2¹²⁸ added.
+    #[cfg(test)]
+    fn update_raw(&mut self, message: &[u8]) {
+        let mut blocks = message.chunks_exact(16);
+        for b in &mut blocks {
+            self.block(le64(&b[..8]), le64(&b[8..]));
+        }
+        let rest = blocks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 16];
+            last[..rest.len()].copy_from_slice(rest);
+            last[rest.len()] = 1;
+            let r = [self.r0, self.r1, self.s1];
+            self.h = poly_block_with(self.h, r, le64(&last[..8]), le64(&last[8..]), 0);
+        }
+    }
+
     /// The tag: h fully reduced mod 2¹³⁰ − 5, plus s, mod 2¹²⁸.
     fn finish(&mut self) -> [u8; TAG_LEN] {
         // Fold what is above 2¹³⁰ once more, so h < 2¹³⁰ + 5·small < 2·p.
@@ -870,12 +889,19 @@ impl Poly1305 {
 /// [`Poly1305`].
 #[inline(always)]
 fn poly_block(h: [u64; 3], r: [u64; 3], m0: u64, m1: u64) -> [u64; 3] {
+    poly_block_with(h, r, m0, m1, 1)
+}
+
+/// (h + m + `high`·2¹²⁸) · r: `high` is 1 but for the last, partial block of a plain
+/// Poly1305 message (RFC 8439 §2.5), which the tests feed RFC 8439's vectors through.
+#[inline(always)]
+fn poly_block_with(h: [u64; 3], r: [u64; 3], m0: u64, m1: u64, high: u64) -> [u64; 3] {
     let [h0, h1, h2] = h;
     let t = u128::from(h0) + u128::from(m0);
     let h0 = t as u64;
     let t = u128::from(h1) + u128::from(m1) + (t >> 64);
     let h1 = t as u64;
-    let h2 = h2 + (t >> 64) as u64 + 1;
+    let h2 = h2 + (t >> 64) as u64 + high;
     let (r0, r1, s1) = (u128::from(r[0]), u128::from(r[1]), u128::from(r[2]));
     let d0 = u128::from(h0) * r0 + u128::from(h1) * s1;
     // h2 is at most 6 and s1 below 1.25·2⁶⁰: their product fits a 64-bit multiply, one
@@ -1234,7 +1260,7 @@ mod lanes44 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::bytes;
+    use super::super::tests::{bytes, cannot_run, hex};
     use super::*;
 
     /// Both vector Poly1305s (26-bit limbs, and 44-bit limbs with IFMA where the CPU has it)
@@ -1244,11 +1270,10 @@ mod tests {
     /// reaches both.
     #[test]
     fn vector_poly1305_matches_the_scalar_code_in_both_limb_sizes() {
-        if !is_x86_feature_detected!("avx512f") {
-            eprintln!("no AVX-512F on this CPU: the vector Poly1305 is not used here");
+        let test = "vector_poly1305_matches_the_scalar_code_in_both_limb_sizes";
+        let Some(ifma) = vector_poly1305s(test) else {
             return;
-        }
-        let ifma = is_x86_feature_detected!("avx512ifma");
+        };
         for case in 0..200u64 {
             let mut key: [u8; 32] = bytes(case, 32).try_into().expect("32 bytes");
             if case % 5 == 0 {
@@ -1281,6 +1306,240 @@ mod tests {
                 // SAFETY: AVX-512F and IFMA checked above.
                 wide.h = unsafe { lanes44::blocks(wide.h, wide.r0, wide.r1, &data) };
                 assert_eq!(wide.finish(), expected, "44-bit limbs, case {case}");
+            }
+        }
+    }
+
+    /// Which vector Poly1305s this CPU runs: `None` for neither (no AVX-512F), else whether
+    /// the 44-bit one too (IFMA). Says what it cannot run ([`cannot_run`]).
+    fn vector_poly1305s(test: &str) -> Option<bool> {
+        if !is_x86_feature_detected!("avx512f") {
+            cannot_run(test, "the vector Poly1305s", "this CPU lacks avx512f");
+            return None;
+        }
+        let ifma = is_x86_feature_detected!("avx512ifma");
+        if !ifma {
+            cannot_run(
+                test,
+                "the 44-bit (IFMA) vector Poly1305",
+                "this CPU lacks avx512ifma",
+            );
+        }
+        Some(ifma)
+    }
+
+    /// A Poly1305 vector: its name, one-time key, message and tag.
+    type PolyVector = (&'static str, Vec<u8>, Vec<u8>, Vec<u8>);
+
+    /// RFC 8439 Appendix A.3's Poly1305 vectors: one-time key (r, then s), message, tag, as
+    /// the RFC prints them (checked once against pyca/cryptography, i.e. OpenSSL, when they
+    /// were written out). #5 to #11 are the RFC's additional edge cases for the reduction
+    /// modulo p = 2¹³⁰ − 5 (an accumulator between p and 2¹³⁰, carries across the limbs).
+    fn rfc8439_a3() -> Vec<PolyVector> {
+        let ietf = b"Any submission to the IETF intended by the Contributor for publication as \
+                     all or part of an IETF Internet-Draft or RFC and any statement made within \
+                     the context of an IETF activity is considered an \"IETF Contribution\". \
+                     Such statements include oral statements in IETF sessions, as well as \
+                     written and electronic communications made at any time or place, which \
+                     are addressed to";
+        let jabberwocky = b"'Twas brillig, and the slithy toves\nDid gyre and gimble in the \
+                            wabe:\nAll mimsy were the borogoves,\nAnd the mome raths outgrabe.";
+        assert_eq!((ietf.len(), jabberwocky.len()), (375, 127));
+        let zeros = "00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00";
+        let ones = "ff ff ff ff ff ff ff ff ff ff ff ff ff ff ff ff";
+        let r2 = "02 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00";
+        let r1 = "01 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00";
+        let r10 = "01 00 00 00 00 00 00 00 04 00 00 00 00 00 00 00";
+        let m10 = "e3 35 94 d7 50 5e 43 b9 00 00 00 00 00 00 00 00
+                   33 94 d7 50 5e 43 79 cd 01 00 00 00 00 00 00 00
+                   00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00";
+        let key = |r: &str, s: &str| hex(&format!("{r} {s}"));
+        vec![
+            ("#1", vec![0; 32], vec![0; 64], vec![0; 16]),
+            (
+                "#2",
+                key(zeros, "36 e5 f6 b5 c5 e0 60 70 f0 ef ca 96 22 7a 86 3e"),
+                ietf.to_vec(),
+                hex("36 e5 f6 b5 c5 e0 60 70 f0 ef ca 96 22 7a 86 3e"),
+            ),
+            (
+                "#3",
+                key("36 e5 f6 b5 c5 e0 60 70 f0 ef ca 96 22 7a 86 3e", zeros),
+                ietf.to_vec(),
+                hex("f3 47 7e 7c d9 54 17 af 89 a6 b8 79 4c 31 0c f0"),
+            ),
+            (
+                "#4",
+                key(
+                    "1c 92 40 a5 eb 55 d3 8a f3 33 88 86 04 f6 b5 f0",
+                    "47 39 17 c1 40 2b 80 09 9d ca 5c bc 20 70 75 c0",
+                ),
+                jabberwocky.to_vec(),
+                hex("45 41 66 9a 7e aa ee 61 e7 08 dc 7c bc c5 eb 62"),
+            ),
+            (
+                "#5",
+                key(r2, zeros),
+                hex(ones),
+                hex("03 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"),
+            ),
+            (
+                "#6",
+                key(r2, ones),
+                hex(r2),
+                hex("03 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"),
+            ),
+            (
+                "#7",
+                key(r1, zeros),
+                hex(&format!(
+                    "{ones} f0 ff ff ff ff ff ff ff ff ff ff ff ff ff ff ff
+                     11 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"
+                )),
+                hex("05 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"),
+            ),
+            (
+                "#8",
+                key(r1, zeros),
+                hex(&format!(
+                    "{ones} fb fe fe fe fe fe fe fe fe fe fe fe fe fe fe fe
+                     01 01 01 01 01 01 01 01 01 01 01 01 01 01 01 01"
+                )),
+                vec![0; 16],
+            ),
+            (
+                "#9",
+                key(r2, zeros),
+                hex("fd ff ff ff ff ff ff ff ff ff ff ff ff ff ff ff"),
+                hex("fa ff ff ff ff ff ff ff ff ff ff ff ff ff ff ff"),
+            ),
+            (
+                "#10",
+                key(r10, zeros),
+                hex(&format!(
+                    "{m10} 01 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"
+                )),
+                hex("14 00 00 00 00 00 00 00 55 00 00 00 00 00 00 00"),
+            ),
+            (
+                "#11",
+                key(r10, zeros),
+                hex(m10),
+                hex("13 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"),
+            ),
+        ]
+    }
+
+    /// The scalar Poly1305 (the AEAD's blocks outside the vector runs, and its final
+    /// reduction on every path) gives RFC 8439's tag for every A.3 vector.
+    #[test]
+    fn rfc8439_poly1305_vectors_on_the_scalar_code() {
+        let vectors = rfc8439_a3();
+        for (name, key, message, tag) in &vectors {
+            let mut poly = Poly1305::new(key[..].try_into().expect("32 bytes"));
+            poly.update_raw(message);
+            assert_eq!(&poly.finish()[..], &tag[..], "A.3 {name}");
+        }
+        println!(
+            "scalar Poly1305: RFC 8439 A.3: {0} run, {0} passed",
+            vectors.len()
+        );
+    }
+
+    /// Both vector Poly1305s give RFC 8439's tag for the A.3 vectors long enough for them (8
+    /// whole blocks or more: #2 and #3), from each of the 8 places a run of 8 blocks can
+    /// start (the scalar code taking the blocks before and after, as in the AEAD). The
+    /// others are shorter than one run.
+    #[test]
+    fn rfc8439_poly1305_vectors_on_both_vector_poly1305s() {
+        let test = "rfc8439_poly1305_vectors_on_both_vector_poly1305s";
+        let Some(ifma) = vector_poly1305s(test) else {
+            return;
+        };
+        let vectors = rfc8439_a3();
+        let long: Vec<_> = vectors.iter().filter(|v| v.2.len() / 16 >= 8).collect();
+        for (limbs, run) in [(26, true), (44, ifma)] {
+            if !run {
+                continue;
+            }
+            for (name, key, message, tag) in &long {
+                let full = message.len() / 16;
+                for head in 0..8 {
+                    let runs = (full - head) / 8 * 8;
+                    let mut poly = Poly1305::new(key[..].try_into().expect("32 bytes"));
+                    poly.update_raw(&message[..16 * head]);
+                    let vector = &message[16 * head..16 * (head + runs)];
+                    // SAFETY: AVX-512F checked, and IFMA for the 44-bit limbs.
+                    poly.h = unsafe {
+                        if limbs == 44 {
+                            lanes44::blocks(poly.h, poly.r0, poly.r1, vector)
+                        } else {
+                            lanes::blocks(poly.h, poly.r0, poly.r1, vector)
+                        }
+                    };
+                    poly.update_raw(&message[16 * (head + runs)..]);
+                    assert_eq!(
+                        &poly.finish()[..],
+                        &tag[..],
+                        "A.3 {name}, {limbs}-bit limbs, {runs} blocks from block {head}"
+                    );
+                }
+            }
+            println!(
+                "{limbs}-bit vector Poly1305: RFC 8439 A.3: {0} run (each from 8 offsets), {0} \
+                 passed, {1} not applicable (fewer than 8 whole blocks: {2})",
+                long.len(),
+                vectors.len() - long.len(),
+                vectors
+                    .iter()
+                    .filter(|v| v.2.len() / 16 < 8)
+                    .map(|v| v.0)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+    }
+
+    /// The RFC's edge cases are 1 to 4 blocks, shorter than the vector Poly1305's 8: these
+    /// are built (not taken from the RFC) so that each vector Poly1305 hands the final
+    /// reduction h = p + k, between p and 2¹³⁰ (k below 5), or 2¹³⁰ itself (k = 5). With
+    /// r = 1 and s = 0, h is 8·2¹²⁸ plus the sum M of the 8 blocks, ≡ 10 + M (mod p, as
+    /// 2¹³⁰ ≡ 5); three all-ones blocks and one of 2¹²⁸ − 12 + k make M = 2¹³⁰ − 15 + k, so
+    /// h ≡ p + k and the tag is k.
+    #[test]
+    fn the_final_reduction_from_each_vector_poly1305_between_p_and_2_130() {
+        let test = "the_final_reduction_from_each_vector_poly1305_between_p_and_2_130";
+        let ifma = vector_poly1305s(test);
+        let mut key = [0u8; 32];
+        key[0] = 1;
+        for k in 0..=5u8 {
+            let mut message = [0u8; 128];
+            message[..48].fill(0xff);
+            message[48..64].fill(0xff);
+            message[48] = 0xf4 + k;
+            let mut tag = [0u8; 16];
+            tag[0] = k;
+            // p + k, or 2¹³⁰ for k = 5, in the form the vector code leaves h.
+            let edge = if k < 5 {
+                [u64::MAX - 4 + u64::from(k), u64::MAX, 3]
+            } else {
+                [0, 0, 4]
+            };
+            let mut scalar = Poly1305::new(&key);
+            scalar.update_padded(&message);
+            assert_eq!(scalar.finish(), tag, "scalar, k = {k}");
+            let Some(ifma) = ifma else { continue };
+            let mut narrow = Poly1305::new(&key);
+            // SAFETY: AVX-512F checked.
+            narrow.h = unsafe { lanes::blocks(narrow.h, narrow.r0, narrow.r1, &message) };
+            assert_eq!(narrow.h, edge, "26-bit limbs hand over p + {k}");
+            assert_eq!(narrow.finish(), tag, "26-bit limbs, k = {k}");
+            if ifma {
+                let mut wide = Poly1305::new(&key);
+                // SAFETY: AVX-512F and IFMA checked.
+                wide.h = unsafe { lanes44::blocks(wide.h, wide.r0, wide.r1, &message) };
+                assert_eq!(wide.h, edge, "44-bit limbs hand over p + {k}");
+                assert_eq!(wide.finish(), tag, "44-bit limbs, k = {k}");
             }
         }
     }
