@@ -20,6 +20,8 @@ use std::time::Instant;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(test)]
+mod vectors;
 
 /// Bytes of the Poly1305 tag after each sealed message.
 pub const TAG_LEN: usize = 16;
@@ -232,6 +234,15 @@ impl TransportKey {
         })
     }
 
+    /// A key on the AVX-512 code's `paths` whatever this CPU would pick (tests only), or why
+    /// this CPU cannot run them.
+    #[cfg(all(test, target_arch = "x86_64"))]
+    fn with_avx512_paths(key: &[u8; KEY_LEN], paths: avx512::Paths) -> Result<Self, String> {
+        Ok(Self {
+            cipher: Cipher::Avx512(Box::new(avx512::Key::with_paths(key, paths)?)),
+        })
+    }
+
     fn try_with(implementation: Implementation, key: &[u8; KEY_LEN]) -> Option<Self> {
         let cipher = match implementation {
             Implementation::Ring => Cipher::Ring(Box::new(ring_key(key))),
@@ -254,17 +265,32 @@ impl TransportKey {
 
     /// Encrypts `data` in place; returns the tag that follows it on the wire.
     pub fn seal(&mut self, counter: u64, data: &mut [u8]) -> [u8; TAG_LEN] {
+        self.seal_with(&nonce_bytes(counter), &[], data)
+    }
+
+    /// [`seal`](Self::seal) with any nonce and associated data. The data path passes
+    /// WireGuard's (the counter's nonce, no associated data); the tests pass those of
+    /// published vectors, which WireGuard's layout cannot express, through this same code.
+    fn seal_with(&mut self, nonce: &[u8; 12], aad: &[u8], data: &mut [u8]) -> [u8; TAG_LEN] {
         let tag = match &mut self.cipher {
             Cipher::Ring(key) => key
-                .seal_in_place_separate_tag(nonce(counter), Aad::empty(), data)
+                .seal_in_place_separate_tag(
+                    Nonce::assume_unique_for_key(*nonce),
+                    Aad::from(aad),
+                    data,
+                )
                 .ok()
                 .map(|tag| tag_bytes(tag.as_ref())),
             Cipher::AwsLc(key) => key
-                .seal_in_place_separate_tag(aws_lc_nonce(counter), aws_lc::Aad::empty(), data)
+                .seal_in_place_separate_tag(
+                    aws_lc::Nonce::assume_unique_for_key(*nonce),
+                    aws_lc::Aad::from(aad),
+                    data,
+                )
                 .ok()
                 .map(|tag| tag_bytes(tag.as_ref())),
             #[cfg(target_arch = "x86_64")]
-            Cipher::Avx512(key) => key.seal(counter, None, data),
+            Cipher::Avx512(key) => key.seal(nonce, aad, None, data),
         };
         tag.unwrap_or_else(|| refused(data))
     }
@@ -273,17 +299,29 @@ impl TransportKey {
     /// returns the tag. aws-lc and the AVX-512 code read and write in one pass; ring copies,
     /// then seals in place.
     pub fn seal_into(&mut self, counter: u64, plaintext: &[u8], out: &mut [u8]) -> [u8; TAG_LEN] {
+        self.seal_into_with(&nonce_bytes(counter), &[], plaintext, out)
+    }
+
+    /// [`seal_into`](Self::seal_into) with any nonce and associated data (as
+    /// [`seal_with`](Self::seal_with)).
+    fn seal_into_with(
+        &mut self,
+        nonce: &[u8; 12],
+        aad: &[u8],
+        plaintext: &[u8],
+        out: &mut [u8],
+    ) -> [u8; TAG_LEN] {
         assert_eq!(plaintext.len(), out.len(), "seal_into: lengths differ");
         match &mut self.cipher {
             #[cfg(target_arch = "x86_64")]
             Cipher::Avx512(key) => key
-                .seal(counter, Some(plaintext), out)
+                .seal(nonce, aad, Some(plaintext), out)
                 .unwrap_or_else(|| refused(out)),
             Cipher::AwsLc(key) => {
                 let mut tag = [0; TAG_LEN];
                 match key.seal_out_of_place_scatter(
-                    aws_lc_nonce(counter),
-                    aws_lc::Aad::empty(),
+                    aws_lc::Nonce::assume_unique_for_key(*nonce),
+                    aws_lc::Aad::from(aad),
                     plaintext,
                     out,
                     &[],
@@ -295,7 +333,7 @@ impl TransportKey {
             }
             Cipher::Ring(_) => {
                 out.copy_from_slice(plaintext);
-                self.seal(counter, out)
+                self.seal_with(nonce, aad, out)
             }
         }
     }
@@ -304,21 +342,36 @@ impl TransportKey {
     /// of the plaintext at its start. On failure the bytes are zeroed, so no unauthenticated
     /// plaintext can be used by mistake.
     pub fn open(&mut self, counter: u64, data: &mut [u8]) -> Result<usize, AeadError> {
+        self.open_with(&nonce_bytes(counter), &[], data)
+    }
+
+    /// [`open`](Self::open) with any nonce and associated data (as
+    /// [`seal_with`](Self::seal_with)).
+    fn open_with(
+        &mut self,
+        nonce: &[u8; 12],
+        aad: &[u8],
+        data: &mut [u8],
+    ) -> Result<usize, AeadError> {
         let Some(len) = data.len().checked_sub(TAG_LEN) else {
             return Err(AeadError::TooShort);
         };
         let authentic = match &mut self.cipher {
             Cipher::Ring(key) => key
-                .open_in_place(nonce(counter), Aad::empty(), data)
+                .open_in_place(Nonce::assume_unique_for_key(*nonce), Aad::from(aad), data)
                 .is_ok(),
             Cipher::AwsLc(key) => key
-                .open_in_place(aws_lc_nonce(counter), aws_lc::Aad::empty(), data)
+                .open_in_place(
+                    aws_lc::Nonce::assume_unique_for_key(*nonce),
+                    aws_lc::Aad::from(aad),
+                    data,
+                )
                 .is_ok(),
             #[cfg(target_arch = "x86_64")]
             Cipher::Avx512(key) => {
                 let (body, tag) = data.split_at_mut(len);
                 let tag: [u8; TAG_LEN] = std::array::from_fn(|i| tag[i]);
-                key.open(counter, None, body, &tag)
+                key.open(nonce, aad, None, body, &tag)
             }
         };
         if authentic {
@@ -339,6 +392,18 @@ impl TransportKey {
         sealed: &[u8],
         out: &mut [u8],
     ) -> Result<usize, AeadError> {
+        self.open_into_with(&nonce_bytes(counter), &[], sealed, out)
+    }
+
+    /// [`open_into`](Self::open_into) with any nonce and associated data (as
+    /// [`seal_with`](Self::seal_with)).
+    fn open_into_with(
+        &mut self,
+        nonce: &[u8; 12],
+        aad: &[u8],
+        sealed: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize, AeadError> {
         let Some(len) = sealed.len().checked_sub(TAG_LEN) else {
             return Err(AeadError::TooShort);
         };
@@ -350,12 +415,12 @@ impl TransportKey {
             #[cfg(target_arch = "x86_64")]
             Cipher::Avx512(key) => {
                 let tag: [u8; TAG_LEN] = std::array::from_fn(|i| tag[i]);
-                key.open(counter, Some(body), &mut out[..len], &tag)
+                key.open(nonce, aad, Some(body), &mut out[..len], &tag)
             }
             Cipher::AwsLc(key) => key
                 .open_separate_gather(
-                    aws_lc_nonce(counter),
-                    aws_lc::Aad::empty(),
+                    aws_lc::Nonce::assume_unique_for_key(*nonce),
+                    aws_lc::Aad::from(aad),
                     body,
                     tag,
                     &mut out[..len],
@@ -363,7 +428,7 @@ impl TransportKey {
                 .is_ok(),
             Cipher::Ring(_) => {
                 out.copy_from_slice(sealed);
-                return self.open(counter, out);
+                return self.open_with(nonce, aad, out);
             }
         };
         if authentic {
@@ -418,19 +483,11 @@ fn nonce_bytes(counter: u64) -> [u8; 12] {
     n
 }
 
-fn nonce(counter: u64) -> Nonce {
-    Nonce::assume_unique_for_key(nonce_bytes(counter))
-}
-
 fn ring_key(key: &[u8; KEY_LEN]) -> LessSafeKey {
     // ring refuses a ChaCha20-Poly1305 key only for its length, and this one is 32 bytes.
     #[allow(clippy::expect_used)]
     let key = UnboundKey::new(&CHACHA20_POLY1305, key).expect("ring takes 32-byte keys");
     LessSafeKey::new(key)
-}
-
-fn aws_lc_nonce(counter: u64) -> aws_lc::Nonce {
-    aws_lc::Nonce::assume_unique_for_key(nonce_bytes(counter))
 }
 
 fn aws_lc_key(key: &[u8; KEY_LEN]) -> aws_lc::LessSafeKey {
@@ -451,7 +508,7 @@ fn tag_bytes(tag: &[u8]) -> [u8; TAG_LEN] {
 mod tests {
     use super::*;
 
-    fn hex(text: &str) -> Vec<u8> {
+    pub(super) fn hex(text: &str) -> Vec<u8> {
         text.split_whitespace()
             .map(|b| u8::from_str_radix(b, 16).expect("hex byte"))
             .collect()
@@ -459,6 +516,33 @@ mod tests {
 
     fn test_key() -> [u8; KEY_LEN] {
         std::array::from_fn(|i| 0xa0 ^ (i as u8))
+    }
+
+    /// Says that this CPU cannot run `what` and why ("SKIPPED"), or fails the test when
+    /// `TUNNELD_REQUIRE_AVX512=1` asks for every AVX-512 path to run (as
+    /// `TUNNELD_REQUIRE_NETNS=1` does for the privileged tests).
+    pub(super) fn cannot_run(test: &str, what: &str, why: &str) {
+        skip_or_fail(
+            std::env::var("TUNNELD_REQUIRE_AVX512").as_deref() == Ok("1"),
+            test,
+            what,
+            why,
+        );
+    }
+
+    fn skip_or_fail(required: bool, test: &str, what: &str, why: &str) {
+        assert!(
+            !required,
+            "{test}: cannot run {what}: {why} (TUNNELD_REQUIRE_AVX512=1)"
+        );
+        eprintln!("SKIPPED {test}: {what}: {why}");
+    }
+
+    #[test]
+    #[should_panic(expected = "cannot run the 44-bit lanes: no IFMA (TUNNELD_REQUIRE_AVX512=1)")]
+    fn a_path_this_cpu_cannot_run_fails_when_required() {
+        skip_or_fail(false, "t", "the 44-bit lanes", "no IFMA");
+        skip_or_fail(true, "t", "the 44-bit lanes", "no IFMA");
     }
 
     /// ring reproduces RFC 8439 §2.8.2 (its own nonce and associated data), and the keys here
@@ -618,6 +702,15 @@ mod tests {
         // past a multiple of 8 to the scalar code; the 8-block ChaCha20 tail covers 448 bytes
         // or less), then larger ones.
         let sizes = (0..=1600).chain([2047, 2048, 4096, 8191, 65535]);
+        for &implementation in Implementation::ALL {
+            if !implementation.is_available() {
+                cannot_run(
+                    "every_implementation_agrees_with_ring_byte_for_byte",
+                    implementation.name(),
+                    "this CPU does not run it",
+                );
+            }
+        }
         for (case, size) in sizes.enumerate() {
             let key: [u8; KEY_LEN] = bytes(case as u64, KEY_LEN).try_into().expect("32");
             let counter = u64::from_le_bytes(bytes(!(case as u64), 8).try_into().expect("8"));

@@ -6,9 +6,11 @@
 //! the two vector Poly1305s against the scalar one by the tests here.
 //!
 //! Per message: block 0 is the Poly1305 key, blocks 1.. encrypt the data; the tag covers the
-//! ciphertext padded to 16 bytes and the two lengths (no associated data: WireGuard uses
-//! none). Opening in place authenticates the whole ciphertext before any of it is
-//! overwritten. Messages of more than 15 blocks, on CPUs with IFMA, BMI2 and ADX, run scalar
+//! associated data and the ciphertext, each padded to 16 bytes, and the two lengths
+//! (WireGuard's data messages have no associated data and a nonce of 4 zero bytes and the
+//! message counter; the tests also run RFC 8439's and Wycheproof's nonces and associated
+//! data through the same code). Opening in place authenticates the whole ciphertext before
+//! any of it is overwritten. Messages of more than 15 blocks, on CPUs with IFMA, BMI2 and ADX, run scalar
 //! Poly1305 between the ChaCha20 rounds ([`open_stitched`] from another buffer, which
 //! writes the plaintext before the tag is checked and leaves zeroing it to the caller;
 //! [`seal_stitched`]).
@@ -17,17 +19,71 @@
 
 use super::TAG_LEN;
 use core::arch::x86_64::*;
+use subtle::ConstantTimeEq;
 use zeroize::Zeroize;
 
 pub struct Key {
     /// The key as ChaCha20's eight little-endian words.
     words: [u32; 8],
-    /// Whether the CPU has AVX-512 IFMA, for the 44-bit Poly1305 ([`lanes44`]).
-    ifma: bool,
-    /// Whether messages of more than 15 blocks go through [`seal_stitched`] and
-    /// [`open_stitched`]: IFMA (the vector Poly1305 they end with, and the CPUs they were
-    /// measured on), and BMI2 and ADX for their scalar Poly1305.
-    stitch: bool,
+    paths: Paths,
+}
+
+/// Which variants of the code a key runs. [`Key::new`] takes what this CPU runs best; a
+/// test may choose ([`Key::with_paths`]), so that every variant meets the same vectors
+/// whatever this CPU prefers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paths {
+    /// The vector Poly1305 in 44-bit limbs with AVX-512 IFMA ([`lanes44`]), else in 26-bit
+    /// limbs ([`lanes`]).
+    pub ifma: bool,
+    /// Messages of more than 15 blocks go through [`seal_stitched`] and [`open_stitched`],
+    /// which need BMI2 and ADX for their scalar Poly1305. [`Key::new`] sets it only with
+    /// IFMA too (the vector Poly1305 they end with is then the 44-bit one, and IFMA CPUs are
+    /// where they were measured); a test may set it without.
+    pub stitch: bool,
+    /// Fewest full blocks of ciphertext that go through the vector Poly1305:
+    /// [`VECTOR_MIN_BLOCKS`], but a test may lower it so that short vectors reach it too.
+    pub vector_min_blocks: usize,
+}
+
+impl Paths {
+    /// What this CPU runs best; `None` without AVX-512F, BW and VL.
+    pub fn detected() -> Option<Self> {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl"))
+        {
+            return None;
+        }
+        let ifma = is_x86_feature_detected!("avx512ifma");
+        Some(Self {
+            ifma,
+            stitch: ifma && is_x86_feature_detected!("bmi2") && is_x86_feature_detected!("adx"),
+            vector_min_blocks: VECTOR_MIN_BLOCKS,
+        })
+    }
+
+    /// The CPU features these paths need that this CPU lacks (none when it runs them).
+    #[cfg(test)]
+    pub fn missing(self) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        let mut need = |wanted: bool, name: &'static str, present: bool| {
+            if wanted && !present {
+                missing.push(name);
+            }
+        };
+        need(true, "avx512f", is_x86_feature_detected!("avx512f"));
+        need(true, "avx512bw", is_x86_feature_detected!("avx512bw"));
+        need(true, "avx512vl", is_x86_feature_detected!("avx512vl"));
+        need(
+            self.ifma,
+            "avx512ifma",
+            is_x86_feature_detected!("avx512ifma"),
+        );
+        need(self.stitch, "bmi2", is_x86_feature_detected!("bmi2"));
+        need(self.stitch, "adx", is_x86_feature_detected!("adx"));
+        missing
+    }
 }
 
 impl Drop for Key {
@@ -37,30 +93,46 @@ impl Drop for Key {
 }
 
 impl Key {
-    /// `None` unless this CPU runs the AVX-512 code.
+    /// `None` unless this CPU runs the AVX-512 code; the paths this CPU runs best.
     pub fn new(key: &[u8; 32]) -> Option<Self> {
-        if !(is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl"))
-        {
-            return None;
+        Some(Self::from_parts(key, Paths::detected()?))
+    }
+
+    /// A key on `paths` whatever this CPU prefers (tests only), or the CPU features it lacks
+    /// for them.
+    #[cfg(test)]
+    pub fn with_paths(key: &[u8; 32], paths: Paths) -> Result<Self, String> {
+        let missing = paths.missing();
+        if missing.is_empty() {
+            Ok(Self::from_parts(key, paths))
+        } else {
+            Err(format!("this CPU lacks {}", missing.join(", ")))
         }
-        Some(Self {
+    }
+
+    /// Only once the CPU was checked for `paths`: every `unsafe` call below relies on it.
+    fn from_parts(key: &[u8; 32], paths: Paths) -> Self {
+        Self {
             words: std::array::from_fn(|i| {
                 u32::from_le_bytes([key[4 * i], key[4 * i + 1], key[4 * i + 2], key[4 * i + 3]])
             }),
-            ifma: is_x86_feature_detected!("avx512ifma"),
-            stitch: is_x86_feature_detected!("avx512ifma")
-                && is_x86_feature_detected!("bmi2")
-                && is_x86_feature_detected!("adx"),
-        })
+            paths,
+        }
+    }
+
+    /// The paths this key runs.
+    #[cfg(test)]
+    pub fn paths(&self) -> Paths {
+        self.paths
     }
 
     /// Encrypts `input` into `out` (the same length), or `out` in place when `input` is
-    /// `None`, and returns the tag. `None` for a message too long for ChaCha20's counter.
+    /// `None`, and returns the tag over `aad` and the ciphertext. `None` for a message too
+    /// long for ChaCha20's counter.
     pub fn seal(
         &mut self,
-        counter: u64,
+        nonce: &[u8; 12],
+        aad: &[u8],
         input: Option<&[u8]>,
         out: &mut [u8],
     ) -> Option<[u8; TAG_LEN]> {
@@ -71,20 +143,22 @@ impl Key {
         // In place, both pointers come from the one mutable borrow.
         let dst = out.as_mut_ptr();
         let src = input.map_or(dst.cast_const(), <[u8]>::as_ptr);
-        if self.stitch && len > 15 * 64 {
+        if self.paths.stitch && len > 15 * 64 {
             // SAFETY: as below, with the features `stitch` stands for.
-            return Some(unsafe { seal_stitched(self, counter, src, dst, len) });
+            return Some(unsafe { seal_stitched(self, nonce, aad, src, dst, len) });
         }
-        // SAFETY: `new` checked the CPU features; `src` and `dst` are `len` bytes each, and
-        // are either the same buffer or do not overlap (distinct borrows).
-        Some(unsafe { crypt(self, counter, src, dst, len, Direction::Seal) })
+        // SAFETY: the key was made for `paths` on a CPU that runs them (`new`, `with_paths`);
+        // `src` and `dst` are `len` bytes each, and are either the same buffer or do not
+        // overlap (distinct borrows).
+        Some(unsafe { crypt(self, nonce, aad, src, dst, len, Direction::Seal) })
     }
 
-    /// Decrypts `input` into `out` (or `out` in place) and checks `tag`: whether it
-    /// authenticates. The caller zeroes `out` when it does not.
+    /// Decrypts `input` into `out` (or `out` in place) and checks `tag` over `aad` and the
+    /// ciphertext: whether it authenticates. The caller zeroes `out` when it does not.
     pub fn open(
         &mut self,
-        counter: u64,
+        nonce: &[u8; 12],
+        aad: &[u8],
         input: Option<&[u8]>,
         out: &mut [u8],
         tag: &[u8; TAG_LEN],
@@ -95,23 +169,20 @@ impl Key {
         }
         let dst = out.as_mut_ptr();
         let computed = match input {
-            // SAFETY: `new` checked the CPU features `stitch` stands for; `input` and `out`
-            // are `len` bytes each and do not overlap (distinct borrows).
-            Some(input) if self.stitch && len > 15 * 64 => unsafe {
-                open_stitched(self, counter, input.as_ptr(), dst, len)
+            // SAFETY: the key was made on a CPU with the features `stitch` stands for;
+            // `input` and `out` are `len` bytes each and do not overlap (distinct borrows).
+            Some(input) if self.paths.stitch && len > 15 * 64 => unsafe {
+                open_stitched(self, nonce, aad, input.as_ptr(), dst, len)
             },
             // SAFETY: as in `seal`.
             _ => unsafe {
                 let src = input.map_or(dst.cast_const(), <[u8]>::as_ptr);
-                crypt(self, counter, src, dst, len, Direction::Open)
+                crypt(self, nonce, aad, src, dst, len, Direction::Open)
             },
         };
-        // Constant time: every byte is compared.
-        computed
-            .iter()
-            .zip(tag)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        // Constant time by construction: `subtle` compares every byte and hides the result
+        // from the optimiser, which could otherwise turn a hand-written fold into an early exit.
+        computed.ct_eq(tag).into()
     }
 }
 
@@ -125,20 +196,22 @@ enum Direction {
 }
 
 /// Encrypts or decrypts `len` bytes from `src` to `dst` (which may be the same address) and
-/// returns the Poly1305 tag over the ciphertext.
+/// returns the Poly1305 tag over `aad` and the ciphertext.
 ///
 /// # Safety
-/// The CPU has AVX-512F, BW and VL; `src` is readable and `dst` writable for `len` bytes.
+/// The CPU has AVX-512F, BW and VL, and IFMA if `key.paths.ifma` is set; `src` is readable
+/// and `dst` writable for `len` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn crypt(
     key: &Key,
-    counter: u64,
+    nonce: &[u8; 12],
+    aad: &[u8],
     src: *const u8,
     dst: *mut u8,
     len: usize,
     direction: Direction,
 ) -> [u8; TAG_LEN] {
-    let state = State::new(&key.words, counter);
+    let state = State::new(&key.words, nonce);
     let mut poly_key = PolyKey([0; 32]);
     let mut tag = [0u8; TAG_LEN];
     let mut done = 0;
@@ -161,8 +234,9 @@ unsafe fn crypt(
                 // SAFETY: `len` bytes of `src` are readable, and nothing was written yet.
                 tag = poly1305(
                     &poly_key.0,
+                    aad,
                     unsafe { std::slice::from_raw_parts(src, len) },
-                    key.ifma,
+                    key.paths,
                 );
             }
         }
@@ -178,8 +252,9 @@ unsafe fn crypt(
         // SAFETY: all `len` bytes of `dst` were just written.
         tag = poly1305(
             &poly_key.0,
+            aad,
             unsafe { std::slice::from_raw_parts(dst, len) },
-            key.ifma,
+            key.paths,
         );
     }
     tag
@@ -199,14 +274,18 @@ unsafe fn crypt(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,bmi2,adx")]
 unsafe fn open_stitched(
     key: &Key,
-    counter: u64,
+    nonce: &[u8; 12],
+    aad: &[u8],
     src: *const u8,
     dst: *mut u8,
     len: usize,
 ) -> [u8; TAG_LEN] {
-    let state = State::new(&key.words, counter);
+    #[cfg(test)]
+    reached::note(|r| r.open_stitched += 1);
+    let state = State::new(&key.words, nonce);
     let first = state.keystream8(0, &mut BeforeKey);
     let mut poly = poly_for(first[0]);
+    poly.update_padded(aad);
     // SAFETY: `len` bytes of `src` are readable, and `dst` does not overlap them.
     let ciphertext = unsafe { std::slice::from_raw_parts(src, len) };
     let mut done = 7 * 64;
@@ -233,8 +312,8 @@ unsafe fn open_stitched(
         block += count as u32;
     }
     poly.h = hash.h;
-    // SAFETY: this function's AVX-512F; `stitch` implies IFMA.
-    unsafe { tag_from(&mut poly, ciphertext, hash.next, key.ifma) }
+    // SAFETY: this function's AVX-512F, and IFMA where `key.paths.ifma` is set.
+    unsafe { tag_from(&mut poly, aad.len(), ciphertext, hash.next, key.paths) }
 }
 
 /// Seals `len` bytes (more than 15 blocks) from `src` to `dst` (which may be the same
@@ -249,14 +328,18 @@ unsafe fn open_stitched(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,bmi2,adx")]
 unsafe fn seal_stitched(
     key: &Key,
-    counter: u64,
+    nonce: &[u8; 12],
+    aad: &[u8],
     src: *const u8,
     dst: *mut u8,
     len: usize,
 ) -> [u8; TAG_LEN] {
-    let state = State::new(&key.words, counter);
+    #[cfg(test)]
+    reached::note(|r| r.seal_stitched += 1);
+    let state = State::new(&key.words, nonce);
     let first = state.keystream16(0, &mut BeforeKey);
     let mut poly = poly_for(first[0]);
+    poly.update_padded(aad);
     let mut done = 15 * 64;
     // SAFETY: `len` is above 15 blocks, so the first 15 blocks' bytes are in bounds.
     unsafe { xor_keystream(&first[1..16], src, dst, 0, done) };
@@ -285,14 +368,15 @@ unsafe fn seal_stitched(
         block += count as u32;
     }
     poly.h = h;
-    // SAFETY: all `len` bytes of `dst` are written; this function's AVX-512F, and `stitch`
-    // implies IFMA.
+    // SAFETY: all `len` bytes of `dst` are written; this function's AVX-512F, and IFMA
+    // where `key.paths.ifma` is set.
     unsafe {
         tag_from(
             &mut poly,
+            aad.len(),
             std::slice::from_raw_parts(dst, len),
             hashed,
-            key.ifma,
+            key.paths,
         )
     }
 }
@@ -378,40 +462,53 @@ impl Drop for PolyKey {
     }
 }
 
-/// The AEAD's tag over `ciphertext` (no associated data): Poly1305 over the ciphertext padded
-/// to 16 bytes, then the two lengths. Runs of 8 blocks go through the vector code when there
-/// are enough of them to pay for its set-up; `ifma` picks the 44-bit code for them.
+/// The AEAD's tag over `aad` and `ciphertext`: Poly1305 over each padded to 16 bytes, then
+/// the two lengths. Runs of 8 ciphertext blocks go through the vector code when there are
+/// enough of them to pay for its set-up (`paths.vector_min_blocks`); `paths.ifma` picks the
+/// 44-bit code for them.
 #[target_feature(enable = "avx512f")]
-fn poly1305(key: &[u8; 32], ciphertext: &[u8], ifma: bool) -> [u8; TAG_LEN] {
+fn poly1305(key: &[u8; 32], aad: &[u8], ciphertext: &[u8], paths: Paths) -> [u8; TAG_LEN] {
     // A local `Poly1305`: handed in by reference, a 1420-byte seal took 20 ns longer.
     let mut poly = Poly1305::new(key);
-    // SAFETY: this function's AVX-512F, and `Key::new` checked IFMA where `ifma` is set.
-    unsafe { tag_from(&mut poly, ciphertext, 0, ifma) }
+    poly.update_padded(aad);
+    // SAFETY: this function's AVX-512F, and the key's CPU check covered IFMA where
+    // `paths.ifma` is set.
+    unsafe { tag_from(&mut poly, aad.len(), ciphertext, 0, paths) }
 }
 
-/// As [`poly1305`], from `poly`, which has taken the first `hashed` blocks already.
+/// As [`poly1305`], from `poly`, which has taken the `aad_len` bytes of associated data
+/// (padded) and the first `hashed` blocks of `ciphertext` already.
 ///
 /// # Safety
-/// The CPU has AVX-512F, and AVX-512 IFMA if `ifma` is set.
+/// The CPU has AVX-512F, and AVX-512 IFMA if `paths.ifma` is set.
 #[inline(always)]
 unsafe fn tag_from(
     poly: &mut Poly1305,
+    aad_len: usize,
     ciphertext: &[u8],
     hashed: usize,
-    ifma: bool,
+    paths: Paths,
 ) -> [u8; TAG_LEN] {
     let rest = &ciphertext[hashed * 16..];
     let full = rest.len() / 16;
-    let vector = if full >= VECTOR_MIN_BLOCKS {
+    let vector = if full >= paths.vector_min_blocks {
         full / 8 * 8
     } else {
         0
     };
     if vector > 0 {
         let runs = &rest[..vector * 16];
+        #[cfg(test)]
+        reached::note(|r| {
+            if paths.ifma {
+                r.lanes44 += 1;
+            } else {
+                r.lanes26 += 1;
+            }
+        });
         // SAFETY: as this function's.
         poly.h = unsafe {
-            if ifma {
+            if paths.ifma {
                 lanes44::blocks(poly.h, poly.r0, poly.r1, runs)
             } else {
                 lanes::blocks(poly.h, poly.r0, poly.r1, runs)
@@ -419,14 +516,46 @@ unsafe fn tag_from(
         };
     }
     poly.update_padded(&rest[vector * 16..]);
-    poly.block(0, ciphertext.len() as u64);
+    poly.block(aad_len as u64, ciphertext.len() as u64);
     poly.finish()
+}
+
+/// Which code the messages of a test reached (tests only): the vector Poly1305s and the
+/// stitched paths run only for messages long enough, so a test counts what its vectors
+/// reached rather than assume it. Per thread, as the test harness runs each test on its own.
+#[cfg(test)]
+pub mod reached {
+    use std::cell::Cell;
+
+    /// How many messages went through each.
+    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+    pub struct Reached {
+        pub lanes44: usize,
+        pub lanes26: usize,
+        pub seal_stitched: usize,
+        pub open_stitched: usize,
+    }
+
+    thread_local!(static REACHED: Cell<Reached> = Cell::new(Reached::default()));
+
+    pub(super) fn note(count: impl FnOnce(&mut Reached)) {
+        REACHED.with(|cell| {
+            let mut reached = cell.get();
+            count(&mut reached);
+            cell.set(reached);
+        });
+    }
+
+    /// What this thread reached since the last call.
+    pub fn take() -> Reached {
+        REACHED.with(Cell::take)
+    }
 }
 
 /// Fewest full blocks worth the vector code's set-up (the powers r² … r⁸): measured on an
 /// AVX-512 Intel core, from 384 bytes the 44-bit (IFMA) code wins (240 against 264 ns per
 /// seal) and the 26-bit code is even with the scalar one.
-const VECTOR_MIN_BLOCKS: usize = 24;
+pub(super) const VECTOR_MIN_BLOCKS: usize = 24;
 
 /// Work run between ChaCha20's double rounds: it must be inlined (`#[inline(always)]`), or
 /// every call spills the whole ChaCha20 state (no vector register survives a call).
@@ -526,14 +655,15 @@ struct State {
 }
 
 impl State {
-    fn new(key: &[u32; 8], counter: u64) -> Self {
+    fn new(key: &[u32; 8], nonce: &[u8; 12]) -> Self {
         let mut words = [0u32; 16];
         words[..4].copy_from_slice(&[0x6170_7865, 0x3320_646e, 0x7962_2d32, 0x6b20_6574]);
         words[4..12].copy_from_slice(key);
-        // Word 12 is the block counter, set per batch; the nonce is 4 zero bytes, then the
-        // 64-bit little-endian message counter.
-        words[14] = counter as u32;
-        words[15] = (counter >> 32) as u32;
+        // Word 12 is the block counter, set per batch; words 13..16 the nonce (WireGuard's:
+        // 4 zero bytes, then the 64-bit little-endian message counter).
+        for (word, bytes) in words[13..].iter_mut().zip(nonce.chunks_exact(4)) {
+            *word = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        }
         Self { words }
     }
 
@@ -716,6 +846,25 @@ impl Poly1305 {
         self.h = poly_block(self.h, [self.r0, self.r1, self.s1], m0, m1);
     }
 
+    /// `message` as plain Poly1305 takes it (RFC 8439 §2.5; tests only): whole blocks as
+    /// [`block`](Self::block) does, a last partial one followed by a 1 byte and zeros, with
+    /// no 2¹²⁸ added.
+    #[cfg(test)]
+    fn update_raw(&mut self, message: &[u8]) {
+        let mut blocks = message.chunks_exact(16);
+        for b in &mut blocks {
+            self.block(le64(&b[..8]), le64(&b[8..]));
+        }
+        let rest = blocks.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 16];
+            last[..rest.len()].copy_from_slice(rest);
+            last[rest.len()] = 1;
+            let r = [self.r0, self.r1, self.s1];
+            self.h = poly_block_with(self.h, r, le64(&last[..8]), le64(&last[8..]), 0);
+        }
+    }
+
     /// The tag: h fully reduced mod 2¹³⁰ − 5, plus s, mod 2¹²⁸.
     fn finish(&mut self) -> [u8; TAG_LEN] {
         // Fold what is above 2¹³⁰ once more, so h < 2¹³⁰ + 5·small < 2·p.
@@ -740,12 +889,19 @@ impl Poly1305 {
 /// [`Poly1305`].
 #[inline(always)]
 fn poly_block(h: [u64; 3], r: [u64; 3], m0: u64, m1: u64) -> [u64; 3] {
+    poly_block_with(h, r, m0, m1, 1)
+}
+
+/// (h + m + `high`·2¹²⁸) · r: `high` is 1 but for the last, partial block of a plain
+/// Poly1305 message (RFC 8439 §2.5), which the tests feed RFC 8439's vectors through.
+#[inline(always)]
+fn poly_block_with(h: [u64; 3], r: [u64; 3], m0: u64, m1: u64, high: u64) -> [u64; 3] {
     let [h0, h1, h2] = h;
     let t = u128::from(h0) + u128::from(m0);
     let h0 = t as u64;
     let t = u128::from(h1) + u128::from(m1) + (t >> 64);
     let h1 = t as u64;
-    let h2 = h2 + (t >> 64) as u64 + 1;
+    let h2 = h2 + (t >> 64) as u64 + high;
     let (r0, r1, s1) = (u128::from(r[0]), u128::from(r[1]), u128::from(r[2]));
     let d0 = u128::from(h0) * r0 + u128::from(h1) * s1;
     // h2 is at most 6 and s1 below 1.25·2⁶⁰: their product fits a 64-bit multiply, one
@@ -1104,7 +1260,7 @@ mod lanes44 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::bytes;
+    use super::super::tests::{bytes, cannot_run, hex};
     use super::*;
 
     /// Both vector Poly1305s (26-bit limbs, and 44-bit limbs with IFMA where the CPU has it)
@@ -1114,11 +1270,10 @@ mod tests {
     /// reaches both.
     #[test]
     fn vector_poly1305_matches_the_scalar_code_in_both_limb_sizes() {
-        if !is_x86_feature_detected!("avx512f") {
-            eprintln!("no AVX-512F on this CPU: the vector Poly1305 is not used here");
+        let test = "vector_poly1305_matches_the_scalar_code_in_both_limb_sizes";
+        let Some(ifma) = vector_poly1305s(test) else {
             return;
-        }
-        let ifma = is_x86_feature_detected!("avx512ifma");
+        };
         for case in 0..200u64 {
             let mut key: [u8; 32] = bytes(case, 32).try_into().expect("32 bytes");
             if case % 5 == 0 {
@@ -1151,6 +1306,240 @@ mod tests {
                 // SAFETY: AVX-512F and IFMA checked above.
                 wide.h = unsafe { lanes44::blocks(wide.h, wide.r0, wide.r1, &data) };
                 assert_eq!(wide.finish(), expected, "44-bit limbs, case {case}");
+            }
+        }
+    }
+
+    /// Which vector Poly1305s this CPU runs: `None` for neither (no AVX-512F), else whether
+    /// the 44-bit one too (IFMA). Says what it cannot run ([`cannot_run`]).
+    fn vector_poly1305s(test: &str) -> Option<bool> {
+        if !is_x86_feature_detected!("avx512f") {
+            cannot_run(test, "the vector Poly1305s", "this CPU lacks avx512f");
+            return None;
+        }
+        let ifma = is_x86_feature_detected!("avx512ifma");
+        if !ifma {
+            cannot_run(
+                test,
+                "the 44-bit (IFMA) vector Poly1305",
+                "this CPU lacks avx512ifma",
+            );
+        }
+        Some(ifma)
+    }
+
+    /// A Poly1305 vector: its name, one-time key, message and tag.
+    type PolyVector = (&'static str, Vec<u8>, Vec<u8>, Vec<u8>);
+
+    /// RFC 8439 Appendix A.3's Poly1305 vectors: one-time key (r, then s), message, tag, as
+    /// the RFC prints them (checked once against pyca/cryptography, i.e. OpenSSL, when they
+    /// were written out). #5 to #11 are the RFC's additional edge cases for the reduction
+    /// modulo p = 2¹³⁰ − 5 (an accumulator between p and 2¹³⁰, carries across the limbs).
+    fn rfc8439_a3() -> Vec<PolyVector> {
+        let ietf = b"Any submission to the IETF intended by the Contributor for publication as \
+                     all or part of an IETF Internet-Draft or RFC and any statement made within \
+                     the context of an IETF activity is considered an \"IETF Contribution\". \
+                     Such statements include oral statements in IETF sessions, as well as \
+                     written and electronic communications made at any time or place, which \
+                     are addressed to";
+        let jabberwocky = b"'Twas brillig, and the slithy toves\nDid gyre and gimble in the \
+                            wabe:\nAll mimsy were the borogoves,\nAnd the mome raths outgrabe.";
+        assert_eq!((ietf.len(), jabberwocky.len()), (375, 127));
+        let zeros = "00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00";
+        let ones = "ff ff ff ff ff ff ff ff ff ff ff ff ff ff ff ff";
+        let r2 = "02 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00";
+        let r1 = "01 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00";
+        let r10 = "01 00 00 00 00 00 00 00 04 00 00 00 00 00 00 00";
+        let m10 = "e3 35 94 d7 50 5e 43 b9 00 00 00 00 00 00 00 00
+                   33 94 d7 50 5e 43 79 cd 01 00 00 00 00 00 00 00
+                   00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00";
+        let key = |r: &str, s: &str| hex(&format!("{r} {s}"));
+        vec![
+            ("#1", vec![0; 32], vec![0; 64], vec![0; 16]),
+            (
+                "#2",
+                key(zeros, "36 e5 f6 b5 c5 e0 60 70 f0 ef ca 96 22 7a 86 3e"),
+                ietf.to_vec(),
+                hex("36 e5 f6 b5 c5 e0 60 70 f0 ef ca 96 22 7a 86 3e"),
+            ),
+            (
+                "#3",
+                key("36 e5 f6 b5 c5 e0 60 70 f0 ef ca 96 22 7a 86 3e", zeros),
+                ietf.to_vec(),
+                hex("f3 47 7e 7c d9 54 17 af 89 a6 b8 79 4c 31 0c f0"),
+            ),
+            (
+                "#4",
+                key(
+                    "1c 92 40 a5 eb 55 d3 8a f3 33 88 86 04 f6 b5 f0",
+                    "47 39 17 c1 40 2b 80 09 9d ca 5c bc 20 70 75 c0",
+                ),
+                jabberwocky.to_vec(),
+                hex("45 41 66 9a 7e aa ee 61 e7 08 dc 7c bc c5 eb 62"),
+            ),
+            (
+                "#5",
+                key(r2, zeros),
+                hex(ones),
+                hex("03 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"),
+            ),
+            (
+                "#6",
+                key(r2, ones),
+                hex(r2),
+                hex("03 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"),
+            ),
+            (
+                "#7",
+                key(r1, zeros),
+                hex(&format!(
+                    "{ones} f0 ff ff ff ff ff ff ff ff ff ff ff ff ff ff ff
+                     11 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"
+                )),
+                hex("05 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"),
+            ),
+            (
+                "#8",
+                key(r1, zeros),
+                hex(&format!(
+                    "{ones} fb fe fe fe fe fe fe fe fe fe fe fe fe fe fe fe
+                     01 01 01 01 01 01 01 01 01 01 01 01 01 01 01 01"
+                )),
+                vec![0; 16],
+            ),
+            (
+                "#9",
+                key(r2, zeros),
+                hex("fd ff ff ff ff ff ff ff ff ff ff ff ff ff ff ff"),
+                hex("fa ff ff ff ff ff ff ff ff ff ff ff ff ff ff ff"),
+            ),
+            (
+                "#10",
+                key(r10, zeros),
+                hex(&format!(
+                    "{m10} 01 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"
+                )),
+                hex("14 00 00 00 00 00 00 00 55 00 00 00 00 00 00 00"),
+            ),
+            (
+                "#11",
+                key(r10, zeros),
+                hex(m10),
+                hex("13 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00"),
+            ),
+        ]
+    }
+
+    /// The scalar Poly1305 (the AEAD's blocks outside the vector runs, and its final
+    /// reduction on every path) gives RFC 8439's tag for every A.3 vector.
+    #[test]
+    fn rfc8439_poly1305_vectors_on_the_scalar_code() {
+        let vectors = rfc8439_a3();
+        for (name, key, message, tag) in &vectors {
+            let mut poly = Poly1305::new(key[..].try_into().expect("32 bytes"));
+            poly.update_raw(message);
+            assert_eq!(&poly.finish()[..], &tag[..], "A.3 {name}");
+        }
+        println!(
+            "scalar Poly1305: RFC 8439 A.3: {0} run, {0} passed",
+            vectors.len()
+        );
+    }
+
+    /// Both vector Poly1305s give RFC 8439's tag for the A.3 vectors long enough for them (8
+    /// whole blocks or more: #2 and #3), from each of the 8 places a run of 8 blocks can
+    /// start (the scalar code taking the blocks before and after, as in the AEAD). The
+    /// others are shorter than one run.
+    #[test]
+    fn rfc8439_poly1305_vectors_on_both_vector_poly1305s() {
+        let test = "rfc8439_poly1305_vectors_on_both_vector_poly1305s";
+        let Some(ifma) = vector_poly1305s(test) else {
+            return;
+        };
+        let vectors = rfc8439_a3();
+        let long: Vec<_> = vectors.iter().filter(|v| v.2.len() / 16 >= 8).collect();
+        for (limbs, run) in [(26, true), (44, ifma)] {
+            if !run {
+                continue;
+            }
+            for (name, key, message, tag) in &long {
+                let full = message.len() / 16;
+                for head in 0..8 {
+                    let runs = (full - head) / 8 * 8;
+                    let mut poly = Poly1305::new(key[..].try_into().expect("32 bytes"));
+                    poly.update_raw(&message[..16 * head]);
+                    let vector = &message[16 * head..16 * (head + runs)];
+                    // SAFETY: AVX-512F checked, and IFMA for the 44-bit limbs.
+                    poly.h = unsafe {
+                        if limbs == 44 {
+                            lanes44::blocks(poly.h, poly.r0, poly.r1, vector)
+                        } else {
+                            lanes::blocks(poly.h, poly.r0, poly.r1, vector)
+                        }
+                    };
+                    poly.update_raw(&message[16 * (head + runs)..]);
+                    assert_eq!(
+                        &poly.finish()[..],
+                        &tag[..],
+                        "A.3 {name}, {limbs}-bit limbs, {runs} blocks from block {head}"
+                    );
+                }
+            }
+            println!(
+                "{limbs}-bit vector Poly1305: RFC 8439 A.3: {0} run (each from 8 offsets), {0} \
+                 passed, {1} not applicable (fewer than 8 whole blocks: {2})",
+                long.len(),
+                vectors.len() - long.len(),
+                vectors
+                    .iter()
+                    .filter(|v| v.2.len() / 16 < 8)
+                    .map(|v| v.0)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+    }
+
+    /// The RFC's edge cases are 1 to 4 blocks, shorter than the vector Poly1305's 8: these
+    /// are built (not taken from the RFC) so that each vector Poly1305 hands the final
+    /// reduction h = p + k, between p and 2¹³⁰ (k below 5), or 2¹³⁰ itself (k = 5). With
+    /// r = 1 and s = 0, h is 8·2¹²⁸ plus the sum M of the 8 blocks, ≡ 10 + M (mod p, as
+    /// 2¹³⁰ ≡ 5); three all-ones blocks and one of 2¹²⁸ − 12 + k make M = 2¹³⁰ − 15 + k, so
+    /// h ≡ p + k and the tag is k.
+    #[test]
+    fn the_final_reduction_from_each_vector_poly1305_between_p_and_2_130() {
+        let test = "the_final_reduction_from_each_vector_poly1305_between_p_and_2_130";
+        let ifma = vector_poly1305s(test);
+        let mut key = [0u8; 32];
+        key[0] = 1;
+        for k in 0..=5u8 {
+            let mut message = [0u8; 128];
+            message[..48].fill(0xff);
+            message[48..64].fill(0xff);
+            message[48] = 0xf4 + k;
+            let mut tag = [0u8; 16];
+            tag[0] = k;
+            // p + k, or 2¹³⁰ for k = 5, in the form the vector code leaves h.
+            let edge = if k < 5 {
+                [u64::MAX - 4 + u64::from(k), u64::MAX, 3]
+            } else {
+                [0, 0, 4]
+            };
+            let mut scalar = Poly1305::new(&key);
+            scalar.update_padded(&message);
+            assert_eq!(scalar.finish(), tag, "scalar, k = {k}");
+            let Some(ifma) = ifma else { continue };
+            let mut narrow = Poly1305::new(&key);
+            // SAFETY: AVX-512F checked.
+            narrow.h = unsafe { lanes::blocks(narrow.h, narrow.r0, narrow.r1, &message) };
+            assert_eq!(narrow.h, edge, "26-bit limbs hand over p + {k}");
+            assert_eq!(narrow.finish(), tag, "26-bit limbs, k = {k}");
+            if ifma {
+                let mut wide = Poly1305::new(&key);
+                // SAFETY: AVX-512F and IFMA checked.
+                wide.h = unsafe { lanes44::blocks(wide.h, wide.r0, wide.r1, &message) };
+                assert_eq!(wide.h, edge, "44-bit limbs hand over p + {k}");
+                assert_eq!(wide.finish(), tag, "44-bit limbs, k = {k}");
             }
         }
     }
