@@ -54,16 +54,16 @@ pub mod tls_records {
 }
 
 pub use error::Error;
-/// Tunnels with their own TCP/IP stack for tokio programs, with no TUN and no root (the
-/// `tunneld-userspace` crate; the `tokio` feature).
-#[cfg(feature = "tokio")]
-pub use tunneld_userspace as userspace;
 pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};
 pub use reload::ReloadReport;
 pub use tunneld_config::{self as config, ConfigError, ConfigErrors};
 pub use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
 pub use tunneld_tunnel::uapi::{DeviceSnapshot, PeerSnapshot, WorkerStats};
 pub use tunneld_tunnel::{PeerSettings, SyncReport};
+/// Tunnels with their own TCP/IP stack for tokio programs, with no TUN and no root (the
+/// `tunneld-userspace` crate; the `tokio` feature).
+#[cfg(feature = "tokio")]
+pub use tunneld_userspace as userspace;
 
 /// Where the UAPI sockets live (`<dir>/<interface>.sock`), as `wg` expects.
 pub const UAPI_SOCKET_DIR: &str = uapi_server::SOCKET_DIR;

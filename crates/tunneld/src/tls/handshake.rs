@@ -254,6 +254,6 @@ fn send_queued_alert<C: Process>(conn: &mut C, sock: &TcpStream, received: &mut 
     // the alert.
     let _ = sock.shutdown(std::net::Shutdown::Write);
     if sock.set_nonblocking(true).is_ok() {
-        super::stream::drain(sock, received);
+        super::drain(sock, received);
     }
 }

@@ -211,7 +211,7 @@ impl RecordStream {
                 let _ = self.tls.write(&buf[..n]);
             }
             let _ = self.tls.shutdown(std::net::Shutdown::Write);
-            drain(&self.tls, &mut self.received);
+            super::drain(&self.tls, &mut self.received);
         }
         anyhow::Error::new(e).context("TLS")
     }
@@ -246,18 +246,6 @@ impl RecordStream {
             n -= left;
             self.piece += 1;
             self.piece_taken = 0;
-        }
-    }
-}
-
-/// Reads and drops what `sock` holds now (at most a few buffers' worth), so that closing it
-/// sends a FIN, not a reset.
-pub fn drain(mut sock: &TcpStream, buf: &mut [u8]) {
-    for _ in 0..16 {
-        match sock.read(buf) {
-            Ok(1..) => {}
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            _ => return,
         }
     }
 }
