@@ -805,9 +805,8 @@ pub(crate) fn wake_listener(addr: SocketAddr) {
     let _ = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(1));
 }
 
-/// (Here, not in `stream.rs`, because the handshake and the stream both use it.)
 /// Reads and drops what `sock` holds now (at most a few buffers' worth), so that closing it
-/// sends a FIN, not a reset.
+/// sends a FIN, not a reset. (Here, not in `stream.rs`: the handshake uses it too.)
 fn drain(mut sock: &TcpStream, buf: &mut [u8]) {
     for _ in 0..16 {
         match std::io::Read::read(&mut sock, buf) {
