@@ -1290,6 +1290,73 @@ mod tests {
         }
     }
 
+    /// A KeyUpdate the client asks for is answered at once, while the plaintext side has
+    /// nothing to send (tlsfuzzer's `app data split, conversation with KeyUpdate msg`: "GET"
+    /// and the request for an update, then nothing until the server's KeyUpdate; the relay
+    /// sealed the owed one only when the plaintext side had become readable).
+    #[test]
+    fn a_requested_key_update_is_answered_while_the_plaintext_side_is_silent() {
+        use std::time::Instant;
+        let (mut server, client) = configs();
+        // No tickets: the only record that can come back is the KeyUpdate.
+        server.send_tls13_tickets = 0;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
+            (
+                handshake_for_records(Unbuffered::Server(conn), &sock, true).unwrap(),
+                sock,
+            )
+        });
+        let mut sock = TcpStream::connect(addr).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut conn = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+        while conn.is_handshaking() {
+            while conn.wants_write() {
+                conn.write_tls(&mut sock).unwrap();
+            }
+            if conn.is_handshaking() {
+                conn.read_tls(&mut sock).unwrap();
+                conn.process_new_packets().unwrap();
+            }
+        }
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        let (established, tls) = server.join().unwrap();
+        // The plaintext side: a service that accepts and says nothing.
+        let service = TcpListener::bind("127.0.0.1:0").unwrap();
+        let plain = TcpStream::connect(service.local_addr().unwrap()).unwrap();
+        let _service_side = service.accept().unwrap();
+        tls.set_nonblocking(true).unwrap();
+        let stats = Arc::new(crate::tls::ListenerStats::default());
+        let mut relay = crate::tls::relay::Relay::new(plain, tls, established, stats).unwrap();
+        // Nothing to move yet: the plaintext side is found empty (and marked so).
+        relay.step().unwrap();
+        std::io::Write::write_all(&mut conn.writer(), b"GET").unwrap();
+        conn.refresh_traffic_keys().unwrap();
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut got = 0;
+        while got == 0 && Instant::now() < deadline {
+            relay.mark_readable(false);
+            relay.step().unwrap();
+            match conn.read_tls(&mut sock) {
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("reading the server's answer: {e}"),
+            }
+        }
+        assert!(got > 0, "no KeyUpdate from the server");
+        conn.process_new_packets().expect("the server's KeyUpdate");
+    }
+
     /// The secrets rustls logs (SSLKEYLOGFILE's lines), by label.
     #[derive(Debug, Default)]
     struct KeyLog(std::sync::Mutex<Vec<(String, Vec<u8>)>>);
