@@ -11,6 +11,7 @@ mod package;
 mod system;
 mod testbed;
 mod tls_bench;
+mod tlsfuzzer;
 
 use std::process::ExitCode;
 
@@ -42,6 +43,11 @@ commands:
   fuzz <target|all|list> [--time N]
                    coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
                    installed when missing); default 60 s each
+  tlsfuzzer [SCRIPT...]
+                   tlsfuzzer's TLS 1.3 record-layer scripts (conversation, keyupdate, lengths,
+                   ...; all without names) against tunneld's [[tls.listen]] in a namespace;
+                   needs root and the vendored copy in ../shared/vendor/tlsfuzzer (or
+                   TUNNELD_TLSFUZZER_DIR); installs python3-ecdsa when missing
   deb [--check]    the Debian package (cargo-deb, installed when missing): the binary, the
                    systemd unit, man pages, shell completions, an example config; --check
                    installs it, uses it (and systemd-analyze on its unit), removes it
@@ -63,6 +69,7 @@ fn main() -> ExitCode {
         Some("bench-tls") => tls_bench::run(&args[1..]),
         Some("bench-embedded") => embedded_bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
+        Some("tlsfuzzer") => tlsfuzzer::run(&args[1..]),
         Some("deps") => system::install_tools(),
         Some("deb") => package::build().and_then(|deb| {
             if args.iter().any(|a| a == "--check") {
@@ -233,6 +240,22 @@ fn test() -> ExitCode {
         failures.push("package (not root)".into());
     } else {
         eprintln!("==> package check: SKIPPED (needs root to install it)");
+    }
+    // tlsfuzzer's record-layer scripts against a [[tls.listen]]; each script counts in the
+    // summary as one test. Skipped (counted so) without the vendored copy or without root.
+    match tlsfuzzer::step() {
+        Ok(Some(counts)) => {
+            tally.passed += counts.passed;
+            tally.failed += counts.failed;
+            if counts.failed > 0 {
+                failures.push("tlsfuzzer".into());
+            }
+        }
+        Ok(None) => tally.skipped += tlsfuzzer::script_count(),
+        Err(e) => {
+            eprintln!("tlsfuzzer: {e}");
+            failures.push("tlsfuzzer".into());
+        }
     }
     // The end-to-end benchmark harness, one short round, so it never rots. It needs network
     // namespaces: without them it is skipped like the privileged tests (a failure when they

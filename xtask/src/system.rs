@@ -1,6 +1,6 @@
 //! Running commands and installing the system tools the tests and the demo need.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +28,12 @@ const TOOLS: &[(&str, &str)] = &[
     // `promtool check metrics` on a scrape (tests/metrics.rs); images of this kind keep apt
     // from starting the prometheus service it comes with (policy-rc.d).
     ("promtool", "prometheus"),
+];
+
+/// (Python module to look for, Debian package providing it), for the system's python3.
+const PYTHON_MODULES: &[(&str, &str)] = &[
+    // tlsfuzzer (the tlsfuzzer step; vendored beside the repository) needs ecdsa.
+    ("ecdsa", "python3-ecdsa"),
 ];
 
 pub fn repo_root() -> Result<PathBuf, String> {
@@ -131,8 +137,21 @@ pub fn check_interrupted() -> Result<(), String> {
 /// Runs `cmd` to completion, but kills it if it runs longer than `limit`. Returns its output
 /// (stdout and stderr captured) or an error saying it was killed.
 pub fn output_within(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
+    output_with_input(cmd, &[], limit)
+}
+
+/// [`output_within`], with `input` written to the command's stdin (then closed).
+pub fn output_with_input(
+    cmd: &mut Command,
+    input: &[u8],
+    limit: Duration,
+) -> Result<Output, String> {
     let mut child = cmd
-        .stdin(Stdio::null())
+        .stdin(if input.is_empty() {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -158,6 +177,10 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> Result<Output, Strin
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
+    if let Some(mut stdin) = child.stdin.take() {
+        // Small inputs only (a pipe's buffer): a command that never reads cannot block this.
+        let _ = stdin.write_all(input);
+    }
     let deadline = Instant::now() + limit;
     let status = loop {
         match child.try_wait() {
@@ -185,14 +208,50 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> Result<Output, Strin
     }
 }
 
+/// The first `python3` on PATH that imports `module` (the system's may not be first).
+pub fn python_with(module: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join("python3"))
+        .filter(|p| p.is_file())
+        .find(|python| {
+            output_within(
+                Command::new(python).args(["-c", &format!("import {module}")]),
+                Duration::from_secs(30),
+            )
+            .is_ok_and(|out| out.status.success())
+        })
+}
+
+/// A `python3` that imports `module`, after installing `package` (apt-get) when none does.
+pub fn python_with_module(module: &str, package: &str) -> Result<PathBuf, String> {
+    if let Some(python) = python_with(module) {
+        return Ok(python);
+    }
+    install_packages(&[package])?;
+    python_with(module).ok_or_else(|| format!("no python3 on PATH imports {module} ({package})"))
+}
+
 /// Installs, with apt-get, the packages whose commands are missing. Without root, says what
 /// is missing and carries on (privileged tests then skip, or fail if required).
 pub fn install_tools() -> Result<(), String> {
-    let missing: Vec<&str> = TOOLS
+    let mut missing: Vec<&str> = TOOLS
         .iter()
         .filter(|(cmd, _)| !have(cmd))
         .map(|(_, pkg)| *pkg)
         .collect();
+    missing.extend(
+        PYTHON_MODULES
+            .iter()
+            .filter(|(module, _)| python_with(module).is_none())
+            .map(|(_, pkg)| *pkg),
+    );
+    install_packages(&missing)
+}
+
+/// Installs Debian packages with apt-get (nothing when `missing` is empty). Without root,
+/// says what is missing and carries on.
+pub fn install_packages(missing: &[&str]) -> Result<(), String> {
     if missing.is_empty() {
         return Ok(());
     }
@@ -222,7 +281,7 @@ pub fn install_tools() -> Result<(), String> {
         .is_ok();
     let installed = run(Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
+        .args(missing)
         .env("DEBIAN_FRONTEND", "noninteractive"));
     if made_policy {
         let _ = std::fs::remove_file(policy);

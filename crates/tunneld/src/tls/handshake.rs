@@ -98,6 +98,10 @@ fn drive_handshake<C: Process>(
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let mut sock = sock;
     let mut received_end = 0;
+    // rustls sees `received[..offered]`: whole records, one more each time it asks for more,
+    // so that what the other side sent after its last handshake message (with it, in one
+    // read) stays raw for the record layer and its alerts, rather than reaching rustls.
+    let mut offered = 0;
     let mut outgoing = vec![0; 4096];
     let mut outgoing_end = 0;
     loop {
@@ -107,13 +111,13 @@ fn drive_handshake<C: Process>(
         }
         sock.set_read_timeout(Some(left))?;
         sock.set_write_timeout(Some(left))?;
-        let UnbufferedStatus { mut discard, state } = conn.process(&mut received[..received_end]);
+        let UnbufferedStatus { mut discard, state } = conn.process(&mut received[..offered]);
         let state = match state {
             Ok(state) => state,
             Err(e) => {
-                received.copy_within(discard..received_end, 0);
-                received_end -= discard;
-                send_queued_alert(conn, sock, &mut received[..received_end]);
+                received.copy_within(discard..offered, 0);
+                offered -= discard;
+                send_queued_alert(conn, sock, received, offered);
                 return Err(e.into());
             }
         };
@@ -162,6 +166,7 @@ fn drive_handshake<C: Process>(
         if discard > 0 {
             received.copy_within(discard..received_end, 0);
             received_end -= discard;
+            offered -= discard;
         }
         if done {
             return Ok((received_end, false));
@@ -175,20 +180,42 @@ fn drive_handshake<C: Process>(
             return Ok((received_end, true));
         }
         if read_more {
-            if received_end == received.len() {
-                bail!(
-                    "TLS: a handshake message larger than {} bytes",
-                    received.len()
-                );
+            // Bounded: each turn reads at least a byte into a buffer of fixed size, or ends.
+            while next_offer(&received[offered..received_end]).is_none() {
+                if received_end == received.len() {
+                    bail!(
+                        "TLS: a handshake message larger than {} bytes",
+                        received.len()
+                    );
+                }
+                match sock.read(&mut received[received_end..]) {
+                    Ok(0) => return Err(ClosedEarly.into()),
+                    Ok(n) => received_end += n,
+                    Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
+                        return Err(ClosedEarly.into())
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(timed_out(e, "receiving")),
+                }
             }
-            match sock.read(&mut received[received_end..]) {
-                Ok(0) => return Err(ClosedEarly.into()),
-                Ok(n) => received_end += n,
-                Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Err(ClosedEarly.into()),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(timed_out(e, "receiving")),
-            }
+            offered += next_offer(&received[offered..received_end]).unwrap_or(0);
         }
+    }
+}
+
+/// The largest record length (the header's) rustls accepts: 2^14 + 2048 (RFC 8446 5.2).
+const MAX_RECORD_LENGTH: usize = (1 << 14) + 2048;
+
+/// How many of `bytes` (raw records) to offer rustls next: the first whole record, or,
+/// when its header names a length over [`MAX_RECORD_LENGTH`], all there is (rustls refuses
+/// it at once, with record_overflow, instead of waiting for it whole). `None`: read more.
+fn next_offer(bytes: &[u8]) -> Option<usize> {
+    let header = bytes.get(..5)?;
+    let length = usize::from(u16::from_be_bytes([header[3], header[4]]));
+    if length > MAX_RECORD_LENGTH {
+        Some(bytes.len())
+    } else {
+        (bytes.len() >= 5 + length).then_some(5 + length)
     }
 }
 
@@ -240,10 +267,11 @@ fn timed_out(e: io::Error, doing: &str) -> anyhow::Error {
 /// After a handshake error, sends the alert rustls queued for it (best effort), so the
 /// other side learns why. rustls hands a queued record out before it looks at the input
 /// again; asking once more would make it read the offending bytes a second time.
-fn send_queued_alert<C: Process>(conn: &mut C, sock: &TcpStream, received: &mut [u8]) {
+fn send_queued_alert<C: Process>(conn: &mut C, sock: &TcpStream, received: &mut [u8], seen: usize) {
     let mut sock = sock;
     // The bytes rustls has seen go back in: it may hold positions in them.
-    if let Ok(ConnectionState::EncodeTlsData(mut data)) = conn.process(received).state {
+    if let Ok(ConnectionState::EncodeTlsData(mut data)) = conn.process(&mut received[..seen]).state
+    {
         let mut alert = [0; 256];
         if let Ok(n) = data.encode(&mut alert) {
             let _ = sock.write_all(&alert[..n]);

@@ -1166,8 +1166,14 @@ mod tests {
             conn.write_tls(&mut sock).unwrap();
         }
         let established = server.join().unwrap().expect("the handshake completes");
-        assert_eq!(established.early, b"request");
-        assert!(established.peer_closed);
+        // Both are left raw to the record layer (rustls is offered one record at a time).
+        assert!(established.early.is_empty());
+        assert!(!established.peer_closed);
+        let request = HEADER + 7 + 1 + TAG;
+        assert_eq!(established.received_end, request + HEADER + 2 + 1 + TAG);
+        let mut records = established.records;
+        let mut received = established.received.to_vec();
+        assert_eq!(opened(&mut records, &mut received[..request]), b"request");
     }
 
     /// tlsfuzzer's client offers no psk_dhe_ke, so the server sends no session tickets, and
@@ -1224,6 +1230,131 @@ mod tests {
             opened(&mut records, &mut received[..end]),
             b"GET / HTTP/1.0\r\n\r\n"
         );
+    }
+
+    /// What a client sends with its Finished, in the same write, reaches the record layer
+    /// raw: rustls is offered one record at a time during the handshake, so it never reads
+    /// past the handshake's last message. (It used to read on: a fragmented KeyUpdate or an
+    /// empty alert sent with the Finished got rustls's answer, bad_record_mac or
+    /// decode_error, instead of the record layer's, as tlsfuzzer's keyupdate and empty-alert
+    /// scripts saw depending on how the bytes arrived.)
+    #[test]
+    fn records_sent_with_the_finished_are_left_to_the_record_layer() {
+        for tickets in [0, 2] {
+            let (mut server, client) = configs();
+            server.send_tls13_tickets = tickets;
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let server = std::thread::spawn(move || {
+                let (sock, _) = listener.accept().unwrap();
+                let conn =
+                    rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
+                handshake_for_records(Unbuffered::Server(conn), &sock, true).unwrap()
+            });
+            let mut sock = TcpStream::connect(addr).unwrap();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let mut conn = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+            while conn.is_handshaking() {
+                while conn.wants_write() {
+                    conn.write_tls(&mut sock).unwrap();
+                }
+                if conn.is_handshaking() {
+                    conn.read_tls(&mut sock).unwrap();
+                    conn.process_new_packets().unwrap();
+                }
+            }
+            // The Finished and two records after it, in one write.
+            std::io::Write::write_all(&mut conn.writer(), b"GET / HTTP/1.0\r\n\r\n").unwrap();
+            conn.send_close_notify();
+            let mut pending = Vec::new();
+            while conn.wants_write() {
+                conn.write_tls(&mut pending).unwrap();
+            }
+            std::io::Write::write_all(&mut sock, &pending).unwrap();
+            let established = server.join().unwrap();
+            assert!(established.early.is_empty(), "tickets {tickets}");
+            assert!(!established.peer_closed, "tickets {tickets}");
+            let request = HEADER + 18 + 1 + TAG;
+            let close_notify = HEADER + 2 + 1 + TAG;
+            assert_eq!(
+                established.received_end,
+                request + close_notify,
+                "tickets {tickets}"
+            );
+            let mut records = established.records;
+            let mut received = established.received.to_vec();
+            assert_eq!(
+                opened(&mut records, &mut received[..request]),
+                b"GET / HTTP/1.0\r\n\r\n"
+            );
+        }
+    }
+
+    /// A KeyUpdate the client asks for is answered at once, while the plaintext side has
+    /// nothing to send (tlsfuzzer's `app data split, conversation with KeyUpdate msg`: "GET"
+    /// and the request for an update, then nothing until the server's KeyUpdate; the relay
+    /// sealed the owed one only when the plaintext side had become readable).
+    #[test]
+    fn a_requested_key_update_is_answered_while_the_plaintext_side_is_silent() {
+        use std::time::Instant;
+        let (mut server, client) = configs();
+        // No tickets: the only record that can come back is the KeyUpdate.
+        server.send_tls13_tickets = 0;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
+            (
+                handshake_for_records(Unbuffered::Server(conn), &sock, true).unwrap(),
+                sock,
+            )
+        });
+        let mut sock = TcpStream::connect(addr).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut conn = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+        while conn.is_handshaking() {
+            while conn.wants_write() {
+                conn.write_tls(&mut sock).unwrap();
+            }
+            if conn.is_handshaking() {
+                conn.read_tls(&mut sock).unwrap();
+                conn.process_new_packets().unwrap();
+            }
+        }
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        let (established, tls) = server.join().unwrap();
+        // The plaintext side: a service that accepts and says nothing.
+        let service = TcpListener::bind("127.0.0.1:0").unwrap();
+        let plain = TcpStream::connect(service.local_addr().unwrap()).unwrap();
+        let _service_side = service.accept().unwrap();
+        tls.set_nonblocking(true).unwrap();
+        let stats = Arc::new(crate::tls::ListenerStats::default());
+        let mut relay = crate::tls::relay::Relay::new(plain, tls, established, stats).unwrap();
+        // Nothing to move yet: the plaintext side is found empty (and marked so).
+        relay.step().unwrap();
+        std::io::Write::write_all(&mut conn.writer(), b"GET").unwrap();
+        conn.refresh_traffic_keys().unwrap();
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut got = 0;
+        while got == 0 && Instant::now() < deadline {
+            relay.mark_readable(false);
+            relay.step().unwrap();
+            match conn.read_tls(&mut sock) {
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("reading the server's answer: {e}"),
+            }
+        }
+        assert!(got > 0, "no KeyUpdate from the server");
+        conn.process_new_packets().expect("the server's KeyUpdate");
     }
 
     /// The secrets rustls logs (SSLKEYLOGFILE's lines), by label.

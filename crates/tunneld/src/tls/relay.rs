@@ -124,13 +124,17 @@ impl Relay {
     }
 
     /// Plaintext in, sealed into records, once the TLS side has taken everything before it.
-    /// A KeyUpdate that is due goes first, on its own.
+    /// A KeyUpdate that is due goes first, on its own, whether or not the plaintext side has
+    /// anything: one the other side asked for is owed at once, not with the next data.
     fn plaintext_in(&mut self) -> anyhow::Result<bool> {
-        if self.plain_done || self.stream.sending() || !self.plain_readable {
+        if self.plain_done || self.stream.sending() {
             return Ok(false);
         }
         if self.stream.seal_due()? {
             return Ok(true);
+        }
+        if !self.plain_readable {
+            return Ok(false);
         }
         let read = self.plain.read_vectored(&mut self.stream.slots());
         match read {
