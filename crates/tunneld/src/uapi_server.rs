@@ -77,12 +77,35 @@ impl UapiServer {
                 _ => {}
             }
         }
-        let listener = UnixListener::bind(&path)
-            .with_context(|| format!("cannot create the UAPI socket {}", path.display()))?;
-        // Keys can be read and set through it: root only.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("cannot restrict {}", path.display()))?;
-        Ok(Self { listener, path })
+        // The socket is made under a name of its own, restricted (keys can be read and set
+        // through it: root only), then renamed into place, so the path never names it
+        // unrestricted. A `wg` that found the stale socket refusing it just before it went
+        // unlinks the path, which may by then be ours: so the path must answer afterwards,
+        // or the socket is made again.
+        let made = path.with_file_name(format!(".{interface}.sock.{}", std::process::id()));
+        for _ in 0..3 {
+            let _ = std::fs::remove_file(&made);
+            let listener = UnixListener::bind(&made)
+                .with_context(|| format!("cannot create the UAPI socket {}", made.display()))?;
+            let placed = std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o600))
+                .and_then(|()| std::fs::rename(&made, &path));
+            if let Err(e) = placed {
+                let _ = std::fs::remove_file(&made);
+                return Err(e).with_context(|| format!("cannot put {} in place", path.display()));
+            }
+            // A connection to check: the serving thread takes it and it closes at once.
+            if UnixStream::connect(&path).is_ok() {
+                return Ok(Self { listener, path });
+            }
+            tracing::debug!(
+                "{} was removed as it was made; making it again",
+                path.display()
+            );
+        }
+        bail!(
+            "cannot keep the UAPI socket {} in place: something removes it",
+            path.display()
+        )
     }
 
     /// Serves the socket on a thread of its own, answering each request with `answer`.

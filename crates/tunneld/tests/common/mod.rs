@@ -180,8 +180,12 @@ impl Gateway {
             if let Some(status) = gw.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("tunneld exited early ({status}):\n{}", gw.log_text());
             }
-            let ready =
-                socket_path(ifname).exists() && ns.output(&["wg", "show", ifname]).status.success();
+            // `wg` only once tunneld says the interface is up: before that the path may still
+            // be a stale socket of a killed tunneld, which `wg` would unlink as tunneld
+            // replaces it.
+            let ready = gw.log_text().contains("interface up")
+                && socket_path(ifname).exists()
+                && ns.output(&["wg", "show", ifname]).status.success();
             if ready {
                 return gw;
             }
