@@ -169,7 +169,10 @@ fn test() -> ExitCode {
                 "warnings",
             ],
         ),
-        ("unit and end-to-end tests", &["test", "--workspace"]),
+        (
+            "unit and end-to-end tests",
+            &["test", "--workspace", "--no-fail-fast"],
+        ),
         ("benches build", &["bench", "--workspace", "--no-run"]),
         // The fuzz crate lives outside the workspace: its own fmt, lint, and the stable
         // replay of its targets over the seeds.
