@@ -37,8 +37,6 @@ const TCP_BUFFER: usize = 2 << 20;
 /// A connection whose peer stays silent this long with data outstanding is aborted (and a
 /// connect that gets no answer in this time fails).
 const TCP_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often a connection that may have stalled in CLOSE-WAIT/LAST-ACK is probed.
-const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// A connection whose handles are all gone gets this long to close gracefully.
 const LINGER: Duration = Duration::from_secs(30);
 /// Listen sockets kept ready per listener: connections being set up at once.
@@ -360,8 +358,6 @@ struct Conn {
     told_end: bool,
     /// When every handle was gone (a deadline for the graceful close).
     abandoned_at: Option<Instant>,
-    /// Keep-alive probes are on (see `serve_conn`).
-    probing: bool,
 }
 
 struct Listener {
@@ -398,8 +394,6 @@ struct Engine {
     next_tick: Instant,
     /// Work is left that needs no event (a full batch, a ring with room again).
     more: bool,
-    /// Some connection is in a state where smoltcp may stall (see `serve_conn`).
-    probing: bool,
     recv_errors: u64,
 }
 
@@ -525,7 +519,6 @@ impl Engine {
             next_port: *EPHEMERAL.start(),
             next_tick: now + TICK,
             more: false,
-            probing: false,
             recv_errors: 0,
         }
     }
@@ -628,13 +621,7 @@ impl Engine {
             }
         }
         self.serve_sockets(now);
-        pump(
-            &mut self.iface,
-            &mut self.phy,
-            &mut self.sockets,
-            ts,
-            self.probing,
-        );
+        pump(&mut self.iface, &mut self.phy, &mut self.sockets, ts);
         self.serve_sockets(now);
         if egress(&mut self.iface, &mut self.phy, &mut self.sockets, ts) {
             self.more = true;
@@ -664,13 +651,7 @@ impl Engine {
             let from = self.net_rx.addr(i);
             for datagram in self.net_rx.datagrams(i) {
                 if self.phy.rx.batch.is_full() {
-                    pump(
-                        &mut self.iface,
-                        &mut self.phy,
-                        &mut self.sockets,
-                        ts,
-                        self.probing,
-                    );
+                    pump(&mut self.iface, &mut self.phy, &mut self.sockets, ts);
                 }
                 let tx = &mut self.phy.tx;
                 if tx.net_tx.is_full() {
@@ -685,13 +666,7 @@ impl Engine {
                 );
             }
         }
-        pump(
-            &mut self.iface,
-            &mut self.phy,
-            &mut self.sockets,
-            ts,
-            self.probing,
-        );
+        pump(&mut self.iface, &mut self.phy, &mut self.sockets, ts);
         frames
     }
 
@@ -830,7 +805,6 @@ impl Engine {
                     got_fin: false,
                     told_end: false,
                     abandoned_at: None,
-                    probing: false,
                 });
             }
         }
@@ -917,7 +891,6 @@ impl Engine {
                 self.sockets.remove(conn.handle);
             }
         }
-        self.probing = self.conns.iter().any(|c| c.probing);
         let mut i = 0;
         while i < self.udps.len() {
             if serve_udp(&mut self.udps[i], &mut self.sockets, &mut self.more) {
@@ -975,7 +948,6 @@ impl Engine {
                     got_fin: false,
                     told_end: false,
                     abandoned_at: None,
-                    probing: false,
                 });
                 let mut fresh = new_tcp_socket();
                 let _ = fresh.listen(self.listeners[l].endpoint);
@@ -986,27 +958,18 @@ impl Engine {
     }
 }
 
-/// Runs the stack: everything received, then what it has to send.
-///
-/// `careful`: some connection may stall (see `serve_conn`), so the stack sends after each
-/// packet it receives. smoltcp counts duplicate ACKs and starts a fast retransmit at the
-/// third, but in CLOSE-WAIT and LAST-ACK the next ACK processed before it sends cancels
-/// that, and the count runs past three for good.
+/// Runs the stack: everything received, then one round of what it has to send (replies
+/// and acknowledgements go out between batches; the rest of the burst is `egress`'s).
 fn pump(
     iface: &mut Interface,
     phy: &mut Phy,
     sockets: &mut SocketSet<'_>,
     ts: smoltcp::time::Instant,
-    careful: bool,
 ) {
-    if careful {
-        while iface.poll_ingress_single(ts, phy, sockets)
-            != smoltcp::iface::PollIngressSingleResult::None
-        {
-            let _ = iface.poll_egress(ts, phy, sockets);
-        }
-    }
-    let _ = iface.poll(ts, phy, sockets);
+    while iface.poll_ingress_single(ts, phy, sockets)
+        != smoltcp::iface::PollIngressSingleResult::None
+    {}
+    let _ = iface.poll_egress(ts, phy, sockets);
     phy.rx.batch.clear();
     phy.rx.next = 0;
 }
@@ -1132,16 +1095,6 @@ fn serve_conn(conn: &mut Conn, sockets: &mut SocketSet<'_>, now: Instant, more: 
     }
 
     let state = socket.state();
-    // smoltcp 0.12 resets its retransmission timer on every ACK in CLOSE-WAIT and LAST-ACK
-    // (the peer has sent FIN, we still send), so a segment lost there is never resent and the
-    // connection stalls. Keep-alive probes while data is outstanding there make the peer
-    // answer with duplicate ACKs, and the third one starts a fast retransmit.
-    let stall_prone =
-        matches!(state, tcp::State::CloseWait | tcp::State::LastAck) && socket.send_queue() > 0;
-    if stall_prone != conn.probing {
-        socket.set_keep_alive(stall_prone.then(|| PROBE_INTERVAL.into()));
-        conn.probing = stall_prone;
-    }
     if matches!(
         state,
         tcp::State::CloseWait | tcp::State::LastAck | tcp::State::Closing | tcp::State::TimeWait
