@@ -4,8 +4,9 @@
 //!
 //! A turn: datagrams in (a batch per `recvmmsg`, decrypted into a batch of packets the stack
 //! reads), the handles' rings served, the stack polled with the current time (it writes
-//! its packets straight into the encryption path, whose datagrams leave in batches), the
-//! rings served again with what arrived, and the send batch flushed. Between turns the
+//! its packets straight into the encryption path, whose datagrams leave in batches; its
+//! TCP super-segments are cut to the MTU first, see `TxPath::send`), the rings served
+//! again with what arrived, and the send batch flushed. Between turns the
 //! thread waits in `poll` for the socket, a handle's wake-up, the stack's next timer or the
 //! device's 250 ms tick.
 
@@ -15,30 +16,33 @@ use crate::TunnelStats;
 use ipnet::IpNet;
 use rtrb::{Consumer, Producer, RingBuffer};
 use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
-use smoltcp::phy::{self, Checksum, DeviceCapabilities, Medium};
+use smoltcp::phy::{self, Checksum, DeviceCapabilities, Medium, PacketMeta};
 use smoltcp::socket::{tcp, udp, Socket};
 use smoltcp::wire::{HardwareAddress, IpAddress, IpCidr, IpEndpoint, IpListenEndpoint};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::num::{NonZeroU16, NonZeroUsize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tunneld_crypto::PublicKey;
+use tunneld_dataplane::offload::{self, VnetHdr};
 use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::{Batch, DatagramIo, BATCH_SIZE};
 use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
 
 /// The device's timers run this often (as in the dataplane's worker).
 const TICK: Duration = Duration::from_millis(250);
+/// The largest TCP packet the stack builds (it is cut to the MTU before encryption): an
+/// IP packet's largest size.
+const MAX_SUPER: usize = 65_535;
 /// Each way, the stack's buffer of one TCP connection: its window, and what it keeps for
 /// retransmission.
 const TCP_BUFFER: usize = 2 << 20;
 /// A connection whose peer stays silent this long with data outstanding is aborted (and a
 /// connect that gets no answer in this time fails).
 const TCP_TIMEOUT: Duration = Duration::from_secs(60);
-/// How often a connection that may have stalled in CLOSE-WAIT/LAST-ACK is probed.
-const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// A connection whose handles are all gone gets this long to close gracefully.
 const LINGER: Duration = Duration::from_secs(30);
 /// Listen sockets kept ready per listener: connections being set up at once.
@@ -230,35 +234,99 @@ struct TxPath {
     device: Device,
     udp: UdpSocket,
     net_tx: Batch,
-    /// One packet from the stack, with room behind it for WireGuard's padding.
+    /// One packet from the stack (a TCP super-segment of up to `MAX_SUPER` bytes), with room
+    /// behind it for WireGuard's padding.
     packet: Box<[u8]>,
+    /// For `offload::segment`: a segment shorter than its headers is built here (never, for
+    /// a real MSS, but a peer chooses the MSS).
+    scratch: Box<[u8]>,
     now: Instant,
     send_errors: u64,
+    offload_errors: u64,
 }
 
 impl TxPath {
-    fn encapsulate(&mut self, len: usize) {
-        if self.net_tx.is_full() {
-            self.flush();
+    /// Sends the stack's packet in `packet[..len]`: a TCP packet is cut into segments of
+    /// `segment` payload bytes (the stack's segmentation offload) or, alone, gets its
+    /// checksum (the stack leaves TCP checksums to the device, as offload requires); each
+    /// packet is encrypted straight into the send batch.
+    fn send(&mut self, len: usize, segment: Option<NonZeroU16>) {
+        let gso_type = match tcp_version(&self.packet[..len]) {
+            Some(false) => offload::GSO_TCPV4,
+            Some(true) => offload::GSO_TCPV6,
+            None => {
+                if self.net_tx.is_full() {
+                    self.flush();
+                }
+                let _ = self
+                    .device
+                    .encapsulate(&mut self.packet, len, self.now, &mut self.net_tx);
+                return;
+            }
+        };
+        let hdr = VnetHdr {
+            gso_type,
+            // One segment when the stack asked for none: the packet fits the MTU.
+            gso_size: segment.map_or(u16::MAX, NonZeroU16::get),
+            ..VnetHdr::default()
+        };
+        let TxPath {
+            device,
+            udp,
+            net_tx,
+            packet,
+            scratch,
+            now,
+            send_errors,
+            ..
+        } = self;
+        let result = offload::segment(packet, len, &hdr, scratch, |buf, n| {
+            if net_tx.is_full() {
+                send_batch(udp, net_tx, send_errors);
+            }
+            let _ = device.encapsulate(buf, n, *now, net_tx);
+        });
+        if let Err(e) = result {
+            // Only a packet the stack built malformed gets here; TCP resends what it was.
+            self.offload_errors += 1;
+            if self.offload_errors.is_power_of_two() {
+                tracing::warn!(
+                    "cutting a packet of the stack: {e} ({} so far)",
+                    self.offload_errors
+                );
+            }
         }
-        let _ = self
-            .device
-            .encapsulate(&mut self.packet, len, self.now, &mut self.net_tx);
     }
 
     fn flush(&mut self) {
-        if self.net_tx.is_empty() {
-            return;
+        send_batch(&mut self.udp, &mut self.net_tx, &mut self.send_errors);
+    }
+}
+
+/// Sends and empties the batch.
+fn send_batch(udp: &mut UdpSocket, net_tx: &mut Batch, send_errors: &mut u64) {
+    if net_tx.is_empty() {
+        return;
+    }
+    // What the kernel refuses (a full socket buffer) is lost like any datagram; TCP inside
+    // the tunnel retransmits it.
+    if let Err(e) = udp.send_batch(net_tx) {
+        *send_errors += 1;
+        if send_errors.is_power_of_two() {
+            tracing::warn!("sending on the underlay: {e} ({send_errors} so far)");
         }
-        // What the kernel refuses (a full socket buffer) is lost like any datagram; TCP
-        // inside the tunnel retransmits it.
-        if let Err(e) = self.udp.send_batch(&self.net_tx) {
-            self.send_errors += 1;
-            if self.send_errors.is_power_of_two() {
-                tracing::warn!("sending on the underlay: {e} ({} so far)", self.send_errors);
-            }
-        }
-        self.net_tx.clear();
+    }
+    net_tx.clear();
+}
+
+/// Whether `packet` is TCP: `Some(false)` over IPv4, `Some(true)` over IPv6 (the stack
+/// puts no extension headers in front of TCP).
+fn tcp_version(packet: &[u8]) -> Option<bool> {
+    const TCP: u8 = 6;
+    match packet.first()? >> 4 {
+        4 if packet.len() >= 20 && packet[9] == TCP => Some(false),
+        6 if packet.len() >= 40 && packet[6] == TCP => Some(true),
+        _ => None,
     }
 }
 
@@ -275,6 +343,17 @@ struct RxToken<'a> {
 
 struct TxToken<'a> {
     path: &'a mut TxPath,
+    /// Payload bytes per segment, when the stack hands over a super-segment.
+    segment: Option<NonZeroU16>,
+}
+
+impl<'a> TxToken<'a> {
+    fn new(path: &'a mut TxPath) -> TxToken<'a> {
+        TxToken {
+            path,
+            segment: None,
+        }
+    }
 }
 
 impl phy::RxToken for RxToken<'_> {
@@ -288,8 +367,12 @@ impl phy::TxToken for TxToken<'_> {
         // The packet buffer holds the largest packet the stack is told it may send.
         let len = len.min(self.path.packet.len() - PADDING_ROOM);
         let r = f(&mut self.path.packet[..len]);
-        self.path.encapsulate(len);
+        self.path.send(len, self.segment);
         r
+    }
+
+    fn set_meta(&mut self, meta: PacketMeta) {
+        self.segment = meta.segmentation_offload_size;
     }
 }
 
@@ -313,12 +396,12 @@ impl phy::Device for Phy {
             RxToken {
                 packet: self.rx.batch.payload(i),
             },
-            TxToken { path: &mut self.tx },
+            TxToken::new(&mut self.tx),
         ))
     }
 
     fn transmit(&mut self, _timestamp: smoltcp::time::Instant) -> Option<TxToken<'_>> {
-        Some(TxToken { path: &mut self.tx })
+        Some(TxToken::new(&mut self.tx))
     }
 
     fn capabilities(&self) -> DeviceCapabilities {
@@ -326,10 +409,17 @@ impl phy::Device for Phy {
         caps.medium = Medium::Ip;
         caps.max_transmission_unit = self.mtu;
         // WireGuard authenticated every packet the stack receives, so checksums are only
-        // computed for sending, never verified.
+        // computed for sending, never verified; TCP's by `TxPath::send`.
         caps.checksum.ipv4 = Checksum::Tx;
-        caps.checksum.tcp = Checksum::Tx;
+        caps.checksum.tcp = Checksum::None;
         caps.checksum.udp = Checksum::Tx;
+        // TCP segmentation offload: the stack sends up to MAX_SUPER bytes in one packet and
+        // `TxPath::send` cuts it into segments that fit the MTU (the MSS the stack advertises
+        // and the segment size it asks for both follow the MTU), one pass through the stack
+        // for dozens of packets. IPv4 only: smoltcp 0.14 builds IPv6 super-segments too but
+        // then drops every IPv6 packet larger than the MTU (it has no IPv6 fragmentation,
+        // and does not look at the offload there), so IPv6 keeps MTU-sized segments.
+        caps.segmentation.tcpv4 = NonZeroUsize::new(MAX_SUPER);
         caps
     }
 }
@@ -360,8 +450,6 @@ struct Conn {
     told_end: bool,
     /// When every handle was gone (a deadline for the graceful close).
     abandoned_at: Option<Instant>,
-    /// Keep-alive probes are on (see `serve_conn`).
-    probing: bool,
 }
 
 struct Listener {
@@ -398,8 +486,6 @@ struct Engine {
     next_tick: Instant,
     /// Work is left that needs no event (a full batch, a ring with room again).
     more: bool,
-    /// Some connection is in a state where smoltcp may stall (see `serve_conn`).
-    probing: bool,
     recv_errors: u64,
 }
 
@@ -474,9 +560,11 @@ impl Engine {
                 device,
                 udp,
                 net_tx: Batch::new(),
-                packet: vec![0u8; mtu + PADDING_ROOM].into_boxed_slice(),
+                packet: vec![0u8; MAX_SUPER + PADDING_ROOM].into_boxed_slice(),
+                scratch: vec![0u8; mtu + PADDING_ROOM].into_boxed_slice(),
                 now,
                 send_errors: 0,
+                offload_errors: 0,
             },
             mtu,
         };
@@ -525,7 +613,6 @@ impl Engine {
             next_port: *EPHEMERAL.start(),
             next_tick: now + TICK,
             more: false,
-            probing: false,
             recv_errors: 0,
         }
     }
@@ -628,13 +715,7 @@ impl Engine {
             }
         }
         self.serve_sockets(now);
-        pump(
-            &mut self.iface,
-            &mut self.phy,
-            &mut self.sockets,
-            ts,
-            self.probing,
-        );
+        pump(&mut self.iface, &mut self.phy, &mut self.sockets, ts);
         self.serve_sockets(now);
         if egress(&mut self.iface, &mut self.phy, &mut self.sockets, ts) {
             self.more = true;
@@ -664,13 +745,7 @@ impl Engine {
             let from = self.net_rx.addr(i);
             for datagram in self.net_rx.datagrams(i) {
                 if self.phy.rx.batch.is_full() {
-                    pump(
-                        &mut self.iface,
-                        &mut self.phy,
-                        &mut self.sockets,
-                        ts,
-                        self.probing,
-                    );
+                    pump(&mut self.iface, &mut self.phy, &mut self.sockets, ts);
                 }
                 let tx = &mut self.phy.tx;
                 if tx.net_tx.is_full() {
@@ -685,13 +760,7 @@ impl Engine {
                 );
             }
         }
-        pump(
-            &mut self.iface,
-            &mut self.phy,
-            &mut self.sockets,
-            ts,
-            self.probing,
-        );
+        pump(&mut self.iface, &mut self.phy, &mut self.sockets, ts);
         frames
     }
 
@@ -830,7 +899,6 @@ impl Engine {
                     got_fin: false,
                     told_end: false,
                     abandoned_at: None,
-                    probing: false,
                 });
             }
         }
@@ -917,7 +985,6 @@ impl Engine {
                 self.sockets.remove(conn.handle);
             }
         }
-        self.probing = self.conns.iter().any(|c| c.probing);
         let mut i = 0;
         while i < self.udps.len() {
             if serve_udp(&mut self.udps[i], &mut self.sockets, &mut self.more) {
@@ -975,7 +1042,6 @@ impl Engine {
                     got_fin: false,
                     told_end: false,
                     abandoned_at: None,
-                    probing: false,
                 });
                 let mut fresh = new_tcp_socket();
                 let _ = fresh.listen(self.listeners[l].endpoint);
@@ -986,27 +1052,18 @@ impl Engine {
     }
 }
 
-/// Runs the stack: everything received, then what it has to send.
-///
-/// `careful`: some connection may stall (see `serve_conn`), so the stack sends after each
-/// packet it receives. smoltcp counts duplicate ACKs and starts a fast retransmit at the
-/// third, but in CLOSE-WAIT and LAST-ACK the next ACK processed before it sends cancels
-/// that, and the count runs past three for good.
+/// Runs the stack: everything received, then one round of what it has to send (replies
+/// and acknowledgements go out between batches; the rest of the burst is `egress`'s).
 fn pump(
     iface: &mut Interface,
     phy: &mut Phy,
     sockets: &mut SocketSet<'_>,
     ts: smoltcp::time::Instant,
-    careful: bool,
 ) {
-    if careful {
-        while iface.poll_ingress_single(ts, phy, sockets)
-            != smoltcp::iface::PollIngressSingleResult::None
-        {
-            let _ = iface.poll_egress(ts, phy, sockets);
-        }
-    }
-    let _ = iface.poll(ts, phy, sockets);
+    while iface.poll_ingress_single(ts, phy, sockets)
+        != smoltcp::iface::PollIngressSingleResult::None
+    {}
+    let _ = iface.poll_egress(ts, phy, sockets);
     phy.rx.batch.clear();
     phy.rx.next = 0;
 }
@@ -1132,16 +1189,6 @@ fn serve_conn(conn: &mut Conn, sockets: &mut SocketSet<'_>, now: Instant, more: 
     }
 
     let state = socket.state();
-    // smoltcp 0.12 resets its retransmission timer on every ACK in CLOSE-WAIT and LAST-ACK
-    // (the peer has sent FIN, we still send), so a segment lost there is never resent and the
-    // connection stalls. Keep-alive probes while data is outstanding there make the peer
-    // answer with duplicate ACKs, and the third one starts a fast retransmit.
-    let stall_prone =
-        matches!(state, tcp::State::CloseWait | tcp::State::LastAck) && socket.send_queue() > 0;
-    if stall_prone != conn.probing {
-        socket.set_keep_alive(stall_prone.then(|| PROBE_INTERVAL.into()));
-        conn.probing = stall_prone;
-    }
     if matches!(
         state,
         tcp::State::CloseWait | tcp::State::LastAck | tcp::State::Closing | tcp::State::TimeWait
