@@ -146,9 +146,12 @@ fn a_lossy_reordering_slow_underlay_still_delivers_intact() {
     runtime().block_on(async {
         // Bounded generously: smoltcp recovers slowly from loss (a 1 s minimum retransmission
         // timeout, one segment per fast retransmit), so this checks integrity, not speed.
-        tokio::time::timeout(Duration::from_secs(240), echo_streams(&tunnel, 4, 512 << 10))
-            .await
-            .expect("1 MiB or so crosses a lossy link in time");
+        tokio::time::timeout(
+            Duration::from_secs(240),
+            echo_streams(&tunnel, 4, 512 << 10),
+        )
+        .await
+        .expect("1 MiB or so crosses a lossy link in time");
     });
     tunnel.shutdown();
     let (dropped, passed) = relay.finish();
