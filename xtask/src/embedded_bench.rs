@@ -81,6 +81,7 @@
 //! client's `ru_maxrss`, the larger of its two runs, for an in-process stack).
 
 use crate::bench::{cell, median, parse_options, spread, Options};
+use crate::closed_loop::{self, read_echo, request, MESSAGE_BYTES};
 use crate::system;
 use crate::testbed::{cpu_seconds, peak_rss_kib, Guard, Impl, Testbed};
 use crate::tls_bench::{listening, readable, EchoServer};
@@ -106,8 +107,6 @@ const ONETUN_SINK: &str = "127.0.0.1:15301";
 const ONETUN_ECHO: &str = "127.0.0.1:15302";
 /// The tunnel MTU every row runs with (the testbed's).
 const MTU: u32 = 1420;
-/// Bytes per request in `rr`, echoed back whole.
-const MESSAGE_BYTES: usize = 64;
 /// `rr`: this many connections, this many round trips in all (fewer with `--quick`).
 const RR_CONNS: usize = 64;
 const RR_ROUNDS: usize = 50_000;
@@ -727,27 +726,7 @@ fn run_measured(cmd: &mut Command, limit: Duration) -> Result<Finished, String> 
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut buf);
-            }
-            String::from_utf8_lossy(&buf).into_owned()
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
+    let (stdout, stderr) = system::capture_output(&mut child);
     let pid = child.id() as libc::pid_t;
     let deadline = Instant::now() + limit;
     let mut status: libc::c_int = 0;
@@ -790,8 +769,9 @@ fn run_measured(cmd: &mut Command, limit: Duration) -> Result<Finished, String> 
         std::thread::sleep(Duration::from_millis(10));
     }
     drop(child);
-    let stdout = stdout.join().unwrap_or_default();
-    let stderr = stderr.join().unwrap_or_default();
+    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+    let stdout = text(stdout.join().unwrap_or_default());
+    let stderr = text(stderr.join().unwrap_or_default());
     if let Some(why) = stopped {
         return Err(format!("the client {why}: {}", stderr.trim()));
     }
@@ -1033,134 +1013,24 @@ fn reference_bulk(
     })
 }
 
-fn request(n: u64) -> [u8; MESSAGE_BYTES] {
-    let mut r = [0x5au8; MESSAGE_BYTES];
-    r[..8].copy_from_slice(&n.to_be_bytes());
-    r
-}
-
-/// One connection of `rr`, with its request in flight.
-struct InFlight {
-    stream: TcpStream,
-    request: [u8; MESSAGE_BYTES],
-    reply: [u8; MESSAGE_BYTES],
-    got: usize,
-    sent: Instant,
-}
-
-impl InFlight {
-    fn send(&mut self, n: u64) -> Result<(), String> {
-        self.request = request(n);
-        self.got = 0;
-        self.sent = Instant::now();
-        // With one request in flight the send buffer is empty: this does not wait.
-        self.stream
-            .write_all(&self.request)
-            .map_err(|e| format!("write: {e}"))
-    }
-}
-
 /// `conns` connections to `echo`, one uncounted round trip on each, then one request in
-/// flight on each until `rounds` round trips are done, from this one thread with poll(2).
+/// flight on each until `rounds` round trips are done (`closed_loop`), within [`RR_LIMIT`].
 fn reference_rr(echo: SocketAddr, conns: usize, rounds: usize, cc: &str) -> Result<Report, String> {
-    let mut flights = Vec::with_capacity(conns);
+    let mut streams = Vec::with_capacity(conns);
     for i in 0..conns {
-        flights.push(InFlight {
-            stream: connect(echo, cc).map_err(|e| format!("connection {i}: {e}"))?,
-            request: [0; MESSAGE_BYTES],
-            reply: [0; MESSAGE_BYTES],
-            got: 0,
-            sent: Instant::now(),
-        });
+        streams.push(connect(echo, cc).map_err(|e| format!("connection {i}: {e}"))?);
     }
-    // Warm-up, all at once, each echo read whole (blocking, at most IO_TIMEOUT).
-    for (i, f) in flights.iter_mut().enumerate() {
-        f.send(i as u64)
-            .map_err(|e| format!("connection {i}: {e}"))?;
+    closed_loop::warm_up(&mut streams)?;
+    let outcome = closed_loop::run(streams, rounds, Instant::now() + RR_LIMIT, IO_TIMEOUT)?;
+    if !outcome.finished {
+        return Err(format!(
+            "{} of {rounds} round trips done in the {} s limit",
+            outcome.rtts_us.len(),
+            RR_LIMIT.as_secs()
+        ));
     }
-    for (i, f) in flights.iter_mut().enumerate() {
-        f.stream
-            .read_exact(&mut f.reply)
-            .map_err(|e| format!("connection {i}, warm-up read: {e}"))?;
-        if f.reply != f.request {
-            return Err(format!("connection {i}: the echo differs from the request"));
-        }
-    }
-    let mut fds: Vec<libc::pollfd> = flights
-        .iter()
-        .map(|f| libc::pollfd {
-            fd: f.stream.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let mut rtts_us = Vec::with_capacity(rounds);
-    let start = Instant::now();
-    let deadline = start + RR_LIMIT;
-    let mut issued = 0usize;
-    for (f, fd) in flights.iter_mut().zip(fds.iter_mut()) {
-        if issued < rounds {
-            f.send(issued as u64)?;
-            issued += 1;
-        } else {
-            fd.fd = -1;
-        }
-    }
-    while rtts_us.len() < rounds {
-        let now = Instant::now();
-        if now >= deadline || system::interrupted() {
-            return Err(format!(
-                "{} of {rounds} round trips done when stopped ({} s limit, or Ctrl-C)",
-                rtts_us.len(),
-                RR_LIMIT.as_secs()
-            ));
-        }
-        if let Some(i) = (0..flights.len())
-            .find(|&i| fds[i].fd >= 0 && now.duration_since(flights[i].sent) > IO_TIMEOUT)
-        {
-            return Err(format!(
-                "connection {i}: no echo within {} s",
-                IO_TIMEOUT.as_secs()
-            ));
-        }
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfds, alive for the whole call.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
-        if ready < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(format!("poll: {e}"));
-        }
-        for (i, (f, fd)) in flights.iter_mut().zip(fds.iter_mut()).enumerate() {
-            if fd.fd < 0 || fd.revents == 0 {
-                continue;
-            }
-            // Readable (or closed): this read does not block.
-            let n = match f.stream.read(&mut f.reply[f.got..]) {
-                Ok(0) => return Err(format!("connection {i}: closed by the other end")),
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(format!("connection {i}: read: {e}")),
-            };
-            f.got += n;
-            if f.got < MESSAGE_BYTES {
-                continue;
-            }
-            rtts_us.push(f.sent.elapsed().as_secs_f64() * 1e6);
-            if f.reply != f.request {
-                return Err(format!("connection {i}: the echo differs from the request"));
-            }
-            if issued < rounds {
-                f.send(issued as u64)
-                    .map_err(|e| format!("connection {i}: {e}"))?;
-                issued += 1;
-            } else {
-                fd.fd = -1;
-            }
-        }
-    }
-    let seconds = start.elapsed().as_secs_f64();
+    let mut rtts_us = outcome.rtts_us;
+    let seconds = outcome.elapsed.as_secs_f64();
     rtts_us.sort_by(f64::total_cmp);
     Ok(Report::Rr {
         requests: rtts_us.len() as f64,
@@ -1191,11 +1061,7 @@ fn echo_check(addr: SocketAddr) -> Result<(), String> {
                     .map_err(|e| e.to_string())?;
                 let req = request(u64::MAX);
                 s.write_all(&req).map_err(|e| e.to_string())?;
-                let mut reply = [0u8; MESSAGE_BYTES];
-                s.read_exact(&mut reply).map_err(|e| e.to_string())?;
-                (reply == req)
-                    .then_some(())
-                    .ok_or_else(|| "the echo differs".to_string())
+                read_echo(&mut s, &req)
             });
         match attempt {
             Ok(()) => return Ok(()),

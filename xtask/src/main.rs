@@ -2,6 +2,7 @@
 //! sites joined by tunneld in network namespaces. Both install missing system tools first.
 
 mod bench;
+mod closed_loop;
 mod demo;
 mod embedded_bench;
 mod fuzz;

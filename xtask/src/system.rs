@@ -134,6 +134,38 @@ pub fn check_interrupted() -> Result<(), String> {
     }
 }
 
+/// Reads a spawned child's piped stdout and stderr to their ends on threads of their own (so
+/// neither pipe can fill and stall it); join them once it has exited.
+pub fn capture_output(
+    child: &mut std::process::Child,
+) -> (
+    std::thread::JoinHandle<Vec<u8>>,
+    std::thread::JoinHandle<Vec<u8>>,
+) {
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    (stdout, stderr)
+}
+
 /// Runs `cmd` to completion, but kills it if it runs longer than `limit`. Returns its output
 /// (stdout and stderr captured) or an error saying it was killed.
 pub fn output_within(cmd: &mut Command, limit: Duration) -> Result<Output, String> {
@@ -156,27 +188,7 @@ pub fn output_with_input(
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let stdout = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
+    let (stdout, stderr) = capture_output(&mut child);
     if let Some(mut stdin) = child.stdin.take() {
         // Small inputs only (a pipe's buffer): a command that never reads cannot block this.
         let _ = stdin.write_all(input);

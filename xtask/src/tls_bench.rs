@@ -19,6 +19,7 @@
 //! it), so the two alternate within each round.
 
 use crate::bench::{parse_options, take_baseline, Options};
+use crate::closed_loop::{self, read_echo, request, MESSAGE_BYTES};
 use crate::system;
 use crate::testbed::{
     check_congestion_control, cpu_seconds, json_number_after, peak_rss_kib, Guard, Impl, Testbed,
@@ -64,8 +65,6 @@ const NEW_CONNECTIONS: usize = 300;
 /// round trips in all (bounded by [`PHASE_LIMIT`] too).
 const CONCURRENT: usize = 64;
 const MANY_ROUND_TRIPS: usize = 100_000;
-/// Bytes per request (echoed back whole).
-const MESSAGE_BYTES: usize = 64;
 /// Longest any single latency phase may take before it is abandoned.
 const PHASE_LIMIT: Duration = Duration::from_secs(60);
 /// Longest a socket operation of the echo client or server may block.
@@ -770,23 +769,6 @@ fn round_trip(stream: &mut TcpStream, request: &[u8; MESSAGE_BYTES]) -> Result<(
     read_echo(stream, request)
 }
 
-fn read_echo(stream: &mut TcpStream, request: &[u8; MESSAGE_BYTES]) -> Result<(), String> {
-    let mut reply = [0u8; MESSAGE_BYTES];
-    stream
-        .read_exact(&mut reply)
-        .map_err(|e| format!("read: {e}"))?;
-    if reply != *request {
-        return Err("the echo differs from the request".into());
-    }
-    Ok(())
-}
-
-fn request(i: usize) -> [u8; MESSAGE_BYTES] {
-    let mut r = [0x5au8; MESSAGE_BYTES];
-    r[..8].copy_from_slice(&(i as u64).to_be_bytes());
-    r
-}
-
 /// One round trip on a new connection, retried until it works or [`READY_LIMIT`] passes.
 fn echo_check(ns: &NetNs, addr: SocketAddr) -> Result<(), String> {
     ns.in_ns(move || {
@@ -812,7 +794,7 @@ fn keepalive_rtts_us(ns: &NetNs, addr: SocketAddr) -> Result<Vec<f64>, String> {
             if Instant::now() >= deadline || system::interrupted() {
                 return Err(format!("stopped after {i} round trips"));
             }
-            let req = request(i);
+            let req = request(i as u64);
             let start = Instant::now();
             round_trip(&mut stream, &req)?;
             if i >= KEEPALIVE_WARMUP {
@@ -834,7 +816,7 @@ fn new_connection_rtts_us(ns: &NetNs, addr: SocketAddr) -> Result<Vec<f64>, Stri
             }
             let start = Instant::now();
             let mut stream = connect(addr)?;
-            round_trip(&mut stream, &request(i))?;
+            round_trip(&mut stream, &request(i as u64))?;
             drop(stream);
             samples.push(start.elapsed().as_secs_f64() * 1e6);
         }
@@ -851,144 +833,36 @@ struct Many {
     cpu: f64,
 }
 
-/// One connection of the many, with its outstanding request.
-struct Conn {
-    stream: TcpStream,
-    request: [u8; MESSAGE_BYTES],
-    reply: [u8; MESSAGE_BYTES],
-    /// Bytes of `reply` read so far.
-    got: usize,
-    sent: Instant,
-}
-
-impl Conn {
-    fn send(&mut self, i: usize) -> Result<(), String> {
-        self.request = request(i);
-        self.got = 0;
-        self.sent = Instant::now();
-        // Blocking, but it never waits: with one request outstanding, the send buffer is
-        // empty.
-        self.stream
-            .write_all(&self.request)
-            .map_err(|e| format!("write: {e}"))
-    }
-}
-
 /// [`CONCURRENT`] connections to `addr` from `ns`, each with exactly one request outstanding
-/// (a closed loop), driven by this one thread with poll(2), until [`MANY_ROUND_TRIPS`]
-/// have completed or [`PHASE_LIMIT`] passes. `pids`' CPU is read around the loop only, not
-/// the connects and warm-up.
+/// (`closed_loop`), until [`MANY_ROUND_TRIPS`] have completed or [`PHASE_LIMIT`] passes.
+/// `pids`' CPU is read around the loop only, not the connects and warm-up.
 fn many_connections(ns: &NetNs, addr: SocketAddr, pids: Vec<u32>) -> Result<Many, String> {
     ns.in_ns(move || {
         let deadline = Instant::now() + PHASE_LIMIT;
-        let mut conns = Vec::with_capacity(CONCURRENT);
+        let mut streams = Vec::with_capacity(CONCURRENT);
         for i in 0..CONCURRENT {
             if Instant::now() >= deadline || system::interrupted() {
                 return Err(format!("stopped after {i} connects"));
             }
-            conns.push(Conn {
-                stream: connect(addr).map_err(|e| format!("connection {i}: {e}"))?,
-                request: [0; MESSAGE_BYTES],
-                reply: [0; MESSAGE_BYTES],
-                got: 0,
-                sent: Instant::now(),
-            });
+            streams.push(connect(addr).map_err(|e| format!("connection {i}: {e}"))?);
         }
-        // Warm-up, all at once: each first round trip waits for a TLS handshake, and one by
-        // one the early connections could idle past the echo server's IO_TIMEOUT.
-        for (i, c) in conns.iter_mut().enumerate() {
-            c.send(i)
-                .map_err(|e| format!("warm-up, connection {i}: {e}"))?;
-        }
-        for (i, c) in conns.iter_mut().enumerate() {
-            read_echo(&mut c.stream, &c.request)
-                .map_err(|e| format!("warm-up, connection {i}: {e}"))?;
-        }
-
-        let mut fds: Vec<libc::pollfd> = conns
-            .iter()
-            .map(|c| libc::pollfd {
-                fd: c.stream.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        let mut rtts_us = Vec::with_capacity(MANY_ROUND_TRIPS);
+        closed_loop::warm_up(&mut streams)?;
         let cpu0 = cpu_seconds(&pids);
-        let start = Instant::now();
-        let mut issued = 0;
-        for c in conns.iter_mut() {
-            c.send(issued)?;
-            issued += 1;
-        }
-        while rtts_us.len() < MANY_ROUND_TRIPS {
-            let now = Instant::now();
-            if now >= deadline {
-                eprintln!(
-                    "  {CONCURRENT} connections: {} s limit reached after {} round trips",
-                    PHASE_LIMIT.as_secs(),
-                    rtts_us.len()
-                );
-                break;
-            }
-            if system::interrupted() {
-                return Err(format!("interrupted after {} round trips", rtts_us.len()));
-            }
-            // A negative fd is one whose last request was answered (poll skips it).
-            if let Some(i) = (0..CONCURRENT)
-                .find(|&i| fds[i].fd >= 0 && now.duration_since(conns[i].sent) > IO_TIMEOUT)
-            {
-                return Err(format!(
-                    "connection {i}: no echo within {} s (after {} round trips)",
-                    IO_TIMEOUT.as_secs(),
-                    rtts_us.len()
-                ));
-            }
-            // 100 ms at most, so the checks above run while nothing arrives.
-            // SAFETY: `fds` is a valid array of `fds.len()` pollfds, alive for the whole call.
-            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
-            if ready < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(format!("poll: {e}"));
-            }
-            for (i, (c, fd)) in conns.iter_mut().zip(fds.iter_mut()).enumerate() {
-                if fd.fd < 0 || fd.revents == 0 {
-                    continue;
-                }
-                // Readable (or closed): this read does not block.
-                let n = match c.stream.read(&mut c.reply[c.got..]) {
-                    Ok(0) => return Err(format!("connection {i}: closed by the other end")),
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(format!("connection {i}: read: {e}")),
-                };
-                c.got += n;
-                if c.got < MESSAGE_BYTES {
-                    continue;
-                }
-                rtts_us.push(c.sent.elapsed().as_secs_f64() * 1e6);
-                if c.reply != c.request {
-                    return Err(format!("connection {i}: the echo differs from the request"));
-                }
-                if issued < MANY_ROUND_TRIPS {
-                    c.send(issued).map_err(|e| format!("connection {i}: {e}"))?;
-                    issued += 1;
-                } else {
-                    fd.fd = -1;
-                }
-            }
-        }
-        let elapsed = start.elapsed();
+        let outcome = closed_loop::run(streams, MANY_ROUND_TRIPS, deadline, IO_TIMEOUT)?;
         let cpu = cpu_seconds(&pids) - cpu0;
-        if rtts_us.is_empty() {
+        if !outcome.finished {
+            eprintln!(
+                "  {CONCURRENT} connections: {} s limit reached after {} round trips",
+                PHASE_LIMIT.as_secs(),
+                outcome.rtts_us.len()
+            );
+        }
+        if outcome.rtts_us.is_empty() {
             return Err("no round trip completed".into());
         }
         Ok(Many {
-            rtts_us,
-            elapsed,
+            rtts_us: outcome.rtts_us,
+            elapsed: outcome.elapsed,
             cpu,
         })
     })

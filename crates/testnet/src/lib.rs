@@ -48,6 +48,24 @@ pub fn require_netns(test: &str) -> bool {
     }
 }
 
+/// Whether the external `tool` is on PATH (`cargo xtask test` installs it). Like
+/// [`require_netns`]: a missing tool skips the test with a message, or fails it when
+/// `TUNNELD_REQUIRE_NETNS=1`.
+pub fn require_tool(test: &str, tool: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
+        .unwrap_or(false);
+    if found {
+        return true;
+    }
+    assert!(
+        std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() != Ok("1"),
+        "{test}: `{tool}` is not installed (TUNNELD_REQUIRE_NETNS=1; `cargo xtask deps` installs it)"
+    );
+    eprintln!("SKIPPED {test}: `{tool}` is not installed (`cargo xtask deps` installs it)");
+    false
+}
+
 fn unsafe_geteuid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }

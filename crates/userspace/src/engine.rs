@@ -170,6 +170,20 @@ pub(crate) struct DatagramParts {
     pub(crate) local: SocketAddr,
 }
 
+/// The address a socket bound to `endpoint` has, as the handle reports it: the unspecified
+/// address of `asked`'s family when it was bound to every address.
+fn bound_address(endpoint: IpListenEndpoint, asked: SocketAddr) -> SocketAddr {
+    let ip = endpoint
+        .addr
+        .map(IpAddr::from)
+        .unwrap_or(if asked.is_ipv4() {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        });
+    SocketAddr::new(ip, endpoint.port)
+}
+
 /// The one place a [`Device`] is made: with the system's randomness and wall clock.
 fn make_device(settings: DeviceSettings, peers: Vec<PeerSettings>, now: Instant) -> Device {
     Device::new(
@@ -920,17 +934,9 @@ impl Engine {
             listener.ready.push(self.sockets.add(socket));
         }
         self.listeners.push(listener);
-        let ip = endpoint
-            .addr
-            .map(IpAddr::from)
-            .unwrap_or(if local.is_ipv4() {
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-            } else {
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-            });
         Ok(ListenerParts {
             accept: accept_rx,
-            local: SocketAddr::new(ip, endpoint.port),
+            local: bound_address(endpoint, local),
         })
     }
 
@@ -956,19 +962,11 @@ impl Engine {
             to_app,
             from_app,
         });
-        let ip = endpoint
-            .addr
-            .map(IpAddr::from)
-            .unwrap_or(if local.is_ipv4() {
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-            } else {
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-            });
         Ok(DatagramParts {
             shared,
             rx: app_rx,
             tx: app_tx,
-            local: SocketAddr::new(ip, endpoint.port),
+            local: bound_address(endpoint, local),
         })
     }
 

@@ -31,6 +31,7 @@
 //!
 //! [smoltcp]: https://docs.rs/smoltcp
 
+#![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(missing_docs)]
 

@@ -143,20 +143,12 @@ pub(crate) fn push_datagram(ring: &mut Producer<u8>, to: SocketAddr, payload: &[
     let Ok(len) = u16::try_from(payload.len()) else {
         return false;
     };
-    let Ok(mut chunk) = ring.write_chunk_uninit(HEADER + payload.len()) else {
+    let Ok(chunk) = ring.write_chunk_uninit(HEADER + payload.len()) else {
         return false;
     };
     let header = encode_header(to, len);
-    let (a, b) = chunk.as_mut_slices();
-    let mut bytes = header.iter().chain(payload.iter());
-    for slot in a.iter_mut().chain(b.iter_mut()) {
-        if let Some(&byte) = bytes.next() {
-            slot.write(byte);
-        }
-    }
-    // SAFETY: the chunk is exactly HEADER + payload.len() slots, and the loop above wrote
-    // one byte into each of them.
-    unsafe { chunk.commit_all() };
+    // The chunk is exactly as long as header and payload: all of it is written and committed.
+    chunk.fill_from_iter(header.iter().chain(payload).copied());
     true
 }
 

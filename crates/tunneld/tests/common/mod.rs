@@ -325,23 +325,9 @@ impl WireguardGo {
     }
 }
 
-/// Whether the external `tool` is installed (`cargo xtask test` installs it). Like
-/// [`tunneld_testnet::require_netns`]: a missing tool skips the test with a message, or fails
-/// it when `TUNNELD_REQUIRE_NETNS=1`.
-pub fn require_tool(test: &str, tool: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
-        .unwrap_or(false);
-    if found {
-        return true;
-    }
-    assert!(
-        std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() != Ok("1"),
-        "{test}: `{tool}` is not installed (TUNNELD_REQUIRE_NETNS=1; `cargo xtask deps` installs it)"
-    );
-    eprintln!("SKIPPED {test}: `{tool}` is not installed (`cargo xtask deps` installs it)");
-    false
-}
+// Not every test binary that includes this module uses it.
+#[allow(unused_imports)]
+pub use tunneld_testnet::require_tool;
 
 /// Both checks every privileged end-to-end test needs: network namespaces and `wg`.
 pub fn require_netns_and_wg(test: &str) -> bool {

@@ -29,22 +29,9 @@ pub fn step(what: &str) {
     eprintln!("[step {:.1}s] {what}", t.as_secs_f64());
 }
 
-/// Whether `tool` is on PATH; a missing tool skips the test (with a message) or, under
-/// `TUNNELD_REQUIRE_NETNS=1`, fails it.
-pub fn require_tool(test: &str, tool: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
-        .unwrap_or(false);
-    if found {
-        return true;
-    }
-    assert!(
-        std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() != Ok("1"),
-        "{test}: `{tool}` is not installed (TUNNELD_REQUIRE_NETNS=1; `cargo xtask test` installs it)"
-    );
-    eprintln!("SKIPPED {test}: `{tool}` is not installed (`cargo xtask test` installs it)");
-    false
-}
+// Not every test binary that includes this module uses it.
+#[allow(unused_imports)]
+pub use tunneld_testnet::require_tool;
 
 /// The tunneld binary next to this test's executable (`target/<profile>/tunneld`), built by
 /// `cargo test --workspace`. Missing: `None` after saying why (a failure under
