@@ -2,3 +2,4 @@
 //! and its loader (`program`, on the bpf(2) calls and eBPF encoder in `bpf`).
 
 pub mod bpf;
+pub mod program;
