@@ -615,3 +615,173 @@ fn xdp_kill_9_leaves_nothing_behind() {
     });
     assert_eq!(after, None, "a program left behind after kill -9");
 }
+
+/// Real traffic through the attached program, both modes: with no socket for the queue the
+/// tunnel's datagrams still reach the kernel; with one registered (unbound, so what is
+/// redirected to it is dropped) they no longer do, while other ports, other addresses and
+/// pings still do, over IPv4 and IPv6.
+#[test]
+fn xdp_live_traffic_is_steered_only_when_it_matches() {
+    use std::net::{SocketAddr, UdpSocket};
+    use std::time::Duration;
+    if !require_netns("xdp_live_traffic_is_steered_only_when_it_matches") {
+        return;
+    }
+    let (a, b) = (NetNs::new(), NetNs::new());
+    let (a_if, b_if) = tunneld_testnet::veth(&a, "10.77.0.1/24", &b, "10.77.0.2/24");
+    a.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd77::1/64",
+        "dev",
+        &a_if,
+        "nodad",
+    ]);
+    a.run(&["ip", "-4", "addr", "add", "10.77.0.3/24", "dev", &a_if]);
+    b.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd77::2/64",
+        "dev",
+        &b_if,
+        "nodad",
+    ]);
+    let ours: [IpAddr; 2] = [
+        Ipv4Addr::new(10, 77, 0, 1).into(),
+        "fd77::1".parse().unwrap(),
+    ];
+    let not_ours: IpAddr = Ipv4Addr::new(10, 77, 0, 3).into(); // also a's, not in the map
+
+    // The kernel's sockets in a: the tunnel's port and another, dual-stack.
+    let receivers: Vec<UdpSocket> = a.in_ns(|| {
+        [PORT, PORT + 1]
+            .iter()
+            .map(|&port| {
+                let s = UdpSocket::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))).unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
+                s
+            })
+            .collect()
+    });
+    let sender: UdpSocket = b.in_ns(|| UdpSocket::bind("[::]:0").unwrap());
+    // Neighbours resolved both ways first, so that a datagram that does not arrive was not
+    // just waiting for ARP/NDP.
+    b.run(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]);
+    b.run(&["ping", "-c", "1", "-W", "2", "10.77.0.3"]);
+    b.run(&["ping", "-c", "1", "-W", "2", "fd77::1"]);
+    // Whether a datagram from b to `to:port` reaches a's kernel socket (three tries).
+    let arrives = |to: IpAddr, port: u16| -> bool {
+        let r = &receivers[usize::from(port - PORT)];
+        let to = match to {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        for _ in 0..3 {
+            sender.send_to(b"hello", (to, port)).unwrap();
+            let mut buf = [0u8; 16];
+            if r.recv_from(&mut buf).is_ok() {
+                while r.recv_from(&mut buf).is_ok() {} // the rest of the tries
+                return true;
+            }
+        }
+        false
+    };
+
+    for mode in [AttachMode::Generic, AttachMode::Driver] {
+        let mut prog = XdpProgram::load(PORT, 1).unwrap();
+        prog.set_addresses(&ours).unwrap();
+        let ifname = a_if.clone();
+        let prog = a.in_ns(move || {
+            let name = std::ffi::CString::new(ifname).unwrap();
+            // SAFETY: a valid NUL-terminated name.
+            let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+            prog.attach(ifindex, mode).unwrap();
+            prog
+        });
+        for addr in ours {
+            assert!(
+                arrives(addr, PORT),
+                "{mode:?}: no socket yet, {addr} reaches the kernel"
+            );
+        }
+        let sock = xsk();
+        prog.register_socket(0, sock.as_fd()).unwrap();
+        for addr in ours {
+            assert!(
+                !arrives(addr, PORT),
+                "{mode:?}: {addr}:{PORT} steered away from the kernel"
+            );
+            assert!(
+                arrives(addr, PORT + 1),
+                "{mode:?}: {addr}, another port, to the kernel"
+            );
+        }
+        assert!(
+            arrives(not_ours, PORT),
+            "{mode:?}: an address not in the map, to the kernel"
+        );
+        b.run(&["ping", "-c", "1", "-W", "2", "10.77.0.1"]);
+        b.run(&["ping", "-c", "1", "-W", "2", "fd77::1"]);
+        drop(prog);
+        for addr in ours {
+            assert!(
+                arrives(addr, PORT),
+                "{mode:?}: detached, {addr} reaches the kernel again"
+            );
+        }
+    }
+}
+
+/// The child of `xdp_without_a_capability_the_error_names_it`: with TUNNELD_XDP_CHILD_LOAD
+/// set, loads the program and prints the outcome. Otherwise nothing.
+#[test]
+fn xdp_child_loads() {
+    if std::env::var_os("TUNNELD_XDP_CHILD_LOAD").is_none() {
+        return;
+    }
+    match XdpProgram::load(PORT, 1) {
+        Ok(_) => println!("XDP_LOAD_RESULT ok"),
+        Err(e) => println!("XDP_LOAD_RESULT {e}"),
+    }
+}
+
+#[test]
+fn xdp_without_a_capability_the_error_names_it() {
+    if !require_netns("xdp_without_a_capability_the_error_names_it")
+        || !tunneld_testnet::require_tool("xdp_without_a_capability_the_error_names_it", "setpriv")
+    {
+        return;
+    }
+    // CAP_SYS_ADMIN stands in for both in bpf(2), so it goes too.
+    for (drop, lacks) in [
+        ("-bpf,-sys_admin", "lacks CAP_BPF)"),
+        ("-net_admin,-sys_admin", "lacks CAP_NET_ADMIN)"),
+        (
+            "-bpf,-net_admin,-sys_admin",
+            "lacks CAP_BPF and CAP_NET_ADMIN)",
+        ),
+    ] {
+        let out = std::process::Command::new("setpriv")
+            .args(["--inh-caps", drop, "--bounding-set", drop])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", "xdp_child_loads", "--nocapture"])
+            .env("TUNNELD_XDP_CHILD_LOAD", "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let result = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("XDP_LOAD_RESULT "))
+            .unwrap_or_else(|| panic!("no result from the child: {stdout}"));
+        assert!(
+            result.contains("Operation not permitted"),
+            "{drop}: {result}"
+        );
+        assert!(result.contains(lacks), "{drop}: {result}");
+    }
+}

@@ -440,7 +440,7 @@ fn context(cmd: &str, e: io::Error, needs: &str) -> io::Error {
 }
 
 /// Which of the capabilities named in `needs` ("CAP_BPF and CAP_NET_ADMIN") the process lacks
-/// in its effective set (CAP_SYS_ADMIN stands in for CAP_BPF, as the kernel allows).
+/// in its effective set. CAP_SYS_ADMIN stands in for both, as bpf(2) allows.
 pub fn missing_capabilities(needs: &str) -> Vec<&'static str> {
     const CAP_NET_ADMIN: u32 = 12;
     const CAP_SYS_ADMIN: u32 = 21;
@@ -460,7 +460,7 @@ pub fn missing_capabilities(needs: &str) -> Vec<&'static str> {
     if needs.contains("CAP_BPF") && !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
         missing.push("CAP_BPF");
     }
-    if needs.contains("CAP_NET_ADMIN") && !has(CAP_NET_ADMIN) {
+    if needs.contains("CAP_NET_ADMIN") && !has(CAP_NET_ADMIN) && !has(CAP_SYS_ADMIN) {
         missing.push("CAP_NET_ADMIN");
     }
     missing
