@@ -338,7 +338,8 @@ impl XdpProgram {
     ///
     /// A program already attached the netlink way and named [`PROGRAM_NAME`] (left by an
     /// older tunneld) is detached first. Anyone else's program, or a live link holding the
-    /// interface (another tunneld running), is an error (`EBUSY`) saying so.
+    /// interface (another tunneld running), is an error (`EBUSY`) saying so. `ifindex` is
+    /// looked up in the calling thread's network namespace.
     pub fn attach(&mut self, ifindex: u32, mode: AttachMode) -> io::Result<()> {
         if let Some((at, _)) = self.attached {
             return Err(io::Error::new(
