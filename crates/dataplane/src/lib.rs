@@ -16,6 +16,7 @@ pub mod udp;
 pub mod uring;
 mod waker;
 pub mod worker;
+pub mod xdp;
 
 pub use batch::{Batch, BATCH_SIZE, FRAME_PAYLOAD, HEADROOM};
 pub use io::{DatagramIo, PacketIo};
