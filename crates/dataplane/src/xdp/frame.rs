@@ -17,9 +17,11 @@
 //! - **TTL / hop limit 64**, the kernel's default. DSCP/ECN 0. The IPv6 flow label is a hash
 //!   of the two ports (stable per flow, like the kernel's automatic flow labels).
 //! - **The UDP checksum is computed for IPv4 as well**, as the kernel's UDP sockets do: it
-//!   costs one pass over the payload (about 50 ns for 1.4 KB with AVX2), small beside the
-//!   encryption that just wrote the same bytes, and receivers that check it (middleboxes,
-//!   NICs) see a normal datagram.
+//!   costs one pass over the payload (all of [`write_headers`] takes 50-130 ns for a
+//!   1420-byte payload, release build with AVX2, on a busy 2-vCPU VM: `header_cost`), small
+//!   beside the encryption that just wrote the same bytes, and receivers that check it
+//!   (middleboxes, NICs) see a normal datagram. (TX checksum offload, where the driver has
+//!   it, is the AF_XDP socket's business: `XDP_TXMD_FLAGS_CHECKSUM` metadata.)
 //! - **Received UDP checksums are not verified** ([`parse_udp`]): a frame a veth (or any
 //!   virtual device) hands to XDP may come from a local sender with `CHECKSUM_PARTIAL`, whose
 //!   checksum field holds only the pseudo-header sum because the "hardware" never computed

@@ -465,8 +465,8 @@ impl Resolver {
     pub fn resolve(&mut self, dst: SocketAddr) -> Resolution {
         let generation = self.nexthops.generation();
         if generation != self.generation {
+            // `confirmed` stays: it paces the kernel sends, whatever else changed.
             self.cache.clear();
-            self.confirmed.clear();
             self.link = None;
             self.generation = generation;
         }
@@ -1028,6 +1028,14 @@ mod tests {
             payload.extend_from_slice(a);
         }
         payload
+    }
+
+    #[test]
+    fn shared_and_moved_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        fn moved<T: Send>() {}
+        shared::<NextHops>();
+        moved::<Resolver>();
     }
 
     #[test]
