@@ -142,6 +142,8 @@ fn split_names(list: &str) -> Vec<String> {
 
 /// tunneld with its defaults on one worker: the row the others are set against, round by round.
 const DEFAULT_ROW: &str = "tunneld (mmsg, all offloads)";
+/// AF_XDP: the datagrams bypass the kernel's UDP stack (copy mode on the testbed's veth).
+const XDP_ROW: &str = "tunneld (xdp, TUN offloads)";
 /// One link on two workers split over two sub-tunnels, set against the same link on one.
 const PARALLEL_ROWS: [&str; 2] = [
     "tunneld (2 workers, parallel = 2)",
@@ -167,6 +169,8 @@ struct Sample {
     rtt_p50_us: f64,
     rtt_p99_us: f64,
     small_pps: f64,
+    /// Tunnel processes' CPU seconds during the small-packet run.
+    small_tunnel_cpu: f64,
     peak_rss_kib: f64,
 }
 
@@ -271,6 +275,17 @@ pub fn run(args: &[String]) -> Result<(), String> {
         contenders.insert(
             5,
             contender(
+                XDP_ROW,
+                Ok(Impl::Tunneld(
+                    tunneld.clone(),
+                    "backend = \"xdp\"\nworkers = 1",
+                    "",
+                )),
+            ),
+        );
+        contenders.insert(
+            6,
+            contender(
                 "tunneld (mmsg, all offloads, busy_poll_us = 0)",
                 Ok(Impl::Tunneld(
                     tunneld.clone(),
@@ -282,7 +297,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         // The same with ring's, then aws-lc's, ChaCha20-Poly1305 instead of the one `auto`
         // picks (the fastest measured at start-up), so what each gives shows.
         contenders.insert(
-            6,
+            7,
             contender(
                 "tunneld (mmsg, all offloads, aead = ring)",
                 Ok(Impl::Tunneld(
@@ -293,7 +308,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ),
         );
         contenders.insert(
-            7,
+            8,
             contender(
                 "tunneld (mmsg, all offloads, aead = aws-lc)",
                 Ok(Impl::Tunneld(
@@ -304,7 +319,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ),
         );
         contenders.insert(
-            8,
+            9,
             contender(
                 PARALLEL_ROWS[1],
                 Ok(Impl::Tunneld(
@@ -422,7 +437,7 @@ fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> 
     let (p50, p99) = bed
         .udp_rtt_us(probes)
         .ok_or("the UDP echo got no answers")?;
-    let pps = bed.small_packet_rate(o.seconds.max(1))?;
+    let (pps, small_cpu) = bed.small_packet_rate(o.seconds.max(1))?;
     Ok(Sample {
         round: 0,
         tcp1_gbits: bps1 / 1e9,
@@ -433,6 +448,7 @@ fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> 
         rtt_p50_us: p50,
         rtt_p99_us: p99,
         small_pps: pps,
+        small_tunnel_cpu: small_cpu,
         peak_rss_kib: bed.peak_rss_kib().map(|v| v as f64).unwrap_or(f64::NAN),
     })
 }
@@ -461,6 +477,7 @@ struct Medians {
     p50: f64,
     p99: f64,
     pps: f64,
+    pps_per_cpu: f64,
     rss_mib: f64,
 }
 
@@ -477,6 +494,7 @@ fn medians(c: &Contender, seconds: f64) -> Medians {
         p50: m(|s| s.rtt_p50_us),
         p99: m(|s| s.rtt_p99_us),
         pps: m(|s| s.small_pps),
+        pps_per_cpu: m(small_per_cpu) * seconds.max(1.0),
         rss_mib: m(|s| s.peak_rss_kib) / 1024.0,
     }
 }
@@ -501,22 +519,25 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
     );
     let _ = writeln!(
         out,
-        "| path | TCP 1 stream | Gbit per tunnel CPU-s | machine CPU-s (1 stream) | TCP 4 streams | Gbit per tunnel CPU-s (4 streams) | UDP RTT p50 | p99 | 64 B UDP rate | peak RSS (both) |"
+        "| path | TCP 1 stream | Gbit per tunnel CPU-s | machine CPU-s (1 stream) | TCP 4 streams | Gbit per tunnel CPU-s (4 streams) | UDP RTT p50 | p99 | 64 B UDP rate | 64 B packets per tunnel CPU-s | peak RSS (both) |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for c in contenders {
         if let Err(why) = &c.which {
-            let _ = writeln!(out, "| {} | {why} | | | | | | | | |", c.name);
+            let _ = writeln!(out, "| {} | {why} | | | | | | | | | |", c.name);
             continue;
         }
         if c.samples.is_empty() {
-            let _ = writeln!(out, "| {} | failed (see log) | | | | | | | | |", c.name);
+            let _ = writeln!(out, "| {} | failed (see log) | | | | | | | | | |", c.name);
             continue;
         }
         let m = medians(c, o.seconds as f64);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.name,
             cell(m.tcp1, 2, " Gbit/s"),
             cell(m.per_cpu, 2, ""),
@@ -526,6 +547,7 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
             cell(m.p50, 0, " µs"),
             cell(m.p99, 0, " µs"),
             cell(m.pps / 1000.0, 0, " kpps"),
+            cell(m.pps_per_cpu / 1000.0, 0, " k"),
             cell(m.rss_mib, 1, " MiB"),
         );
     }
@@ -540,14 +562,14 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
         );
         let _ = writeln!(
             out,
-            "| rows | TCP 1 stream | Gbit per tunnel CPU-s | TCP 4 streams | Gbit per tunnel CPU-s (4 streams) | UDP RTT p50 |"
+            "| rows | TCP 1 stream | Gbit per tunnel CPU-s | TCP 4 streams | Gbit per tunnel CPU-s (4 streams) | UDP RTT p50 | 64 B packets per tunnel CPU-s |"
         );
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
         for (a, b) in pairs {
             let (a, b) = (&contenders[a], &contenders[b]);
             let _ = writeln!(
                 out,
-                "| {} against {} | {} | {} | {} | {} | {} |",
+                "| {} against {} | {} | {} | {} | {} | {} | {} |",
                 a.name,
                 b.name,
                 spread(&per_round(a, b, |s| s.tcp1_gbits, ratio), "×", 2),
@@ -555,6 +577,7 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
                 spread(&per_round(a, b, |s| s.tcp4_gbits, ratio), "×", 2),
                 spread(&per_round(a, b, per_cpu4, ratio), "×", 2),
                 spread(&per_round(a, b, |s| s.rtt_p50_us, difference), " µs", 0),
+                spread(&per_round(a, b, small_per_cpu, ratio), "×", 2),
             );
         }
     }
@@ -592,6 +615,12 @@ fn per_cpu1(s: &Sample) -> f64 {
 
 fn per_cpu4(s: &Sample) -> f64 {
     per_cpu(s.tcp4_gbits, s.tcp4_tunnel_cpu)
+}
+
+/// 64-byte datagrams per second per tunnel CPU-second (times the run's seconds, which
+/// cancel in a ratio).
+fn small_per_cpu(s: &Sample) -> f64 {
+    per_cpu(s.small_pps, s.small_tunnel_cpu)
 }
 
 fn per_cpu(gbits: f64, cpu: f64) -> f64 {
@@ -654,13 +683,13 @@ pub(crate) fn spread(values: &[f64], unit: &str, decimals: usize) -> String {
 
 fn csv(contenders: &[Contender]) -> String {
     let mut out = String::from(
-        "implementation,round,tcp1_gbits,tcp1_tunnel_cpu_s,tcp1_machine_cpu_s,tcp4_gbits,tcp4_tunnel_cpu_s,rtt_p50_us,rtt_p99_us,small_pps,peak_rss_kib\n",
+        "implementation,round,tcp1_gbits,tcp1_tunnel_cpu_s,tcp1_machine_cpu_s,tcp4_gbits,tcp4_tunnel_cpu_s,rtt_p50_us,rtt_p99_us,small_pps,small_tunnel_cpu_s,peak_rss_kib\n",
     );
     for c in contenders {
         for s in &c.samples {
             let _ = writeln!(
                 out,
-                "\"{}\",{},{:.4},{:.3},{:.3},{:.4},{:.3},{:.1},{:.1},{:.0},{}",
+                "\"{}\",{},{:.4},{:.3},{:.3},{:.4},{:.3},{:.1},{:.1},{:.0},{:.3},{}",
                 c.name,
                 s.round,
                 s.tcp1_gbits,
@@ -671,6 +700,7 @@ fn csv(contenders: &[Contender]) -> String {
                 s.rtt_p50_us,
                 s.rtt_p99_us,
                 s.small_pps,
+                s.small_tunnel_cpu,
                 s.peak_rss_kib
             );
         }

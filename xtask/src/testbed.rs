@@ -582,9 +582,12 @@ impl Testbed {
     }
 
     /// Small-packet rate: UDP datagrams of 64 bytes, as fast as iperf3 sends them, for
-    /// `seconds`; returns datagrams per second received at B.
-    pub fn small_packet_rate(&self, seconds: u32) -> Result<f64, String> {
+    /// `seconds`; returns datagrams per second received at B, and the tunnel processes' CPU
+    /// seconds meanwhile.
+    pub fn small_packet_rate(&self, seconds: u32) -> Result<(f64, f64), String> {
         let _server = self.iperf_server()?;
+        let pids = self.pids();
+        let cpu0 = cpu_seconds(&pids);
         let out = system::output_within(
             self.a.command("iperf3").args([
                 "-c",
@@ -600,12 +603,13 @@ impl Testbed {
             ]),
             Duration::from_secs(seconds.into()) + IPERF_GRACE,
         )?;
+        let cpu = cpu_seconds(&pids) - cpu0;
         let json = String::from_utf8_lossy(&out.stdout);
         let packets = json_number_after(&json, "\"sum\"", "\"packets\"");
         let lost = json_number_after(&json, "\"sum\"", "\"lost_packets\"");
         let secs = json_number_after(&json, "\"sum\"", "\"seconds\"");
         match (packets, lost, secs) {
-            (Some(p), Some(l), Some(s)) if s > 0.0 => Ok((p - l) / s),
+            (Some(p), Some(l), Some(s)) if s > 0.0 => Ok(((p - l) / s, cpu)),
             _ => Err(format!(
                 "iperf3 UDP gave no result: {}",
                 json.chars().take(400).collect::<String>()

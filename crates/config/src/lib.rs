@@ -45,6 +45,7 @@ const DATAPLANE_FIELDS: &[&str] = &[
     "tun_offload",
     "busy_poll_us",
     "aead",
+    "xdp_interface",
 ];
 /// The most sub-tunnels one peer can be split into (`parallel`).
 pub const MAX_PARALLEL: u8 = 64;
@@ -122,6 +123,10 @@ pub struct DataplaneConfig {
     /// Whose ChaCha20-Poly1305 seals and opens data messages; `None` ("auto"): the fastest
     /// measured on this CPU at start-up.
     pub aead: Option<tunneld_crypto::aead::Implementation>,
+    /// `backend = "xdp"`: the underlay interface whose queues the AF_XDP sockets bind to;
+    /// `None`: the interface the route to the first peer's endpoint leaves by (else the
+    /// default route's).
+    pub xdp_interface: Option<String>,
 }
 
 impl Default for DataplaneConfig {
@@ -135,6 +140,7 @@ impl Default for DataplaneConfig {
             tun_offload: true,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             aead: None,
+            xdp_interface: None,
         }
     }
 }
@@ -1130,6 +1136,29 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
             None
         }
     };
+    let xdp_interface = c.string(t, path, "xdp_interface").and_then(|name| {
+        if name.is_empty() || name.len() > 15 || name.contains(['/', ' ', '\0']) {
+            c.error(
+                "dataplane.xdp_interface",
+                format!(
+                    "{} is not an interface name (1-15 characters, no '/' or spaces)",
+                    quote(name)
+                ),
+            );
+            None
+        } else {
+            Some(name.to_string())
+        }
+    });
+    if xdp_interface.is_some() && backend != Backend::Xdp && backend != Backend::Auto {
+        c.error(
+            "dataplane.xdp_interface",
+            format!(
+                "is only used with backend = \"xdp\" (this config says {})",
+                quote(backend.name())
+            ),
+        );
+    }
     DataplaneConfig {
         backend,
         workers,
@@ -1139,6 +1168,7 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
         tun_offload,
         busy_poll_us,
         aead,
+        xdp_interface,
     }
 }
 

@@ -13,6 +13,8 @@
 
 use crate::offload::VnetHdr;
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::ptr::NonNull;
+use std::sync::Arc;
 use tunneld_tunnel::{DatagramSink, PacketSink};
 
 /// Frames per batch: the most a backend moves in one call.
@@ -35,13 +37,91 @@ fn fixed_starts() -> [usize; BATCH_SIZE + 1] {
 
 const UNSPECIFIED: SocketAddr = SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, 0, 0, 0));
 
+/// Memory the kernel reads and writes directly, shared by the batches over it (AF_XDP's
+/// UMEM): mapped once by the backend that owns it and unmapped when the last holder drops.
+/// A batch over it touches only the frames its backend placed in it, which belong to user
+/// space until the backend hands them back to the kernel.
+pub struct MappedRegion {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the region is plain memory; which frames of it a thread may touch is decided by the
+// backend that places them (each frame is in at most one batch, or the kernel's).
+unsafe impl Send for MappedRegion {}
+// SAFETY: as above; `&MappedRegion` only exposes the base pointer and length.
+unsafe impl Sync for MappedRegion {}
+
+impl MappedRegion {
+    /// Maps `len` bytes of anonymous, zeroed, page-aligned memory.
+    pub fn map(len: usize) -> std::io::Result<MappedRegion> {
+        // SAFETY: an anonymous private mapping with no address hint; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(std::io::Error::last_os_error)?;
+        Ok(MappedRegion { ptr, len })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for MappedRegion {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by `map` with this pointer and length, and every batch
+        // and socket using it holds an `Arc` to this region, so none is left.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+impl std::fmt::Debug for MappedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedRegion")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Where a batch's bytes live.
+enum Memory {
+    /// Its own: frames packed one after another (see the module's doc).
+    Owned(Box<[u8]>),
+    /// A backend's shared region, in frames of `chunk` bytes the backend places one by one
+    /// ([`Batch::place`]); frame `i` runs from `starts[i]` to the end of its chunk.
+    Placed {
+        region: Arc<MappedRegion>,
+        chunk: usize,
+    },
+}
+
 /// `BATCH_SIZE` frames with a length and a peer address each; `len()` of them are in use.
 pub struct Batch {
-    buf: Box<[u8]>,
+    memory: Memory,
     /// Where frame `i` starts in `buf` (its headroom first); entry `BATCH_SIZE` is the end.
     /// Frame `i` owns `starts[i]..starts[i + 1]`. Past the first unfilled frame every start
     /// is the fixed `i * FRAME`, and the first unfilled frame starts at or before its fixed
-    /// place, so an unfilled frame always owns at least `FRAME` bytes.
+    /// place, so an unfilled frame always owns at least `FRAME` bytes. (A placed batch: see
+    /// [`Memory::Placed`].)
     starts: [usize; BATCH_SIZE + 1],
     lens: [usize; BATCH_SIZE],
     addrs: [SocketAddr; BATCH_SIZE],
@@ -68,13 +148,84 @@ impl Default for Batch {
 impl Batch {
     pub fn new() -> Self {
         Self {
-            buf: vec![0u8; FRAME * BATCH_SIZE].into_boxed_slice(),
+            memory: Memory::Owned(vec![0u8; FRAME * BATCH_SIZE].into_boxed_slice()),
             starts: fixed_starts(),
             lens: [0; BATCH_SIZE],
             addrs: [UNSPECIFIED; BATCH_SIZE],
             offloads: [VnetHdr::default(); BATCH_SIZE],
             segment_sizes: [0; BATCH_SIZE],
             count: 0,
+        }
+    }
+
+    /// A batch over a backend's shared region, in chunks of `chunk` bytes (a power of two).
+    /// Each frame must be placed ([`Batch::place`]) before it is filled; until then every
+    /// frame is the region's first chunk.
+    pub fn placed(region: Arc<MappedRegion>, chunk: usize) -> Self {
+        debug_assert!(chunk.is_power_of_two() && chunk > HEADROOM && chunk <= region.len());
+        Self {
+            memory: Memory::Placed { region, chunk },
+            starts: [0; BATCH_SIZE + 1],
+            lens: [0; BATCH_SIZE],
+            addrs: [UNSPECIFIED; BATCH_SIZE],
+            offloads: [VnetHdr::default(); BATCH_SIZE],
+            segment_sizes: [0; BATCH_SIZE],
+            count: 0,
+        }
+    }
+
+    /// Puts frame `i` of a placed batch at `start` in the region: its headroom first, its
+    /// payload `HEADROOM` bytes on, its end the end of `start`'s chunk (which must leave room
+    /// for the headroom). Does nothing to a batch with memory of its own.
+    pub fn place(&mut self, i: usize, start: usize) {
+        if let Memory::Placed { region, chunk } = &self.memory {
+            debug_assert!(start % chunk + HEADROOM < *chunk && start < region.len());
+            self.starts[i] = start;
+        }
+    }
+
+    /// Where frame `i` starts in the batch's memory (its headroom first): for a placed
+    /// batch, its offset in the region.
+    pub fn start(&self, i: usize) -> usize {
+        self.starts[i]
+    }
+
+    /// The end of frame `i` in the batch's memory.
+    fn end(&self, i: usize) -> usize {
+        match &self.memory {
+            Memory::Owned(_) => self.starts[i + 1],
+            Memory::Placed { chunk, .. } => (self.starts[i] & !(chunk - 1)) + chunk,
+        }
+    }
+
+    /// Bytes `start..end` of the batch's memory.
+    fn bytes(&self, start: usize, end: usize) -> &[u8] {
+        match &self.memory {
+            Memory::Owned(buf) => &buf[start..end],
+            Memory::Placed { region, .. } => {
+                assert!(start <= end && end <= region.len());
+                // SAFETY: in bounds (checked); the frame holding these bytes was placed in this
+                // batch by its backend, which does not give it to the kernel while it is here.
+                unsafe { std::slice::from_raw_parts(region.as_ptr().add(start), end - start) }
+            }
+        }
+    }
+
+    fn bytes_mut(&mut self, start: usize, end: usize) -> &mut [u8] {
+        match &mut self.memory {
+            Memory::Owned(buf) => &mut buf[start..end],
+            Memory::Placed { region, .. } => {
+                assert!(start <= end && end <= region.len());
+                // SAFETY: as in `bytes`; `&mut self` makes this the only slice of the batch.
+                unsafe { std::slice::from_raw_parts_mut(region.as_ptr().add(start), end - start) }
+            }
+        }
+    }
+
+    fn base_ptr(&mut self) -> *mut u8 {
+        match &mut self.memory {
+            Memory::Owned(buf) => buf.as_mut_ptr(),
+            Memory::Placed { region, .. } => region.as_ptr(),
         }
     }
 
@@ -87,15 +238,19 @@ impl Batch {
     pub fn is_full(&self) -> bool {
         self.count == BATCH_SIZE
     }
+    /// Empties the batch. A placed batch keeps its frames where they are (its backend moves
+    /// them).
     pub fn clear(&mut self) {
-        self.starts = fixed_starts();
+        if let Memory::Owned(_) = self.memory {
+            self.starts = fixed_starts();
+        }
         self.count = 0;
     }
 
     /// The payload of frame `i` (headroom excluded), `len(i)` bytes.
     pub fn payload(&self, i: usize) -> &[u8] {
         let start = self.starts[i] + HEADROOM;
-        &self.buf[start..start + self.lens[i]]
+        self.bytes(start, start + self.lens[i])
     }
 
     /// The length of frame `i`'s payload.
@@ -107,13 +262,15 @@ impl Batch {
     /// a frame filled in place by a backend, its length plus `TAIL_ROOM` for one filled with
     /// `commit` (less only where that would pass `FRAME_PAYLOAD`).
     pub fn frame_mut(&mut self, i: usize) -> (&mut [u8], usize) {
-        let (start, end) = (self.starts[i] + HEADROOM, self.starts[i + 1]);
-        (&mut self.buf[start..end], self.lens[i])
+        let (start, end) = (self.starts[i] + HEADROOM, self.end(i));
+        let len = self.lens[i];
+        (self.bytes_mut(start, end), len)
     }
 
     /// Frame `i` including its headroom, for backends that prepend headers.
     pub fn raw_frame_mut(&mut self, i: usize) -> &mut [u8] {
-        &mut self.buf[self.starts[i]..self.starts[i + 1]]
+        let (start, end) = (self.starts[i], self.end(i));
+        self.bytes_mut(start, end)
     }
 
     pub fn addr(&self, i: usize) -> SocketAddr {
@@ -142,13 +299,19 @@ impl Batch {
         self.segment_sizes[i] = size;
     }
 
-    /// The payload area of the next unused frame, for a backend or the core to fill.
+    /// The payload area of the next unused frame, for a backend or the core to fill:
+    /// `FRAME_PAYLOAD` bytes, or for a placed batch the rest of the frame's chunk.
     pub fn next_free(&mut self) -> Option<&mut [u8]> {
         if self.is_full() {
             return None;
         }
-        let start = self.starts[self.count] + HEADROOM;
-        Some(&mut self.buf[start..start + FRAME_PAYLOAD])
+        let i = self.count;
+        let start = self.starts[i] + HEADROOM;
+        let end = match self.memory {
+            Memory::Owned(_) => start + FRAME_PAYLOAD,
+            Memory::Placed { .. } => self.end(i),
+        };
+        Some(self.bytes_mut(start, end))
     }
 
     /// Marks the next unused frame as holding `len` payload bytes for/from `addr`, and moves
@@ -156,7 +319,7 @@ impl Batch {
     pub fn commit(&mut self, len: usize, addr: SocketAddr) {
         debug_assert!(self.count < BATCH_SIZE && len <= FRAME_PAYLOAD);
         let i = self.count;
-        if i + 1 < BATCH_SIZE {
+        if i + 1 < BATCH_SIZE && matches!(self.memory, Memory::Owned(_)) {
             let used = (HEADROOM + len + TAIL_ROOM).next_multiple_of(64);
             self.starts[i + 1] = self.starts[i] + used.min(FRAME);
         }
@@ -186,8 +349,10 @@ impl Batch {
     /// Raw pointers to every frame's payload area, for vectored syscalls. All are derived from
     /// one borrow of the buffer, so they stay valid together (a pointer per call would be
     /// invalidated by the next call's `&mut` borrow).
+    /// Only for batches with memory of their own: their frames have room for `FRAME_PAYLOAD`.
     pub(crate) fn payload_ptrs(&mut self) -> [*mut u8; BATCH_SIZE] {
-        let base = self.buf.as_mut_ptr();
+        debug_assert!(matches!(self.memory, Memory::Owned(_)));
+        let base = self.base_ptr();
         std::array::from_fn(|i| base.wrapping_add(self.starts[i] + HEADROOM))
     }
 }

@@ -24,9 +24,18 @@ pub trait PacketIo {
 pub trait DatagramIo {
     /// Appends received datagrams (with their source address) to `batch`.
     fn recv_batch(&mut self, batch: &mut Batch) -> io::Result<usize>;
-    /// Sends every datagram in `batch` to its address. Returns how many were sent.
-    fn send_batch(&mut self, batch: &Batch) -> io::Result<usize>;
+    /// Sends every datagram in `batch` to its address. Returns how many were sent. The batch
+    /// is `mut` because a backend may write headers into the frames' headroom, or (over
+    /// shared memory) give the frames to the kernel and put fresh ones in their place.
+    fn send_batch(&mut self, batch: &mut Batch) -> io::Result<usize>;
     fn fd(&self) -> Option<RawFd>;
     /// The local port the socket is bound to.
     fn local_port(&self) -> u16;
+    /// The worker's receive and send batches, for a backend whose frames are memory the
+    /// kernel reads and writes directly (AF_XDP's UMEM), so that datagrams are opened where
+    /// they were received and sealed where they are sent from. `None` (the default): the
+    /// worker allocates its own.
+    fn batches(&mut self) -> Option<(Batch, Batch)> {
+        None
+    }
 }

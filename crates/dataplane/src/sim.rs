@@ -159,7 +159,7 @@ impl DatagramIo for SimSocket {
 
     /// Like UDP, a datagram counts as sent even when the link then loses it; losses show in
     /// [`SimSocket::dropped`]. Returns `batch.len()`.
-    fn send_batch(&mut self, batch: &Batch) -> io::Result<usize> {
+    fn send_batch(&mut self, batch: &mut Batch) -> io::Result<usize> {
         let mut link = lock(&self.link);
         let far = 1 - self.end;
         for i in 0..batch.len() {
@@ -378,7 +378,7 @@ mod tests {
 
         let mut out = Batch::new();
         fill(&mut out, BATCH_SIZE, b_addr, 0xa5);
-        assert_eq!(a.send_batch(&out).unwrap(), BATCH_SIZE);
+        assert_eq!(a.send_batch(&mut out).unwrap(), BATCH_SIZE);
         assert_eq!(b.pending(), BATCH_SIZE);
         let mut got = Batch::new();
         assert_eq!(b.recv_batch(&mut got).unwrap(), BATCH_SIZE);
@@ -390,7 +390,7 @@ mod tests {
         // Back, with a batch that is already partly filled on the receiving side.
         out.clear();
         fill(&mut out, 10, a_addr, 0x3c);
-        assert_eq!(b.send_batch(&out).unwrap(), 10);
+        assert_eq!(b.send_batch(&mut out).unwrap(), 10);
         let mut got = Batch::new();
         fill(&mut got, BATCH_SIZE - 4, b_addr, 0);
         assert_eq!(a.recv_batch(&mut got).unwrap(), 4);
@@ -407,9 +407,9 @@ mod tests {
         let (mut a, mut b) = link_with_capacity(a_addr, b_addr, 100);
         let mut out = Batch::new();
         fill(&mut out, BATCH_SIZE, b_addr, 1);
-        assert_eq!(a.send_batch(&out).unwrap(), BATCH_SIZE);
+        assert_eq!(a.send_batch(&mut out).unwrap(), BATCH_SIZE);
         assert_eq!(
-            a.send_batch(&out).unwrap(),
+            a.send_batch(&mut out).unwrap(),
             BATCH_SIZE,
             "sent, as UDP would"
         );
@@ -421,7 +421,7 @@ mod tests {
         out.clear();
         fill(&mut out, 2, addr("192.0.2.3:2"), 1);
         fill(&mut out, 1, addr("[::ffff:192.0.2.1]:1"), 1);
-        assert_eq!(b.send_batch(&out).unwrap(), 3);
+        assert_eq!(b.send_batch(&mut out).unwrap(), 3);
         assert_eq!(b.dropped(), 2);
         assert_eq!(a.pending(), 1);
 
@@ -430,7 +430,7 @@ mod tests {
         let mut out = Batch::new();
         fill(&mut out, BATCH_SIZE, b_addr, 1);
         for _ in 0..SIM_QUEUE / BATCH_SIZE + 1 {
-            a.send_batch(&out).unwrap();
+            a.send_batch(&mut out).unwrap();
         }
         assert_eq!(b.pending(), SIM_QUEUE);
         assert_eq!(a.dropped(), BATCH_SIZE as u64);

@@ -554,7 +554,7 @@ impl DatagramIo for UdpSocket {
         Ok(kept)
     }
 
-    fn send_batch(&mut self, batch: &Batch) -> io::Result<usize> {
+    fn send_batch(&mut self, batch: &mut Batch) -> io::Result<usize> {
         let mut count = self.build_send(batch, 0);
         let mut pos = 0;
         let mut sent = 0;

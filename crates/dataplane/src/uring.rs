@@ -842,7 +842,7 @@ impl DatagramIo for UringUdp {
         }
     }
 
-    fn send_batch(&mut self, batch: &Batch) -> io::Result<usize> {
+    fn send_batch(&mut self, batch: &mut Batch) -> io::Result<usize> {
         if batch.is_empty() {
             return Ok(0);
         }

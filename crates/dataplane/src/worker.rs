@@ -124,13 +124,14 @@ impl<P, D> std::fmt::Debug for Worker<P, D> {
 }
 
 impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
-    pub fn new(device: Device, tun: P, udp: D) -> io::Result<(Self, WorkerHandle)> {
+    pub fn new(device: Device, tun: P, mut udp: D) -> io::Result<(Self, WorkerHandle)> {
         let (sender, control) = mpsc::channel();
         let waker = Arc::new(Waker::new()?);
         let handle = WorkerHandle {
             sender,
             waker: waker.clone(),
         };
+        let (net_rx, net_tx) = udp.batches().unwrap_or_default();
         let worker = Self {
             device,
             tun,
@@ -139,8 +140,8 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             waker,
             tun_rx: Batch::new(),
             tun_tx: Batch::new(),
-            net_rx: Batch::new(),
-            net_tx: Batch::new(),
+            net_rx,
+            net_tx,
             segment_buf: vec![0; FRAME_PAYLOAD].into_boxed_slice(),
             send_shortfall: 0,
             offload_errors: 0,

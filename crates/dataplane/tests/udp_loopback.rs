@@ -103,7 +103,7 @@ fn full_batch(from: &mut UdpSocket, from_ip: IpAddr, to: &mut UdpSocket, to_ip: 
     let max = if from_addr.is_ipv4() { 65507 } else { 65527 };
     let mut out = Batch::new();
     fill(&mut out, BATCH_SIZE, addr_of(to, to_ip), 0x5a, max);
-    assert_eq!(from.send_batch(&out).unwrap(), BATCH_SIZE);
+    assert_eq!(from.send_batch(&mut out).unwrap(), BATCH_SIZE);
     let mut got = Batch::new();
     recv_n(to, &mut got, BATCH_SIZE);
     check(&got, BATCH_SIZE, from_addr, 0x5a, max);
@@ -147,7 +147,7 @@ fn v4_and_v6_peers_share_a_dual_stack_socket() {
     full_batch(&mut peer, LOCAL4, &mut ds, LOCAL4);
     let mut out = Batch::new();
     fill(&mut out, BATCH_SIZE, peer_addr, 0x17, 65507);
-    assert_eq!(ds.send_batch(&out).unwrap(), BATCH_SIZE);
+    assert_eq!(ds.send_batch(&mut out).unwrap(), BATCH_SIZE);
     let mut got = Batch::new();
     recv_n(&mut peer, &mut got, BATCH_SIZE);
     check(&got, BATCH_SIZE, addr_of(&ds, LOCAL4), 0x17, 65507);
@@ -179,7 +179,7 @@ fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
     push(rx_addr, b"two");
     push(SocketAddr::new(LOCAL4, 0), b"port 0 again");
     push(rx_addr, b"three");
-    let sent = tx.send_batch(&out).unwrap();
+    let sent = tx.send_batch(&mut out).unwrap();
     assert_eq!(sent, 4, "three to rx and one to the closed port");
 
     let mut got = Batch::new();
@@ -195,7 +195,7 @@ fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
     assert_eq!(tx.recv_batch(&mut empty).unwrap(), 0);
     let mut out = Batch::new();
     fill(&mut out, 3, rx_addr, 1, 100);
-    assert_eq!(tx.send_batch(&out).unwrap(), 3);
+    assert_eq!(tx.send_batch(&mut out).unwrap(), 3);
     let mut got = Batch::new();
     recv_n(&mut rx, &mut got, 3);
 
@@ -210,7 +210,7 @@ fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
     push(SocketAddr::new(LOCAL4, 0), b"refused");
     push(closed, b"to nobody");
     push(rx_addr, b"four");
-    assert_eq!(ds.send_batch(&out).unwrap(), 2);
+    assert_eq!(ds.send_batch(&mut out).unwrap(), 2);
     let mut got = Batch::new();
     recv_n(&mut rx, &mut got, 1);
     assert_eq!(got.payload(0), b"four");
@@ -226,7 +226,7 @@ fn recv_appends_after_the_frames_already_in_the_batch() {
 
     let mut out = Batch::new();
     fill(&mut out, 5, addr_of(&rx, LOCAL4), 9, 1000);
-    assert_eq!(tx.send_batch(&out).unwrap(), 5);
+    assert_eq!(tx.send_batch(&mut out).unwrap(), 5);
 
     let mut got = Batch::new();
     let mine = SocketAddr::new(LOCAL6, 1);
@@ -323,7 +323,7 @@ fn equal_size_runs_arrive_whole_with_and_without_gso() {
             out.next_free().unwrap()[..*len].copy_from_slice(&c);
             out.commit(*len, b_addr);
         }
-        assert_eq!(a.send_batch(&out).unwrap(), lens.len(), "gso={gso}");
+        assert_eq!(a.send_batch(&mut out).unwrap(), lens.len(), "gso={gso}");
         let mut got = Batch::new();
         recv_n(&mut b, &mut got, lens.len());
         for (i, len) in lens.iter().enumerate() {
@@ -354,7 +354,7 @@ fn gso_refused_by_the_kernel_falls_back_and_loses_nothing() {
             out.next_free().unwrap()[..*len].copy_from_slice(&content(i, *len, round));
             out.commit(*len, b_addr);
         }
-        assert_eq!(a.send_batch(&out).unwrap(), lens.len(), "round {round}");
+        assert_eq!(a.send_batch(&mut out).unwrap(), lens.len(), "round {round}");
         assert!(!a.gso(), "GSO still on after the kernel refused it");
         let mut got = Batch::new();
         recv_n(&mut b, &mut got, lens.len());
@@ -380,7 +380,7 @@ fn gro_merges_runs_and_datagrams_splits_them_back() {
         out.next_free().unwrap()[..*len].copy_from_slice(&content(i, *len, 3));
         out.commit(*len, b_addr);
     }
-    assert_eq!(a.send_batch(&out).unwrap(), lens.len());
+    assert_eq!(a.send_batch(&mut out).unwrap(), lens.len());
 
     let until = Instant::now() + Duration::from_secs(5);
     let mut got = Batch::new();

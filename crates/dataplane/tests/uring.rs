@@ -114,7 +114,7 @@ fn full_batch(
     for i in 0..BATCH_SIZE {
         push(&mut out, &content(i, size(i, max), tag), to_addr);
     }
-    assert_eq!(from.send_batch(&out).unwrap(), BATCH_SIZE, "sent");
+    assert_eq!(from.send_batch(&mut out).unwrap(), BATCH_SIZE, "sent");
     let mut got = Batch::new();
     recv_n(to, &mut got, BATCH_SIZE);
     for i in 0..BATCH_SIZE {
@@ -179,10 +179,10 @@ fn dual_stack_shows_ipv4_peers_as_ipv4() {
 
     let mut out = Batch::new();
     push(&mut out, b"from v4", SocketAddr::new(LOCAL4, port));
-    assert_eq!(v4.send_batch(&out).unwrap(), 1);
+    assert_eq!(v4.send_batch(&mut out).unwrap(), 1);
     let mut out = Batch::new();
     push(&mut out, b"from v6", SocketAddr::new(LOCAL6, port));
-    assert_eq!(v6.send_batch(&out).unwrap(), 1);
+    assert_eq!(v6.send_batch(&mut out).unwrap(), 1);
 
     let mut got = Batch::new();
     recv_n(&mut ring, &mut got, 2);
@@ -204,7 +204,7 @@ fn dual_stack_shows_ipv4_peers_as_ipv4() {
     let mut out = Batch::new();
     push(&mut out, b"to v4", v4_addr);
     push(&mut out, b"to v6", v6_addr);
-    assert_eq!(ring.send_batch(&out).unwrap(), 2);
+    assert_eq!(ring.send_batch(&mut out).unwrap(), 2);
     for (sock, want, from) in [
         (&mut v4, &b"to v4"[..], LOCAL4),
         (&mut v6, b"to v6", LOCAL6),
@@ -240,7 +240,7 @@ fn equal_size_runs_arrive_whole_with_and_without_gso() {
         for (i, len) in lens.iter().enumerate() {
             push(&mut out, &content(i, *len, 7), to);
         }
-        assert_eq!(ring.send_batch(&out).unwrap(), lens.len(), "gso={gso}");
+        assert_eq!(ring.send_batch(&mut out).unwrap(), lens.len(), "gso={gso}");
         let mut got = Batch::new();
         recv_n(&mut rx, &mut got, lens.len());
         for (i, len) in lens.iter().enumerate() {
@@ -274,7 +274,11 @@ fn gso_refused_by_the_kernel_falls_back_and_loses_nothing() {
         for (i, len) in lens.iter().enumerate() {
             push(&mut out, &content(i, *len, round), to);
         }
-        assert_eq!(ring.send_batch(&out).unwrap(), lens.len(), "round {round}");
+        assert_eq!(
+            ring.send_batch(&mut out).unwrap(),
+            lens.len(),
+            "round {round}"
+        );
         assert!(!ring.gso(), "GSO still on after the kernel refused it");
         let mut got = Batch::new();
         recv_n(&mut rx, &mut got, lens.len());
@@ -307,7 +311,7 @@ fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
     push(&mut out, b"two", rx_addr);
     push(&mut out, b"three", rx_addr);
     assert_eq!(
-        ring.send_batch(&out).unwrap(),
+        ring.send_batch(&mut out).unwrap(),
         4,
         "three to rx, one to nobody"
     );
@@ -326,7 +330,7 @@ fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
         b"still here",
         SocketAddr::new(LOCAL4, ring.local_port()),
     );
-    assert_eq!(rx.send_batch(&out).unwrap(), 1);
+    assert_eq!(rx.send_batch(&mut out).unwrap(), 1);
     recv_n(&mut ring, &mut empty, 1);
     assert_eq!(empty.payload(0), b"still here");
 }
@@ -349,7 +353,7 @@ fn gro_merged_bursts_split_back_exactly() {
     for (i, len) in lens.iter().enumerate() {
         push(&mut out, &content(i, *len, 3), to);
     }
-    assert_eq!(tx.send_batch(&out).unwrap(), lens.len());
+    assert_eq!(tx.send_batch(&mut out).unwrap(), lens.len());
 
     let until = Instant::now() + Duration::from_secs(5);
     let mut got = Batch::new();
@@ -395,7 +399,7 @@ fn the_ring_descriptor_polls_readable_when_data_arrives() {
         b"wake up",
         SocketAddr::new(LOCAL4, ring.local_port()),
     );
-    assert_eq!(tx.send_batch(&out).unwrap(), 1);
+    assert_eq!(tx.send_batch(&mut out).unwrap(), 1);
     assert!(
         wait_readable(fd, Instant::now() + Duration::from_secs(5)),
         "not readable after a datagram arrived"
@@ -441,7 +445,7 @@ fn a_poll_on_another_thread_wakes_for_data() {
             std::thread::sleep(Duration::from_millis(50));
             let mut out = Batch::new();
             push(&mut out, word, to);
-            assert_eq!(tx.send_batch(&out).unwrap(), 1);
+            assert_eq!(tx.send_batch(&mut out).unwrap(), 1);
         }
     });
     sender.join().unwrap();
@@ -466,7 +470,7 @@ fn keeps_receiving_after_the_thread_that_made_it_exits() {
     for round in 0..3u8 {
         let mut out = Batch::new();
         push(&mut out, &[round; 10], to);
-        assert_eq!(tx.send_batch(&out).unwrap(), 1);
+        assert_eq!(tx.send_batch(&mut out).unwrap(), 1);
         let mut got = Batch::new();
         recv_n(&mut ring, &mut got, 1);
         assert_eq!(got.payload(0), [round; 10]);
@@ -487,7 +491,7 @@ fn a_full_batch_when_more_than_64_wait() {
         for i in chunk * 64..(total).min(chunk * 64 + 64) {
             push(&mut out, &(i as u32).to_be_bytes(), to);
         }
-        assert_eq!(tx.send_batch(&out).unwrap(), out.len());
+        assert_eq!(tx.send_batch(&mut out).unwrap(), out.len());
     }
     assert!(wait_readable(
         ring.fd().unwrap(),
@@ -528,7 +532,7 @@ fn more_datagrams_than_buffers_all_arrive_in_order() {
             push(&mut out, &next.to_be_bytes(), to);
             next += 1;
         }
-        assert_eq!(tx.send_batch(&out).unwrap(), out.len());
+        assert_eq!(tx.send_batch(&mut out).unwrap(), out.len());
     }
     let until = Instant::now() + Duration::from_secs(10);
     let mut seen = Vec::new();
@@ -558,7 +562,7 @@ fn recv_appends_after_the_frames_already_in_the_batch() {
             SocketAddr::new(LOCAL4, ring.local_port()),
         );
     }
-    assert_eq!(tx.send_batch(&out).unwrap(), 5);
+    assert_eq!(tx.send_batch(&mut out).unwrap(), 5);
     let mut got = Batch::new();
     let mine = SocketAddr::new(LOCAL6, 1);
     for _ in 0..BATCH_SIZE - 2 {
@@ -591,7 +595,7 @@ fn drops_promptly_with_data_in_flight() {
             while !out.is_full() {
                 push(&mut out, &[round as u8; 200], to);
             }
-            assert_eq!(tx.send_batch(&out).unwrap(), BATCH_SIZE);
+            assert_eq!(tx.send_batch(&mut out).unwrap(), BATCH_SIZE);
         }
         if round % 2 == 0 {
             let mut got = Batch::new();

@@ -92,7 +92,7 @@ impl BareInterface {
         let dataplane = tunneld_config::parse_dataplane(dataplane).map_err(Error::Invalid)?;
         // With no peers known, `auto` means a worker per CPU.
         let workers = bring_up::worker_count(&dataplane, &[]);
-        bring_up::check_dataplane(&dataplane, workers, &[])
+        bring_up::check_dataplane(&dataplane, tunneld_config::DEFAULT_MTU, workers, &[])
             .map_err(|e| Error::invalid_lines(vec![e]))?;
         let use_uring =
             bring_up::choose_uring(dataplane.backend).map_err(|e| Error::invalid_lines(vec![e]))?;

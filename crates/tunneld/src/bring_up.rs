@@ -30,6 +30,9 @@ pub(crate) struct RunningWireGuard {
     pub threads: Vec<std::thread::JoinHandle<()>>,
     /// Serving the UAPI socket, if asked for (dropping it removes the socket).
     pub uapi: Option<crate::uapi_server::Serving>,
+    /// `backend = "xdp"`: what keeps the XDP program's view of the interface current (its
+    /// program is detached when the last worker's socket and this are dropped).
+    pub _xdp: Option<Box<tunneld_dataplane::xdp::Underlay>>,
 }
 
 /// The kernel's limit on the queues of one TUN device.
@@ -269,9 +272,35 @@ pub(crate) fn run_dataplane(
         cpus,
         mtu: usize::from(mtu),
         drop_privileges: options.drop_privileges,
+        keep_bpf: dataplane.backend == Backend::Xdp,
     };
+    let mut xdp = None;
     let parts = devices.into_iter().zip(tuns).zip(sockets);
-    let (threads, handles) = if options.use_uring {
+    let (threads, handles) = if dataplane.backend == Backend::Xdp {
+        let ifindex = xdp_interface(dataplane, &peers, &mut netlink)?;
+        let (sockets, parts): (Vec<_>, Vec<_>) = parts
+            .map(|((device, tun), udp)| (udp, (device, tun)))
+            .unzip();
+        let mut underlay = tunneld_dataplane::xdp::start(ifindex, sockets)
+            .map_err(|e| anyhow::anyhow!("dataplane.backend = \"xdp\": {e}"))?;
+        tracing::info!(
+            interface = ifindex,
+            mode = ?underlay.attach,
+            copy = ?underlay.copy,
+            queues = underlay.queues,
+            "dataplane backend: AF_XDP"
+        );
+        let parts = parts
+            .into_iter()
+            .zip(std::mem::take(&mut underlay.sockets))
+            .map(|((device, tun), udp)| (device, tun, udp))
+            .collect();
+        let started = start_workers(parts, &settings)?;
+        // After the privileges are dropped: its threads keep only what they need.
+        underlay.start_threads()?;
+        xdp = Some(Box::new(underlay));
+        started
+    } else if options.use_uring {
         let mut uring_parts = Vec::new();
         for ((device, tun), udp) in parts {
             // With offloads, TUN reads are up to 64 KiB each: reading them straight into the
@@ -306,7 +335,35 @@ pub(crate) fn run_dataplane(
         workers,
         threads,
         uapi: None,
+        _xdp: xdp,
     })
+}
+
+/// The underlay interface for `backend = "xdp"`: as configured, else the one the route to
+/// the first peer's endpoint leaves by.
+fn xdp_interface(
+    dataplane: &DataplaneConfig,
+    peers: &[PeerSettings],
+    netlink: &mut Netlink,
+) -> anyhow::Result<u32> {
+    let name = match &dataplane.xdp_interface {
+        Some(name) => name.clone(),
+        None => {
+            let endpoint = peers.iter().find_map(|p| p.endpoint).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "dataplane.xdp_interface: no peer has an endpoint to find the underlay interface by; name it"
+                )
+            })?;
+            crate::topology::underlay_interface(endpoint).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "dataplane.xdp_interface: no interface has a route to {endpoint}; name it"
+                )
+            })?
+        }
+    };
+    netlink
+        .link_index(&name)
+        .with_context(|| format!("dataplane.xdp_interface: no interface {name}"))
 }
 
 /// The interface's UDP socket, or with several workers one socket each in a `SO_REUSEPORT`
@@ -328,14 +385,17 @@ fn bind_sockets(port: u16, workers: usize) -> anyhow::Result<Vec<UdpSocket>> {
 /// that a config never silently runs differently from what it says.
 pub(crate) fn check_dataplane(
     dataplane: &DataplaneConfig,
+    mtu: u16,
     workers: usize,
     peers: &[tunneld_tunnel::PeerSettings],
 ) -> Result<(), String> {
     if dataplane.backend == Backend::Xdp {
-        return Err(
-            "dataplane.backend: \"xdp\" is not available in this build yet; use \"auto\", \"uring\" or \"mmsg\""
-                .into(),
-        );
+        let max = tunneld_dataplane::xdp::backend::MAX_DATAGRAM - 32 - 15;
+        if usize::from(mtu) > max {
+            return Err(format!(
+                "interface.mtu: {mtu} is more than an AF_XDP frame holds with dataplane.backend = \"xdp\" (at most {max})"
+            ));
+        }
     }
     if let config::Workers::Count(n) = dataplane.workers {
         if n > MAX_WORKERS {
@@ -376,6 +436,8 @@ struct WorkerSettings<'a> {
     cpus: Vec<Option<usize>>,
     mtu: usize,
     drop_privileges: bool,
+    /// AF_XDP: keep CAP_BPF too, to update the XDP program's address map.
+    keep_bpf: bool,
 }
 
 type Started = (
@@ -405,7 +467,11 @@ where
     }
     Worker::connect(&mut workers, settings.mtu);
     if settings.drop_privileges {
-        crate::privileges::drop_to_net_admin();
+        if settings.keep_bpf {
+            crate::privileges::drop_to_net_admin_and_bpf();
+        } else {
+            crate::privileges::drop_to_net_admin();
+        }
     }
     let mut threads = Vec::new();
     for (i, worker) in workers.into_iter().enumerate() {

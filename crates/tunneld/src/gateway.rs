@@ -493,8 +493,13 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
     }
     let use_uring = match &loaded.wireguard {
         Some(wg) => {
-            bring_up::check_dataplane(&loaded.config.dataplane, workers, &wg.peers)
-                .map_err(|e| Error::invalid_lines(vec![e]))?;
+            bring_up::check_dataplane(
+                &loaded.config.dataplane,
+                wg.interface.mtu,
+                workers,
+                &wg.peers,
+            )
+            .map_err(|e| Error::invalid_lines(vec![e]))?;
             bring_up::choose_uring(loaded.config.dataplane.backend)
                 .map_err(|e| Error::invalid_lines(vec![e]))?
         }

@@ -18,25 +18,32 @@ pub const KEPT: Capability = Capability::CAP_NET_ADMIN;
 
 /// Drops every capability but [`KEPT`].
 pub fn drop_to_net_admin() {
-    drop_privileges(Some(KEPT));
+    drop_privileges(&[KEPT]);
+}
+
+/// Drops every capability but [`KEPT`] and `CAP_BPF`: with `backend = "xdp"` the XDP
+/// program's map of the interface's addresses is updated as they change, which bpf(2)
+/// allows only with `CAP_BPF`. The AF_XDP sockets, bound at start-up, need nothing more.
+pub fn drop_to_net_admin_and_bpf() {
+    drop_privileges(&[KEPT, Capability::CAP_BPF]);
 }
 
 /// Drops every capability (TLS forwarding only: its listeners are bound).
 pub fn drop_all() {
-    drop_privileges(None);
+    drop_privileges(&[]);
 }
 
 /// Drops every capability but `kept`. A step the kernel refuses (tunneld started without
 /// `CAP_SETPCAP`, say) is logged and the rest still happen: dropping is best effort, never a
 /// reason to stop a working tunnel.
-fn drop_privileges(kept: Option<Capability>) {
-    let keep: CapsHashSet = kept.into_iter().collect();
+fn drop_privileges(kept: &[Capability]) {
+    let keep: CapsHashSet = kept.iter().copied().collect();
     let mut failed: Vec<String> = Vec::new();
     let mut bounding_left = 0;
     // Only what is in the bounding set needs dropping from it (a service manager may have
     // made it small already).
     let bounding = caps::read(None, CapSet::Bounding).unwrap_or_default();
-    for cap in bounding.into_iter().filter(|c| Some(*c) != kept) {
+    for cap in bounding.into_iter().filter(|c| !kept.contains(c)) {
         if caps::drop(None, CapSet::Bounding, cap).is_err() {
             bounding_left += 1;
         }
@@ -71,9 +78,14 @@ fn drop_privileges(kept: Option<Capability>) {
         failed.push(format!("no_new_privs: {}", std::io::Error::last_os_error()));
     }
     if failed.is_empty() {
-        match kept {
-            Some(cap) => tracing::info!("privileges dropped: only {cap} kept, no_new_privs set"),
-            None => tracing::info!("privileges dropped: no capabilities kept, no_new_privs set"),
+        if kept.is_empty() {
+            tracing::info!("privileges dropped: no capabilities kept, no_new_privs set");
+        } else {
+            let names: Vec<String> = kept.iter().map(|c| c.to_string()).collect();
+            tracing::info!(
+                "privileges dropped: only {} kept, no_new_privs set",
+                names.join(" and ")
+            );
         }
     } else {
         tracing::warn!(

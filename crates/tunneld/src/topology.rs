@@ -46,6 +46,18 @@ pub fn cpu_node(cpu: usize) -> Option<usize> {
 /// holding the chosen source address, and its node is in sysfs. `None` for a virtual
 /// device (no node) or when anything is unknown.
 pub fn underlay_node(endpoint: SocketAddr) -> Option<usize> {
+    let device = underlay_interface(endpoint)?;
+    let node: i64 = std::fs::read_to_string(format!("/sys/class/net/{device}/device/numa_node"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    usize::try_from(node).ok() // -1: the platform does not say
+}
+
+/// The interface traffic to `endpoint` leaves by: the one holding the source address the
+/// kernel picks for it (a connected UDP socket's route lookup; nothing is sent).
+pub fn underlay_interface(endpoint: SocketAddr) -> Option<String> {
     let any: SocketAddr = match endpoint {
         SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
         SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
@@ -53,13 +65,7 @@ pub fn underlay_node(endpoint: SocketAddr) -> Option<usize> {
     let probe = UdpSocket::bind(any).ok()?;
     probe.connect(endpoint).ok()?;
     let source = probe.local_addr().ok()?.ip();
-    let device = interface_with_address(source)?;
-    let node: i64 = std::fs::read_to_string(format!("/sys/class/net/{device}/device/numa_node"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    usize::try_from(node).ok() // -1: the platform does not say
+    interface_with_address(source)
 }
 
 /// The name of the interface that has address `ip`.

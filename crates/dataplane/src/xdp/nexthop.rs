@@ -154,13 +154,49 @@ pub struct NextHops {
     ifindex: u32,
     generation: Arc<AtomicU64>,
     stop: Arc<Waker>,
-    thread: Option<JoinHandle<()>>,
+    /// The subscribed socket until the thread takes it, then the thread.
+    socket: std::sync::Mutex<Option<Rtnl>>,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 impl NextHops {
     /// Subscribes to the kernel's events (in the calling thread's network namespace) and
     /// starts the thread that follows them for interface `ifindex`.
     pub fn start(ifindex: u32) -> io::Result<Arc<NextHops>> {
+        let nexthops = NextHops::new(ifindex)?;
+        nexthops.start_monitor()?;
+        Ok(nexthops)
+    }
+
+    /// Starts the thread that follows the events subscribed to by [`NextHops::new`] (once;
+    /// later calls do nothing). Events that came in between are queued on the socket, so
+    /// none is missed. A thread keeps the capabilities of the thread that starts it: start
+    /// it after dropping them.
+    pub fn start_monitor(&self) -> io::Result<()> {
+        let Some(socket) = self.socket.lock().ok().and_then(|mut s| s.take()) else {
+            return Ok(());
+        };
+        let ifindex = self.ifindex;
+        let generation = Arc::clone(&self.generation);
+        let stop = Arc::clone(&self.stop);
+        let thread = std::thread::Builder::new()
+            .name(format!("nexthop-{ifindex}"))
+            .spawn(move || watch(socket, ifindex, &generation, &stop))
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot watch the kernel's routes and neighbours: {e}"),
+                )
+            })?;
+        if let Ok(mut slot) = self.thread.lock() {
+            *slot = Some(thread);
+        }
+        Ok(())
+    }
+
+    /// Subscribes to the kernel's events for interface `ifindex`, in the calling thread's
+    /// network namespace; nothing follows them until [`NextHops::start_monitor`].
+    pub fn new(ifindex: u32) -> io::Result<Arc<NextHops>> {
         let context = |e: io::Error| {
             io::Error::new(
                 e.kind(),
@@ -186,21 +222,12 @@ impl NextHops {
         // A deep queue, so bursts (a link flap removes many routes) rarely overrun it; an
         // overrun is noticed (ENOBUFS) and handled, only slower.
         let _ = socket.socket.set_rx_buf_sz(4 * 1024 * 1024);
-        let generation = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(Waker::new().map_err(context)?);
-        let thread = {
-            let generation = Arc::clone(&generation);
-            let stop = Arc::clone(&stop);
-            std::thread::Builder::new()
-                .name(format!("nexthop-{ifindex}"))
-                .spawn(move || watch(socket, ifindex, &generation, &stop))
-                .map_err(context)?
-        };
         Ok(Arc::new(NextHops {
             ifindex,
-            generation,
-            stop,
-            thread: Some(thread),
+            generation: Arc::new(AtomicU64::new(0)),
+            stop: Arc::new(Waker::new().map_err(context)?),
+            socket: std::sync::Mutex::new(Some(socket)),
+            thread: std::sync::Mutex::new(None),
         }))
     }
 
@@ -219,7 +246,7 @@ impl NextHops {
 impl Drop for NextHops {
     fn drop(&mut self) {
         self.stop.wake();
-        if let Some(thread) = self.thread.take() {
+        if let Some(thread) = self.thread.get_mut().ok().and_then(Option::take) {
             let _ = thread.join();
         }
     }
