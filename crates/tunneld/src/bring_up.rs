@@ -277,14 +277,14 @@ pub(crate) fn run_dataplane(
     let mut xdp = None;
     let parts = devices.into_iter().zip(tuns).zip(sockets);
     let (threads, handles) = if dataplane.backend == Backend::Xdp {
-        let ifindex = xdp_interface(dataplane, &peers, &mut netlink)?;
+        let (underlay_name, ifindex) = xdp_interface(dataplane, &peers, &mut netlink)?;
         let (sockets, parts): (Vec<_>, Vec<_>) = parts
             .map(|((device, tun), udp)| (udp, (device, tun)))
             .unzip();
         let mut underlay = tunneld_dataplane::xdp::start(ifindex, sockets)
             .map_err(|e| anyhow::anyhow!("dataplane.backend = \"xdp\": {e}"))?;
         tracing::info!(
-            interface = ifindex,
+            interface = %underlay_name,
             mode = ?underlay.attach,
             copy = ?underlay.copy,
             queues = underlay.queues,
@@ -345,7 +345,7 @@ fn xdp_interface(
     dataplane: &DataplaneConfig,
     peers: &[PeerSettings],
     netlink: &mut Netlink,
-) -> anyhow::Result<u32> {
+) -> anyhow::Result<(String, u32)> {
     let name = match &dataplane.xdp_interface {
         Some(name) => name.clone(),
         None => {
@@ -361,9 +361,10 @@ fn xdp_interface(
             })?
         }
     };
-    netlink
+    let index = netlink
         .link_index(&name)
-        .with_context(|| format!("dataplane.xdp_interface: no interface {name}"))
+        .with_context(|| format!("dataplane.xdp_interface: no interface {name}"))?;
+    Ok((name, index))
 }
 
 /// The interface's UDP socket, or with several workers one socket each in a `SO_REUSEPORT`

@@ -921,6 +921,16 @@ fn a_garbage_flood_at_an_io_uring_gateway_does_not_break_it() {
     );
 }
 
+/// The same flood at a gateway on AF_XDP, whose frames come straight from the interface:
+/// the program and the frame parser see every malformed datagram first.
+#[test]
+fn a_garbage_flood_at_an_xdp_gateway_does_not_break_it() {
+    garbage_flood(
+        "a_garbage_flood_at_an_xdp_gateway_does_not_break_it",
+        "\n[dataplane]\nbackend = \"xdp\"\n",
+    );
+}
+
 fn garbage_flood(test: &str, extra_b: &str) {
     if !require_netns_and_wg(test) {
         return;
@@ -1032,12 +1042,28 @@ fn cpu_seconds(pid: u32) -> f64 {
 /// stays flat, and A's fresh handshake still gets through.
 #[test]
 fn a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out() {
-    if !require_netns_and_wg("a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out")
-    {
+    handshake_flood(
+        "a_handshake_flood_from_many_addresses_does_not_keep_a_real_peer_out",
+        "",
+    );
+}
+
+/// The same at a gateway on AF_XDP: the initiations come from 20 addresses whose
+/// neighbours it must resolve before it can answer them.
+#[test]
+fn a_handshake_flood_at_an_xdp_gateway_does_not_keep_a_real_peer_out() {
+    handshake_flood(
+        "a_handshake_flood_at_an_xdp_gateway_does_not_keep_a_real_peer_out",
+        "\n[dataplane]\nbackend = \"xdp\"\n",
+    );
+}
+
+fn handshake_flood(test: &str, extra_b: &str) {
+    if !require_netns_and_wg(test) {
         return;
     }
     use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
-    let mut sites = tunneld_sites("");
+    let mut sites = tunneld_sites(extra_b);
     let (a, b) = (&sites.a, &sites.b);
     let (ib, b_pid, b_key) = (
         sites.gb.ifname.clone(),

@@ -92,6 +92,9 @@ fn two_xdp_gateways_carry_pings_and_64_mib_of_tcp_both_ways() {
     let s = xdp_sites(XDP, XDP);
     assert_xdp_backend(&s.ga);
     assert_xdp_backend(&s.gb);
+    if std::env::var_os("TUNNELD_XDP_SHOW_LOG").is_some() {
+        eprintln!("{}", s.gb.log_text());
+    }
     assert!(has_xdp(&s.a, &s.va) && has_xdp(&s.b, &s.vb));
     ping(&s.a, "10.77.0.2");
     ping(&s.b, "10.77.0.1");
@@ -451,4 +454,54 @@ fn an_xdp_gateway_keeps_net_admin_and_bpf_only_and_follows_new_addresses() {
     tcp_transfer(&s.a, &s.b, "10.77.0.2:5110".parse().unwrap(), 8 << 20);
     let after = kernel_udp(&s.b);
     assert!(after.0 - before.0 < 100, "{before:?} -> {after:?}");
+}
+
+/// `backend = "xdp"` where AF_XDP cannot run (here: without CAP_BPF) is refused at start-up
+/// with one line that says why, and leaves nothing behind.
+#[test]
+fn xdp_without_cap_bpf_is_refused_with_the_reason() {
+    let test = "xdp_without_cap_bpf_is_refused_with_the_reason";
+    if !require_netns_and_wg(test) || !require_tool(test, "setpriv") {
+        return;
+    }
+    let a = NetNs::new();
+    let b = NetNs::new();
+    let (va, _vb) = veth(&a, "192.0.2.1/24", &b, "192.0.2.2/24");
+    let dir = tempfile::tempdir().unwrap();
+    write_private(dir.path(), "private.key", &genkey());
+    let ifname = unique_name("wg");
+    let config = format!(
+        "[interface]\nname = \"{ifname}\"\nprivate_key_file = \"private.key\"\n{}{XDP}",
+        site_body(1, &pubkey(&genkey()), "192.0.2.2:51820")
+    );
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = output_bounded(
+        a.command("setpriv")
+            .args([
+                "--inh-caps=-bpf,-sys_admin",
+                "--bounding-set=-bpf,-sys_admin",
+                "--",
+            ])
+            .arg(TUNNELD)
+            .arg("up")
+            .arg(&path),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started without CAP_BPF:\n{stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("tunneld:") || l.contains("ERROR"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one line with the reason:\n{stderr}");
+    assert!(
+        errors[0].contains("xdp") && errors[0].contains("CAP_BPF"),
+        "{stderr}"
+    );
+    assert!(!has_xdp(&a, &va));
+    let links = a.run(&["ip", "link", "show"]);
+    assert!(
+        !links.contains(&ifname),
+        "the interface was left behind:\n{links}"
+    );
 }
