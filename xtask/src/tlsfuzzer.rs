@@ -92,16 +92,11 @@ const SCRIPTS: &[Script] = &[
     },
     Script {
         name: "keyupdate",
-        // RFC 8446 4.6.3 lets a server answer several update_requested KeyUpdates with one;
-        // tunneld does, and --coalescing tells the script to accept that.
-        options: &["-n", "0", "--coalescing"],
+        // Each update_requested KeyUpdate gets its own back, as OpenSSL answers, so the
+        // script passes without --coalescing.
+        options: &["-n", "0"],
         echo: false,
-        excluded: &[Exclusion {
-            probe: "multiple KeyUpdate messages",
-            why: "32 update_requested KeyUpdates get one KeyUpdate per read they took to \
-                  arrive (RFC 8446 4.6.3 allows one to 32); the script accepts exactly one \
-                  (--coalescing) or exactly 32",
-        }],
+        excluded: &[],
     },
     Script {
         name: "keyupdate-from-server",
@@ -128,11 +123,6 @@ const SCRIPTS: &[Script] = &[
                         padding, cipher TLS_CHACHA20_POLY1305_SHA256",
                 why: "during the handshake, which rustls runs; OpenSSL fails it too",
             },
-            Exclusion {
-                probe: "too big ClientHello msg, with 16168 bytes of padding",
-                why: "rustls accepts a plaintext handshake record over 2^14 bytes (its limit \
-                      is the wire size, 2^14 + 2048)",
-            },
         ],
     },
     Script {
@@ -145,26 +135,7 @@ const SCRIPTS: &[Script] = &[
         name: "zero-length-data",
         options: &[],
         echo: false,
-        excluded: &[
-            Exclusion {
-                probe: "zero-length app data interleaved in handshake",
-                why: "tunneld defect, open: the empty record before the ClientHello is whole \
-                      is refused by rustls, whose unexpected_message does not reach the \
-                      client (OpenSSL passes; docs/reliability.md, Left to do)",
-            },
-            Exclusion {
-                probe: "zero-len app data with padding interleaved in handshake",
-                why: "tunneld defect, open: the empty record before the ClientHello is whole \
-                      is refused by rustls, whose unexpected_message does not reach the \
-                      client (OpenSSL passes; docs/reliability.md, Left to do)",
-            },
-            Exclusion {
-                probe: "zero-len app data with large padding interleaved in handshake",
-                why: "tunneld defect, open: the empty record before the ClientHello is whole \
-                      is refused by rustls, whose unexpected_message does not reach the \
-                      client (OpenSSL passes; docs/reliability.md, Left to do)",
-            },
-        ],
+        excluded: &[],
     },
     Script {
         name: "zero-content-type",
@@ -173,13 +144,13 @@ const SCRIPTS: &[Script] = &[
         excluded: &[
             Exclusion {
                 probe: "zero content type during handshake",
-                why: "during the handshake, which rustls runs: it refuses the record \
-                      (IllegalTlsInnerPlaintext) but sends no alert for that error",
+                why: "under the handshake keys, which only rustls holds: it refuses the \
+                      record (IllegalTlsInnerPlaintext) but sends no alert for that error",
             },
             Exclusion {
                 probe: "zero content type with padding during handshake",
-                why: "during the handshake, which rustls runs: it refuses the record \
-                      (IllegalTlsInnerPlaintext) but sends no alert for that error",
+                why: "under the handshake keys, which only rustls holds: it refuses the \
+                      record (IllegalTlsInnerPlaintext) but sends no alert for that error",
             },
         ],
     },
@@ -196,23 +167,23 @@ const SCRIPTS: &[Script] = &[
         excluded: &[
             Exclusion {
                 probe: "empty alert with no padding using handshake keys",
-                why: "during the handshake, which rustls runs: it answers an empty alert with \
-                      decode_error, not unexpected_message",
+                why: "under the handshake keys, which only rustls holds: it answers an empty \
+                      alert with decode_error, not unexpected_message",
             },
             Exclusion {
                 probe: "empty alert with 2 bytes of padding using handshake keys",
-                why: "during the handshake, which rustls runs: it answers an empty alert with \
-                      decode_error, not unexpected_message",
+                why: "under the handshake keys, which only rustls holds: it answers an empty \
+                      alert with decode_error, not unexpected_message",
             },
             Exclusion {
                 probe: "empty alert with 5 bytes of padding using handshake keys",
-                why: "during the handshake, which rustls runs: it answers an empty alert with \
-                      decode_error, not unexpected_message",
+                why: "under the handshake keys, which only rustls holds: it answers an empty \
+                      alert with decode_error, not unexpected_message",
             },
             Exclusion {
                 probe: "empty alert with 30 bytes of padding using handshake keys",
-                why: "during the handshake, which rustls runs: it answers an empty alert with \
-                      decode_error, not unexpected_message",
+                why: "under the handshake keys, which only rustls holds: it answers an empty \
+                      alert with decode_error, not unexpected_message",
             },
         ],
     },
