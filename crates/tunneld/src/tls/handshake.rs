@@ -299,16 +299,22 @@ fn refuse(sock: &TcpStream, alert: AlertDescription, buf: &mut [u8]) {
     close_after_alert(sock, buf);
 }
 
+/// The lowest TLS content type (20); alert, handshake and application data follow it.
+const CHANGE_CIPHER_SPEC: u8 = 20;
+
 /// The largest record length (the header's) rustls accepts: 2^14 + 2048 (RFC 8446 5.2).
 const MAX_RECORD_LENGTH: usize = (1 << 14) + 2048;
 
 /// How many of `bytes` (raw records) to offer rustls next: the first whole record, or,
-/// when its header names a length over [`MAX_RECORD_LENGTH`], all there is (rustls refuses
-/// it at once, with record_overflow, instead of waiting for it whole). `None`: read more.
+/// when its header names a length over [`MAX_RECORD_LENGTH`] or is no TLS record header
+/// (no content type TLS knows, as in an SSL 2.0 ClientHello), all there is: rustls refuses
+/// it at once, with record_overflow or decode_error, instead of waiting for the length the
+/// header seems to name. `None`: read more.
 fn next_offer(bytes: &[u8]) -> Option<usize> {
     let header = bytes.get(..5)?;
     let length = usize::from(u16::from_be_bytes([header[3], header[4]]));
-    if length > MAX_RECORD_LENGTH {
+    let known_type = (CHANGE_CIPHER_SPEC..=APPLICATION_DATA).contains(&header[0]);
+    if length > MAX_RECORD_LENGTH || !known_type {
         Some(bytes.len())
     } else {
         (bytes.len() >= 5 + length).then_some(5 + length)
@@ -506,5 +512,20 @@ mod tests {
         let (error, answer) = server_answer(&bytes);
         assert_eq!(answer, [ALERT, 3, 3, 0, 2, 2, 22], "{error}");
         assert!(error.contains("over 2^14"), "{error}");
+    }
+
+    /// tlsfuzzer's `SSL 2.0 ClientHello with TLS 1.3 version ...`: a header that is no TLS
+    /// record's went unanswered until the handshake's deadline (the driver waited for the
+    /// length it seemed to name); it is refused at once now, with an alert.
+    #[test]
+    fn an_ssl2_client_hello_is_refused_at_once() {
+        // SSL 2.0: two-byte length with the top bit set, CLIENT-HELLO, version 3.4, ...
+        let mut hello = vec![0x80, 0x2e, 1, 3, 4, 0, 0x15, 0, 0, 0, 0x10];
+        hello.extend_from_slice(&[0x13, 0x01, 0x13, 0x02]);
+        hello.resize(2 + 0x2e, 0x5a);
+        let started = std::time::Instant::now();
+        let (error, answer) = server_answer(&hello);
+        assert!(started.elapsed() < Duration::from_secs(5), "{error}");
+        assert_eq!(answer.first(), Some(&ALERT), "{error}: {answer:?}");
     }
 }
