@@ -33,6 +33,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tunneld_testnet::{unique_name, NetNs};
 
+mod compare;
+
 /// Where the vendored copy is, relative to the repository root.
 const VENDORED: &str = "../shared/vendor/tlsfuzzer";
 /// Names another copy of tlsfuzzer (the same layout) instead.
@@ -214,6 +216,9 @@ pub struct Counts {
 
 /// `cargo xtask tlsfuzzer [SCRIPT…]`: the named scripts (all without names).
 pub fn run(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--compare-all") {
+        return compare::compare_all(args);
+    }
     let scripts = select(args)?;
     match run_scripts(&scripts)? {
         None => Err("tlsfuzzer did not run".into()),
