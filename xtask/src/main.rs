@@ -49,6 +49,10 @@ commands:
                    ...; all without names) against tunneld's [[tls.listen]] in a namespace;
                    needs root and the vendored copy in ../shared/vendor/tlsfuzzer (or
                    TUNNELD_TLSFUZZER_DIR); installs python3-ecdsa when missing
+  tlsfuzzer --compare-all [--limit SECONDS] [--only openssl|tunneld] [--report] [SCRIPT...]
+                   every TLS 1.3 script against openssl s_server -www and tunneld side by
+                   side (default 240 s per script); report in
+                   target/tlsfuzzer-compare/report.md
   deb [--check]    the Debian package (cargo-deb, installed when missing): the binary, the
                    systemd unit, man pages, shell completions, an example config; --check
                    installs it, uses it (and systemd-analyze on its unit), removes it

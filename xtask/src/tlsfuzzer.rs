@@ -33,6 +33,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tunneld_testnet::{unique_name, NetNs};
 
+mod compare;
+
 /// Where the vendored copy is, relative to the repository root.
 const VENDORED: &str = "../shared/vendor/tlsfuzzer";
 /// Names another copy of tlsfuzzer (the same layout) instead.
@@ -92,16 +94,11 @@ const SCRIPTS: &[Script] = &[
     },
     Script {
         name: "keyupdate",
-        // RFC 8446 4.6.3 lets a server answer several update_requested KeyUpdates with one;
-        // tunneld does, and --coalescing tells the script to accept that.
-        options: &["-n", "0", "--coalescing"],
+        // Each update_requested KeyUpdate gets its own back, as OpenSSL answers, so the
+        // script passes without --coalescing.
+        options: &["-n", "0"],
         echo: false,
-        excluded: &[Exclusion {
-            probe: "multiple KeyUpdate messages",
-            why: "32 update_requested KeyUpdates get one KeyUpdate per read they took to \
-                  arrive (RFC 8446 4.6.3 allows one to 32); the script accepts exactly one \
-                  (--coalescing) or exactly 32",
-        }],
+        excluded: &[],
     },
     Script {
         name: "keyupdate-from-server",
@@ -128,11 +125,6 @@ const SCRIPTS: &[Script] = &[
                         padding, cipher TLS_CHACHA20_POLY1305_SHA256",
                 why: "during the handshake, which rustls runs; OpenSSL fails it too",
             },
-            Exclusion {
-                probe: "too big ClientHello msg, with 16168 bytes of padding",
-                why: "rustls accepts a plaintext handshake record over 2^14 bytes (its limit \
-                      is the wire size, 2^14 + 2048)",
-            },
         ],
     },
     Script {
@@ -145,26 +137,7 @@ const SCRIPTS: &[Script] = &[
         name: "zero-length-data",
         options: &[],
         echo: false,
-        excluded: &[
-            Exclusion {
-                probe: "zero-length app data interleaved in handshake",
-                why: "tunneld defect, open: the empty record before the ClientHello is whole \
-                      is refused by rustls, whose unexpected_message does not reach the \
-                      client (OpenSSL passes; docs/reliability.md, Left to do)",
-            },
-            Exclusion {
-                probe: "zero-len app data with padding interleaved in handshake",
-                why: "tunneld defect, open: the empty record before the ClientHello is whole \
-                      is refused by rustls, whose unexpected_message does not reach the \
-                      client (OpenSSL passes; docs/reliability.md, Left to do)",
-            },
-            Exclusion {
-                probe: "zero-len app data with large padding interleaved in handshake",
-                why: "tunneld defect, open: the empty record before the ClientHello is whole \
-                      is refused by rustls, whose unexpected_message does not reach the \
-                      client (OpenSSL passes; docs/reliability.md, Left to do)",
-            },
-        ],
+        excluded: &[],
     },
     Script {
         name: "zero-content-type",
@@ -173,13 +146,13 @@ const SCRIPTS: &[Script] = &[
         excluded: &[
             Exclusion {
                 probe: "zero content type during handshake",
-                why: "during the handshake, which rustls runs: it refuses the record \
-                      (IllegalTlsInnerPlaintext) but sends no alert for that error",
+                why: "under the handshake keys, which only rustls holds: it refuses the \
+                      record (IllegalTlsInnerPlaintext) but sends no alert for that error",
             },
             Exclusion {
                 probe: "zero content type with padding during handshake",
-                why: "during the handshake, which rustls runs: it refuses the record \
-                      (IllegalTlsInnerPlaintext) but sends no alert for that error",
+                why: "under the handshake keys, which only rustls holds: it refuses the \
+                      record (IllegalTlsInnerPlaintext) but sends no alert for that error",
             },
         ],
     },
@@ -196,23 +169,23 @@ const SCRIPTS: &[Script] = &[
         excluded: &[
             Exclusion {
                 probe: "empty alert with no padding using handshake keys",
-                why: "during the handshake, which rustls runs: it answers an empty alert with \
-                      decode_error, not unexpected_message",
+                why: "under the handshake keys, which only rustls holds: it answers an empty \
+                      alert with decode_error, not unexpected_message",
             },
             Exclusion {
                 probe: "empty alert with 2 bytes of padding using handshake keys",
-                why: "during the handshake, which rustls runs: it answers an empty alert with \
-                      decode_error, not unexpected_message",
+                why: "under the handshake keys, which only rustls holds: it answers an empty \
+                      alert with decode_error, not unexpected_message",
             },
             Exclusion {
                 probe: "empty alert with 5 bytes of padding using handshake keys",
-                why: "during the handshake, which rustls runs: it answers an empty alert with \
-                      decode_error, not unexpected_message",
+                why: "under the handshake keys, which only rustls holds: it answers an empty \
+                      alert with decode_error, not unexpected_message",
             },
             Exclusion {
                 probe: "empty alert with 30 bytes of padding using handshake keys",
-                why: "during the handshake, which rustls runs: it answers an empty alert with \
-                      decode_error, not unexpected_message",
+                why: "under the handshake keys, which only rustls holds: it answers an empty \
+                      alert with decode_error, not unexpected_message",
             },
         ],
     },
@@ -243,6 +216,9 @@ pub struct Counts {
 
 /// `cargo xtask tlsfuzzer [SCRIPT…]`: the named scripts (all without names).
 pub fn run(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--compare-all") {
+        return compare::compare_all(args);
+    }
     let scripts = select(args)?;
     match run_scripts(&scripts)? {
         None => Err("tlsfuzzer did not run".into()),

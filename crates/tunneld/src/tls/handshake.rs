@@ -3,7 +3,7 @@
 //! (`relay.rs`), a record stream (`stream.rs`) and a WireGuard-over-TLS bridge
 //! (`datagrams.rs`) start from.
 
-use super::records::{Kernel, Records};
+use super::records::{Kernel, Records, ALERT, APPLICATION_DATA, HANDSHAKE, HEADER, MAX_PLAINTEXT};
 use anyhow::bail;
 use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
@@ -11,6 +11,7 @@ use rustls::unbuffered::{
     ConnectionState, EncodeError, InsufficientSizeError, UnbufferedConnectionCommon,
     UnbufferedStatus,
 };
+use rustls::AlertDescription;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -104,6 +105,7 @@ fn drive_handshake<C: Process>(
     let mut offered = 0;
     let mut outgoing = vec![0; 4096];
     let mut outgoing_end = 0;
+    let mut screen = Screen::default();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -143,6 +145,7 @@ fn drive_handshake<C: Process>(
                 }
             },
             ConnectionState::TransmitTlsData(transmit) => {
+                screen.sending(&outgoing[..outgoing_end]);
                 sock.write_all(&outgoing[..outgoing_end])
                     .map_err(|e| timed_out(e, "sending"))?;
                 outgoing_end = 0;
@@ -198,21 +201,120 @@ fn drive_handshake<C: Process>(
                     Err(e) => return Err(timed_out(e, "receiving")),
                 }
             }
-            offered += next_offer(&received[offered..received_end]).unwrap_or(0);
+            let next = next_offer(&received[offered..received_end]).unwrap_or(0);
+            if let Err(refusal) = screen.check(&received[offered..offered + next]) {
+                refuse(sock, refusal.alert, received);
+                bail!("TLS: {} (sent {:?})", refusal.why, refusal.alert);
+            }
+            offered += next;
         }
     }
 }
+
+/// A record tunneld refuses before rustls sees it, and the alert it gets.
+#[derive(Debug, PartialEq)]
+struct Refusal {
+    alert: AlertDescription,
+    why: &'static str,
+}
+
+/// The checks tunneld makes on each record of the handshake before offering it to rustls,
+/// where rustls 0.23 would refuse the record without an alert, or with another one than
+/// RFC 8446 names: a record of another type between the fragments of a plaintext handshake
+/// message (rustls: `MessageInterleavedWithHandshakeMessage`, no alert; the RFC, section 5.1:
+/// unexpected_message), and a plaintext record over 2^14 bytes (rustls takes up to
+/// 2^14 + 2048, the limit of a protected record; section 5.1: record_overflow).
+///
+/// Only while this side has sent nothing encrypted: its alert then goes out in plaintext,
+/// which is what the other side can read. Afterwards the other side's records are
+/// encrypted, and what is left to refuse is rustls's to refuse with its keys.
+#[derive(Debug, Default)]
+struct Screen {
+    /// A record of type application data (an encrypted one) has gone out.
+    sent_encrypted: bool,
+    /// The plaintext handshake message in progress: its header bytes seen so far (while
+    /// fewer than 4) and the body bytes still to come.
+    header: Vec<u8>,
+    body_left: usize,
+}
+
+impl Screen {
+    /// Notes the records about to be sent (whole ones: rustls encodes records).
+    fn sending(&mut self, mut records: &[u8]) {
+        while let Some(header) = records.get(..HEADER) {
+            self.sent_encrypted |= header[0] == APPLICATION_DATA;
+            let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+            records = records.get(HEADER + len..).unwrap_or(&[]);
+        }
+    }
+
+    /// Checks the next record (whole, or at least its header when it is over the limit).
+    fn check(&mut self, record: &[u8]) -> Result<(), Refusal> {
+        let Some(header) = record.get(..HEADER) else {
+            return Ok(());
+        };
+        if self.sent_encrypted {
+            return Ok(());
+        }
+        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+        if header[0] != HANDSHAKE {
+            if self.header.is_empty() && self.body_left == 0 {
+                return Ok(());
+            }
+            return Err(Refusal {
+                alert: AlertDescription::UnexpectedMessage,
+                why: "a record between the fragments of a handshake message",
+            });
+        }
+        if len > MAX_PLAINTEXT {
+            return Err(Refusal {
+                alert: AlertDescription::RecordOverflow,
+                why: "a plaintext record over 2^14 bytes",
+            });
+        }
+        let mut body = record.get(HEADER..).unwrap_or(&[]);
+        while !body.is_empty() {
+            if self.body_left > 0 {
+                let n = self.body_left.min(body.len());
+                self.body_left -= n;
+                body = &body[n..];
+            } else {
+                self.header.push(body[0]);
+                body = &body[1..];
+                if let &[_, a, b, c] = self.header.as_slice() {
+                    self.body_left = u32::from_be_bytes([0, a, b, c]) as usize;
+                    self.header.clear();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sends a fatal alert in plaintext (best effort), then closes as [`send_queued_alert`] does.
+fn refuse(sock: &TcpStream, alert: AlertDescription, buf: &mut [u8]) {
+    let record = [ALERT, 3, 3, 0, 2, 2, u8::from(alert)];
+    let mut sock = sock;
+    let _ = sock.write_all(&record);
+    close_after_alert(sock, buf);
+}
+
+/// The lowest TLS content type (20); alert, handshake and application data follow it.
+const CHANGE_CIPHER_SPEC: u8 = 20;
 
 /// The largest record length (the header's) rustls accepts: 2^14 + 2048 (RFC 8446 5.2).
 const MAX_RECORD_LENGTH: usize = (1 << 14) + 2048;
 
 /// How many of `bytes` (raw records) to offer rustls next: the first whole record, or,
-/// when its header names a length over [`MAX_RECORD_LENGTH`], all there is (rustls refuses
-/// it at once, with record_overflow, instead of waiting for it whole). `None`: read more.
+/// when its header names a length over [`MAX_RECORD_LENGTH`] or is no TLS record header
+/// (no content type TLS knows, as in an SSL 2.0 ClientHello), all there is: rustls refuses
+/// it at once, with record_overflow or decode_error, instead of waiting for the length the
+/// header seems to name. `None`: read more.
 fn next_offer(bytes: &[u8]) -> Option<usize> {
     let header = bytes.get(..5)?;
     let length = usize::from(u16::from_be_bytes([header[3], header[4]]));
-    if length > MAX_RECORD_LENGTH {
+    let known_type = (CHANGE_CIPHER_SPEC..=APPLICATION_DATA).contains(&header[0]);
+    if length > MAX_RECORD_LENGTH || !known_type {
         Some(bytes.len())
     } else {
         (bytes.len() >= 5 + length).then_some(5 + length)
@@ -277,11 +379,153 @@ fn send_queued_alert<C: Process>(conn: &mut C, sock: &TcpStream, received: &mut 
             let _ = sock.write_all(&alert[..n]);
         }
     }
-    // Our FIN after the alert; then what the other side sent after the bytes that failed is
-    // read and dropped, since closing with unread data sends a reset, which can overtake
-    // the alert.
+    close_after_alert(sock, received);
+}
+
+/// Our FIN after an alert; then what the other side sent after the bytes that failed is
+/// read and dropped, since closing with unread data sends a reset, which can overtake the
+/// alert.
+fn close_after_alert(sock: &TcpStream, buf: &mut [u8]) {
     let _ = sock.shutdown(std::net::Shutdown::Write);
     if sock.set_nonblocking(true).is_ok() {
-        super::drain(sock, received);
+        super::drain(sock, buf);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::Arc;
+
+    fn server_config() -> rustls::ServerConfig {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+        let mut server = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.der().clone()], key)
+            .unwrap();
+        server.enable_secret_extraction = true;
+        server
+    }
+
+    /// A rustls client's ClientHello record, whole.
+    fn client_hello() -> Vec<u8> {
+        let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let mut hello = Vec::new();
+        conn.write_tls(&mut hello).unwrap();
+        hello
+    }
+
+    /// Sends `bytes` to a server handshake; returns the handshake's error and every byte the
+    /// server sent before it closed.
+    fn server_answer(bytes: &[u8]) -> (String, Vec<u8>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn =
+                rustls::server::UnbufferedServerConnection::new(Arc::new(server_config())).unwrap();
+            match handshake_for_records(Unbuffered::Server(conn), &sock, true) {
+                Ok(_) => "no error".to_string(),
+                Err(e) => format!("{e:#}"),
+            }
+        });
+        let mut sock = TcpStream::connect(addr).unwrap();
+        sock.write_all(bytes).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut answer = Vec::new();
+        // Ends at the server's FIN: a reset or a timeout fails the test.
+        sock.read_to_end(&mut answer).unwrap();
+        (server.join().unwrap(), answer)
+    }
+
+    /// tlsfuzzer's `zero-length app data interleaved in handshake` (and its padded twins, the
+    /// same bytes in plaintext): rustls refuses the record without queuing an alert, so the
+    /// client saw only the close. tunneld now answers unexpected_message itself.
+    #[test]
+    fn a_record_between_the_fragments_of_a_client_hello_gets_unexpected_message() {
+        let hello = client_hello();
+        let body = &hello[HEADER..];
+        let (first, second) = body.split_at(body.len() / 2);
+        let mut bytes = Vec::new();
+        let fragment = |out: &mut Vec<u8>, piece: &[u8]| {
+            out.extend_from_slice(&[HANDSHAKE, 3, 1]);
+            out.extend_from_slice(&(piece.len() as u16).to_be_bytes());
+            out.extend_from_slice(piece);
+        };
+        fragment(&mut bytes, first);
+        bytes.extend_from_slice(&[APPLICATION_DATA, 3, 3, 0, 0]);
+        fragment(&mut bytes, second);
+        let (error, answer) = server_answer(&bytes);
+        assert_eq!(answer, [ALERT, 3, 3, 0, 2, 2, 10], "{error}");
+        assert!(error.contains("between the fragments"), "{error}");
+    }
+
+    /// The same ClientHello in two fragments, with nothing between, gets a ServerHello.
+    #[test]
+    fn a_client_hello_in_two_fragments_is_answered() {
+        let hello = client_hello();
+        let body = &hello[HEADER..];
+        let mut bytes = Vec::new();
+        for piece in [&body[..body.len() / 2], &body[body.len() / 2..]] {
+            bytes.extend_from_slice(&[HANDSHAKE, 3, 1]);
+            bytes.extend_from_slice(&(piece.len() as u16).to_be_bytes());
+            bytes.extend_from_slice(piece);
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn =
+                rustls::server::UnbufferedServerConnection::new(Arc::new(server_config())).unwrap();
+            // Fails when the client goes away after the ServerHello.
+            let _ = handshake_for_records(Unbuffered::Server(conn), &sock, true);
+        });
+        let mut sock = TcpStream::connect(addr).unwrap();
+        sock.write_all(&bytes).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut first = [0; 1];
+        sock.read_exact(&mut first).unwrap();
+        assert_eq!(first[0], HANDSHAKE, "no ServerHello");
+        drop(sock);
+        server.join().unwrap();
+    }
+
+    /// tlsfuzzer's `too big ClientHello msg`: a plaintext record over 2^14 bytes (rustls takes
+    /// up to 2^14 + 2048) is record_overflow.
+    #[test]
+    fn a_plaintext_record_over_2_14_bytes_gets_record_overflow() {
+        let hello = client_hello();
+        let mut bytes = vec![HANDSHAKE, 3, 1, 0x40, 0x01];
+        bytes.extend_from_slice(&hello[HEADER..]);
+        bytes.resize(HEADER + MAX_PLAINTEXT + 1, 0);
+        let (error, answer) = server_answer(&bytes);
+        assert_eq!(answer, [ALERT, 3, 3, 0, 2, 2, 22], "{error}");
+        assert!(error.contains("over 2^14"), "{error}");
+    }
+
+    /// tlsfuzzer's `SSL 2.0 ClientHello with TLS 1.3 version ...`: a header that is no TLS
+    /// record's went unanswered until the handshake's deadline (the driver waited for the
+    /// length it seemed to name); it is refused at once now, with an alert.
+    #[test]
+    fn an_ssl2_client_hello_is_refused_at_once() {
+        // SSL 2.0: two-byte length with the top bit set, CLIENT-HELLO, version 3.4, ...
+        let mut hello = vec![0x80, 0x2e, 1, 3, 4, 0, 0x15, 0, 0, 0, 0x10];
+        hello.extend_from_slice(&[0x13, 0x01, 0x13, 0x02]);
+        hello.resize(2 + 0x2e, 0x5a);
+        let started = std::time::Instant::now();
+        let (error, answer) = server_answer(&hello);
+        assert!(started.elapsed() < Duration::from_secs(5), "{error}");
+        assert_eq!(answer.first(), Some(&ALERT), "{error}: {answer:?}");
     }
 }

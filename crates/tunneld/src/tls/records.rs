@@ -16,8 +16,9 @@
 //! What this layer does itself, per RFC 8446 section 5: record framing, the per-record nonce
 //! (the IV XOR the sequence number), the inner content type and its zero padding, alerts
 //! (close_notify is the clean end; any other alert ends the connection), KeyUpdate in both
-//! directions (answering one that asks for it before the next record, and sending its own
-//! before the cipher's confidentiality limit), and refusing anything else with the alert
+//! directions (answering each one that asks for it with one of ours before the next record,
+//! as OpenSSL does, at most [`MAX_KEY_UPDATES`] owed at once; and sending its own before the
+//! cipher's confidentiality limit), and refusing anything else with the alert
 //! the RFC names ([`RecordError`]): a record over 2^14 + 256 bytes or an inner plaintext
 //! over 2^14 + 1 (padding included) is record_overflow; a record that does not authenticate
 //! is bad_record_mac; another record between the fragments of a handshake message, a record
@@ -549,8 +550,11 @@ pub struct Records {
     /// Records sealed under one key before ours must change (the suite's confidentiality
     /// limit, with room for the records in flight and the KeyUpdate itself).
     tx_key_limit: u64,
-    /// The other side asked for a KeyUpdate: ours goes before our next record.
-    key_update_owed: bool,
+    /// KeyUpdates the other side asked for (update_requested) and has not had back: ours,
+    /// one for each, go before our next record. At most [`MAX_KEY_UPDATES`]: past that many
+    /// requests without our answer, the rest share the last one (RFC 8446 4.6.3 allows one
+    /// answer for many).
+    key_updates_owed: u32,
     /// Handshake bytes of a message not yet whole.
     handshake: Vec<u8>,
     /// Empty application-data records, and KeyUpdates, since the last application data.
@@ -594,7 +598,7 @@ impl Records {
             tx_key_limit: schedule.confidentiality_limit().saturating_sub(1024),
             schedule,
             use_ring,
-            key_update_owed: false,
+            key_updates_owed: 0,
             handshake: Vec::new(),
             empty_records: 0,
             key_updates: 0,
@@ -674,16 +678,18 @@ impl Records {
     }
 
     /// The records that must go out before the next application data, sealed into `buf`:
-    /// a KeyUpdate the other side asked for, or ours when the key has sealed enough.
-    /// Returns their size (0: none due).
+    /// a KeyUpdate for each the other side asked for (as OpenSSL answers), or ours when the
+    /// key has sealed enough. Returns their size (0: none due). `buf` holds
+    /// [`MAX_KEY_UPDATES`] KeyUpdate records (under 2 KiB).
     pub fn due(&mut self, buf: &mut [u8], records_next: u64) -> anyhow::Result<usize> {
         let worn = self.tx.seq.saturating_add(records_next) >= self.tx_key_limit;
-        if !self.key_update_owed && !worn {
-            return Ok(0);
+        let count = self.key_updates_owed.max(u32::from(worn));
+        let mut size = 0;
+        for _ in 0..count {
+            // update_not_requested: our key changes; the other side's need not.
+            size += self.key_update(&mut buf[size..], false)?;
         }
-        // update_not_requested: our key changes; the other side's need not.
-        let size = self.key_update(buf, false)?;
-        self.key_update_owed = false;
+        self.key_updates_owed = 0;
         Ok(size)
     }
 
@@ -878,7 +884,10 @@ impl Records {
                             format!("TLS key update: {e}"),
                         )
                     })?;
-                    self.key_update_owed |= request == 1;
+                    if request == 1 {
+                        // Bounded by the count of KeyUpdates without data between, above.
+                        self.key_updates_owed = (self.key_updates_owed + 1).min(MAX_KEY_UPDATES);
+                    }
                 }
                 NEW_SESSION_TICKET if self.schedule.is_client() => {
                     self.schedule.session_ticket(body);
@@ -1462,7 +1471,7 @@ mod tests {
         buf.truncate(n);
         buf.extend(sealed(&mut client, b"new key"));
         assert_eq!(opened(&mut server, &mut buf), b"new key");
-        assert!(!server.key_update_owed, "update_not_requested");
+        assert_eq!(server.key_updates_owed, 0, "update_not_requested");
 
         // A KeyUpdate asking for one back: the server owes its own before its next record.
         let mut ask = vec![0; 64];
@@ -1480,6 +1489,64 @@ mod tests {
         assert_eq!(opened(&mut client, &mut answer), b"both new");
         let mut more = sealed(&mut client, b"still fine");
         assert_eq!(opened(&mut server, &mut more), b"still fine");
+    }
+
+    /// tlsfuzzer's `multiple KeyUpdate messages`: 32 update_requested KeyUpdates get 32
+    /// KeyUpdates back (update_not_requested), as OpenSSL answers, however many reads they
+    /// came in; the client's keys move 32 times and the data after them opens.
+    #[test]
+    fn each_requested_key_update_gets_its_own() {
+        let (mut client, mut server) = plain_pair(Suite::Aes128GcmSha256);
+        for reads in [1, 32] {
+            let mut asks = Vec::new();
+            for _ in 0..32 {
+                let mut buf = vec![0; 64];
+                let n = client.key_update(&mut buf, true).unwrap();
+                asks.extend(&buf[..n]);
+            }
+            let each = asks.len() / 32;
+            for mut part in asks.chunks(32 / reads * each).map(<[u8]>::to_vec) {
+                assert_eq!(opened(&mut server, &mut part), b"");
+            }
+            let mut answer = vec![0; 4096];
+            let n = server.due(&mut answer, 1).unwrap();
+            answer.truncate(n);
+            assert_eq!(server.due(&mut [0; 64], 1).unwrap(), 0, "owed once each");
+            let mut count = 0;
+            let mut at = 0;
+            while at < answer.len() {
+                let len = usize::from(u16::from_be_bytes([answer[at + 3], answer[at + 4]]));
+                count += 1;
+                at += HEADER + len;
+            }
+            assert_eq!(count, 32);
+            answer.extend(sealed(&mut server, b"after 32"));
+            assert_eq!(opened(&mut client, &mut answer), b"after 32");
+        }
+    }
+
+    /// More requests than [`MAX_KEY_UPDATES`] between our records (data in between resets the
+    /// refusal count, not the debt) are answered with at most that many KeyUpdates.
+    #[test]
+    fn key_updates_owed_are_bounded() {
+        let (mut client, mut server) = plain_pair(Suite::Aes128GcmSha256);
+        for _ in 0..3 {
+            let mut asks = Vec::new();
+            for _ in 0..MAX_KEY_UPDATES {
+                let mut buf = vec![0; 64];
+                let n = client.key_update(&mut buf, true).unwrap();
+                asks.extend(&buf[..n]);
+            }
+            asks.extend(sealed(&mut client, b"x"));
+            assert_eq!(opened(&mut server, &mut asks), b"x");
+        }
+        let mut answer = vec![0; 4096];
+        let n = server.due(&mut answer, 1).unwrap();
+        answer.truncate(n);
+        answer.extend(sealed(&mut server, b"caught up"));
+        // The client's receive side moves once per KeyUpdate, whatever it asked for.
+        assert_eq!(opened(&mut client, &mut answer), b"caught up");
+        assert_eq!(n, MAX_KEY_UPDATES as usize * (HEADER + 5 + 1 + TAG));
     }
 
     #[test]

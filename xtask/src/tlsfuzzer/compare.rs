@@ -1,0 +1,506 @@
+//! `cargo xtask tlsfuzzer --compare-all [--limit SECONDS] [SCRIPT…]`: every TLS 1.3 script of
+//! tlsfuzzer (`scripts/test-tls13-*.py`, or the ones named) against OpenSSL's
+//! `s_server -tls1_3 -www` and against tunneld's `[[tls.listen]]`, side by side.
+//!
+//! Both servers run in one namespace with the same RSA-2048 certificate: tunneld as the
+//! step runs it (an HTTP backend answering each `GET` with one write, an echo backend for
+//! `lengths`), OpenSSL with `-www` (and `-rev`, which sends each line back, for `lengths`).
+//! Each script runs with no exclusions, `-n 0` (every probe, where the default is a random
+//! subset) unless [`OPTIONS`] says otherwise, and at most `--limit` seconds (default 240);
+//! the two servers' runs go side by side, one script at a time each. A script stopped at the
+//! limit counts the probes it finished. Probes pass or fail as the script prints them
+//! (`NAME ...`, then `OK` or `Error while processing`).
+//!
+//! `--only openssl|tunneld` runs one side again (the other keeps its saved outputs);
+//! `--report` only makes the report again from the saved outputs.
+//!
+//! The report, `target/tlsfuzzer-compare/report.md`, has a row per script (probes passed/run
+//! on each server) and lists every probe that passes on OpenSSL and fails on tunneld (and
+//! the other way round); each script's whole output is kept beside it
+//! (`openssl/<script>.txt`, `tunneld/<script>.txt`). It is a measurement, not a test: it
+//! fails only when a server cannot be started.
+
+use super::*;
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+/// OpenSSL's `s_server -www` and `-rev` in the namespace.
+const OPENSSL_WWW: &str = "127.0.0.1:4435";
+const OPENSSL_REV: &str = "127.0.0.1:4436";
+/// Default limit per script and server.
+const DEFAULT_LIMIT: Duration = Duration::from_secs(240);
+
+/// Scripts whose options differ from `-n 0`.
+const OPTIONS: &[(&str, &[&str])] = &[
+    // Takes no -n (its getopt string has none): every probe runs anyway.
+    ("certificate-request", &[]),
+    // A timing side-channel measurement: without an interface to capture on it runs its
+    // conversations only; --repeat bounds the (unused) sample count.
+    ("minerva", &["-n", "0", "--repeat", "10"]),
+];
+
+/// One server as the scripts see it.
+struct Target {
+    name: &'static str,
+    /// Where every script but `lengths` connects.
+    main: &'static str,
+    /// Where `lengths` connects (a service that sends each line back).
+    echo: &'static str,
+}
+
+/// What one script did against one server.
+#[derive(Debug, Default)]
+struct Outcome {
+    passed: BTreeSet<String>,
+    failed: BTreeSet<String>,
+    /// Passes and fails counted per run (the sanity probe may run more than once).
+    pass_count: usize,
+    fail_count: usize,
+    stopped: bool,
+    seconds: f64,
+}
+
+pub(super) fn compare_all(args: &[String]) -> Result<(), String> {
+    let mut limit = DEFAULT_LIMIT;
+    let mut names = Vec::new();
+    let mut only: Option<String> = None;
+    let mut report_only = false;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--compare-all" => {}
+            "--report" => report_only = true,
+            "--limit" => {
+                let secs = args
+                    .next()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .filter(|&s| s > 0)
+                    .ok_or("--limit takes a number of seconds")?;
+                limit = Duration::from_secs(secs);
+            }
+            "--only" => {
+                let side = args.next().map(String::as_str);
+                if !matches!(side, Some("openssl" | "tunneld")) {
+                    return Err("--only takes openssl or tunneld".into());
+                }
+                only = side.map(str::to_string);
+            }
+            name => names.push(
+                name.trim_start_matches("test-tls13-")
+                    .trim_end_matches(".py")
+                    .to_string(),
+            ),
+        }
+    }
+    let vendored = vendored_dir()?;
+    if !vendored.join("scripts/_stub.py").is_file() {
+        return Err(format!(
+            "no tlsfuzzer at {} (set {DIR_VARIABLE} to a copy)",
+            vendored.display()
+        ));
+    }
+    let scripts = script_names(&vendored.join("scripts"), &names)?;
+    let report_dir = system::target_dir(&system::repo_root()?).join("tlsfuzzer-compare");
+    for side in ["openssl", "tunneld"] {
+        fs::create_dir_all(report_dir.join(side))
+            .map_err(|e| format!("cannot create {}: {e}", report_dir.display()))?;
+    }
+    let mut after = Ok(());
+    if !report_only {
+        let sides: Vec<&str> = ["openssl", "tunneld"]
+            .into_iter()
+            .filter(|side| only.as_deref().is_none_or(|o| o == *side))
+            .collect();
+        after = run_sides(&scripts, &sides, limit, &report_dir)?;
+    }
+    // The report is made from the saved outputs: a side not run this time keeps its last.
+    let saved = |side: &str| -> Vec<Outcome> {
+        scripts
+            .iter()
+            .map(|script| {
+                let path = report_dir.join(side).join(format!("{script}.txt"));
+                outcome_of(&fs::read_to_string(path).unwrap_or_default())
+            })
+            .collect()
+    };
+    let report = report(
+        &scripts,
+        &saved("openssl"),
+        &saved("tunneld"),
+        limit,
+        &after,
+    );
+    let path = report_dir.join("report.md");
+    fs::write(&path, &report).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    eprintln!("tlsfuzzer --compare-all: report in {}", path.display());
+    after
+}
+
+/// Runs every script against each side named, the sides side by side; each script's output
+/// goes to `report_dir/SIDE/SCRIPT.txt`. Returns whether tunneld (when it ran) lived through
+/// the run and still served afterwards.
+fn run_sides(
+    scripts: &[String],
+    sides: &[&str],
+    limit: Duration,
+    report_dir: &Path,
+) -> Result<Result<(), String>, String> {
+    if !crate::netns_usable() {
+        return Err("needs root for a network namespace".into());
+    }
+    system::catch_interrupts();
+    let started = Instant::now();
+    let python = system::python_with_module("ecdsa", "python3-ecdsa")?;
+    let tunneld = system::build_tunneld()?;
+    let ns = NetNs::new();
+    let dir = TempDir::new()?;
+    let tlsfuzzer = dir.0.join("tlsfuzzer");
+    copy_tree(&vendored_dir()?, &tlsfuzzer)?;
+    relink_scripts(&tlsfuzzer.join("scripts"))?;
+    let (cert, key) = certificate(&dir.0)?;
+    let _http = Backend::start(&ns, sock(HTTP_BACKEND), http_connection)?;
+    let _echo = Backend::start(&ns, sock(ECHO_BACKEND), echo_connection)?;
+    let log = dir.0.join("tunneld.log");
+    let mut server = start_tunneld(&ns, &tunneld, &dir.0, &cert, &key, &log)?;
+    let _www = start_openssl(&ns, &cert, &key, OPENSSL_WWW, "-www")?;
+    let _rev = start_openssl(&ns, &cert, &key, OPENSSL_REV, "-rev")?;
+    eprintln!(
+        "==> tlsfuzzer --compare-all: {} script(s), at most {} s each, against {}",
+        scripts.len(),
+        limit.as_secs(),
+        sides.join(" and ")
+    );
+    let targets: Vec<Target> = sides
+        .iter()
+        .map(|&side| match side {
+            "openssl" => Target {
+                name: "openssl",
+                main: OPENSSL_WWW,
+                echo: OPENSSL_REV,
+            },
+            _ => Target {
+                name: "tunneld",
+                main: TLS_HTTP,
+                echo: TLS_ECHO,
+            },
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for target in &targets {
+            let (ns, python, tlsfuzzer) = (&ns, &python, &tlsfuzzer);
+            scope.spawn(move || {
+                for script in scripts {
+                    if system::check_interrupted().is_err() {
+                        return;
+                    }
+                    let out = report_dir.join(target.name).join(format!("{script}.txt"));
+                    let o = run_against(ns, python, tlsfuzzer, script, target, &out, limit);
+                    eprintln!(
+                        "{:<8} {script}: {}/{} passed{} ({:.0} s)",
+                        target.name,
+                        o.pass_count,
+                        o.pass_count + o.fail_count,
+                        if o.stopped {
+                            ", stopped at the limit"
+                        } else {
+                            ""
+                        },
+                        o.seconds
+                    );
+                }
+            });
+        }
+    });
+    system::check_interrupted()?;
+    eprintln!(
+        "tlsfuzzer --compare-all: ran in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    if !matches!(server.0.try_wait(), Ok(None)) {
+        return Ok(Err(format!("tunneld exited during the run:{}", tail(&log))));
+    }
+    Ok(still_serves(&ns, &cert).map_err(|e| format!("{e}{}", tail(&log))))
+}
+
+/// The TLS 1.3 scripts in the copy (`test-tls13-NAME.py`), by NAME, sorted; or the named ones.
+fn script_names(scripts: &Path, wanted: &[String]) -> Result<Vec<String>, String> {
+    let list =
+        fs::read_dir(scripts).map_err(|e| format!("cannot read {}: {e}", scripts.display()))?;
+    let mut names: Vec<String> = list
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name().into_string().ok()?;
+            Some(
+                name.strip_prefix("test-tls13-")?
+                    .strip_suffix(".py")?
+                    .to_string(),
+            )
+        })
+        .collect();
+    names.sort();
+    if wanted.is_empty() {
+        return Ok(names);
+    }
+    for name in wanted {
+        if !names.contains(name) {
+            return Err(format!("no script test-tls13-{name}.py in tlsfuzzer"));
+        }
+    }
+    Ok(wanted.to_vec())
+}
+
+fn start_openssl(
+    ns: &NetNs,
+    cert: &Path,
+    key: &Path,
+    addr: &'static str,
+    mode: &str,
+) -> Result<Guard, String> {
+    let mut guard = Guard(
+        ns.command("openssl")
+            .args(["s_server", "-accept", addr, "-tls1_3", mode, "-quiet"])
+            .arg("-cert")
+            .arg(cert)
+            .arg("-key")
+            .arg(key)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start openssl s_server: {e}"))?,
+    );
+    let deadline = Instant::now() + READY_LIMIT;
+    while !crate::tls_bench::listening(ns, &[addr]) {
+        if let Ok(Some(status)) = guard.0.try_wait() {
+            return Err(format!("openssl s_server {mode} exited ({status})"));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("openssl s_server {mode} did not listen on {addr}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(guard)
+}
+
+fn run_against(
+    ns: &NetNs,
+    python: &Path,
+    tlsfuzzer: &Path,
+    script: &str,
+    target: &Target,
+    out: &Path,
+    limit: Duration,
+) -> Outcome {
+    let started = Instant::now();
+    let file = tlsfuzzer.join(format!("scripts/test-tls13-{script}.py"));
+    let lengths = script == "lengths";
+    let (host, port) = if lengths { target.echo } else { target.main }
+        .split_once(':')
+        .expect("host:port");
+    let mut cmd = ns.command(&python.to_string_lossy());
+    cmd.arg(&file)
+        .args(["-h", host, "-p", port])
+        .current_dir(tlsfuzzer)
+        .env("PYTHONPATH", tlsfuzzer)
+        .env("PYTHONUNBUFFERED", "1");
+    match OPTIONS.iter().find(|(name, _)| *name == script) {
+        Some((_, options)) => {
+            cmd.args(*options);
+        }
+        None => {
+            cmd.args(["-n", "0"]);
+        }
+    }
+    if lengths {
+        // As the step runs it: the edges, not 16384 sizes.
+        cmd.arg("sanity");
+        cmd.args(LENGTHS.iter().map(|n| format!("length: {n}")));
+    }
+    let file = match fs::File::create(out) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cannot create {}: {e}", out.display());
+            return Outcome::default();
+        }
+    };
+    let stderr = file.try_clone();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(stderr.map_or(Stdio::null(), Stdio::from))
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("cannot run {script}: {e}");
+            return Outcome::default();
+        }
+    };
+    let deadline = started + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline && system::check_interrupted().is_ok() => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    if status.is_none() {
+        if let Ok(mut f) = fs::OpenOptions::new().append(true).open(out) {
+            let _ = f.write_all(STOPPED_MARK.as_bytes());
+        }
+    }
+    let mut outcome = outcome_of(&fs::read_to_string(out).unwrap_or_default());
+    outcome.seconds = seconds;
+    outcome
+}
+
+/// Each probe the output shows finished, and whether it passed: a line ending in `...`
+/// (`NAME ...`, or `"NAME" repeat N...`) starts one, `OK` ends it well, `Error while
+/// processing` badly.
+fn probes(text: &str) -> Vec<(String, bool)> {
+    let mut done = Vec::new();
+    let mut current: Option<&str> = None;
+    for line in text.lines() {
+        if line.starts_with(char::is_whitespace) {
+            continue;
+        }
+        if let Some(name) = line.strip_suffix("...") {
+            current = Some(name.trim_end());
+        } else if line == "OK" {
+            if let Some(name) = current.take() {
+                done.push((name.to_string(), true));
+            }
+        } else if line == "Error while processing" {
+            if let Some(name) = current.take() {
+                done.push((name.to_string(), false));
+            }
+        }
+    }
+    done
+}
+
+/// What a script's saved output says.
+fn outcome_of(text: &str) -> Outcome {
+    let mut outcome = Outcome::default();
+    for (probe, ok) in probes(text) {
+        if ok {
+            outcome.pass_count += 1;
+            outcome.passed.insert(probe);
+        } else {
+            outcome.fail_count += 1;
+            outcome.failed.insert(probe);
+        }
+    }
+    // A script that finished prints its own counts; they win (a probe printed in an odd
+    // way is still counted).
+    let count = |label: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(label))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+    };
+    if let (Some(pass), Some(fail)) = (count("PASS: "), count("FAIL: ")) {
+        (outcome.pass_count, outcome.fail_count) = (pass, fail);
+    }
+    outcome.stopped = text.contains(STOPPED_MARK);
+    outcome
+}
+
+/// Appended to a script's output when it was stopped at the limit.
+const STOPPED_MARK: &str = "\n[xtask: stopped at the time limit]\n";
+
+fn report(
+    scripts: &[String],
+    openssl: &[Outcome],
+    tunneld: &[Outcome],
+    limit: Duration,
+    after: &Result<(), String>,
+) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# tlsfuzzer: OpenSSL s_server and tunneld side by side\n\n\
+         `cargo xtask tlsfuzzer --compare-all --limit {}`; \"n/m\": probes passed of probes \
+         run; \"(stopped)\": the script reached the limit and the probes it finished count.\n",
+        limit.as_secs()
+    );
+    md.push_str("| script | openssl | tunneld | pass on openssl, fail on tunneld | pass on tunneld, fail on openssl |\n|---|---:|---:|---|---|\n");
+    let cell = |o: &Outcome| {
+        format!(
+            "{}/{}{}",
+            o.pass_count,
+            o.pass_count + o.fail_count,
+            if o.stopped { " (stopped)" } else { "" }
+        )
+    };
+    let mut details = String::new();
+    let mut totals = [(0, 0); 2];
+    for (i, script) in scripts.iter().enumerate() {
+        let (o, t) = (&openssl[i], &tunneld[i]);
+        for (total, side) in totals.iter_mut().zip([o, t]) {
+            total.0 += side.pass_count;
+            total.1 += side.pass_count + side.fail_count;
+        }
+        let worse: Vec<&String> = t.failed.intersection(&o.passed).collect();
+        let better: Vec<&String> = o.failed.intersection(&t.passed).collect();
+        let _ = writeln!(
+            md,
+            "| {script} | {} | {} | {} | {} |",
+            cell(o),
+            cell(t),
+            worse.len(),
+            better.len()
+        );
+        if !worse.is_empty() || !better.is_empty() {
+            let _ = writeln!(details, "\n## {script}\n");
+            for probe in worse {
+                let _ = writeln!(details, "- tunneld fails, openssl passes: `{probe}`");
+            }
+            for probe in better {
+                let _ = writeln!(details, "- openssl fails, tunneld passes: `{probe}`");
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "| all | {}/{} | {}/{} | | |",
+        totals[0].0, totals[0].1, totals[1].0, totals[1].1
+    );
+    let _ = writeln!(
+        md,
+        "\nAfter the run, tunneld still served (openssl s_client through its listener): {}.",
+        match after {
+            Ok(()) => "yes".to_string(),
+            Err(e) => format!("NO ({e})"),
+        }
+    );
+    md.push_str(&details);
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_are_read_from_the_output() {
+        let out = "sanity ...\nOK\n\nbad one ...\nError while processing\nTraceback\n  x ...\n\
+                   AssertionError\n\"sanity\" repeat 1...\nOK\n\nunfinished ...\n";
+        assert_eq!(
+            probes(out),
+            [
+                ("sanity".to_string(), true),
+                ("bad one".to_string(), false),
+                ("\"sanity\" repeat 1".to_string(), true)
+            ]
+        );
+        let o = outcome_of(&format!("{out}PASS: 5\nFAIL: 1\n"));
+        assert_eq!((o.pass_count, o.fail_count, o.stopped), (5, 1, false));
+        assert!(outcome_of(&format!("{out}{STOPPED_MARK}")).stopped);
+    }
+}
