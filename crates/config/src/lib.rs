@@ -1150,7 +1150,7 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
             Some(name.to_string())
         }
     });
-    if xdp_interface.is_some() && backend != Backend::Xdp && backend != Backend::Auto {
+    if xdp_interface.is_some() && backend != Backend::Xdp {
         c.error(
             "dataplane.xdp_interface",
             format!(

@@ -133,6 +133,7 @@ workers = 0
 udp_gso = "yes"
 tun_offload = 1
 busy_poll_us = 20000
+xdp_interface = "eth 0"
 
 [[peer]]
 public_key = "{p}"
@@ -163,6 +164,10 @@ preshared_key_file = "y"
     assert_has(&e, "dataplane.udp_gso: must be true or false, not \"yes\"");
     assert_has(&e, "dataplane.tun_offload: must be true or false, not 1");
     assert_has(&e, "dataplane.busy_poll_us: 20000 is out of range 0-10000");
+    assert_has(
+        &e,
+        "dataplane.xdp_interface: `eth 0` is not an interface name",
+    );
     assert_has(&e, "peer[0].endpoint: `192.0.2.1` has no port");
     assert_has(
         &e,
@@ -312,4 +317,22 @@ fn arbitrary_text_never_panics() {
             }
         }
     }
+}
+
+#[test]
+fn the_xdp_interface_goes_with_the_xdp_backend_only() {
+    let text = |backend: &str| {
+        format!(
+            "[interface]\nname = \"wg0\"\nprivate_key = \"{}\"\n\n[dataplane]\nbackend = \"{backend}\"\nxdp_interface = \"eth0\"\n",
+            key()
+        )
+    };
+    let c = config::parse(&text("xdp")).unwrap();
+    assert_eq!(c.dataplane.backend, Backend::Xdp);
+    assert_eq!(c.dataplane.xdp_interface.as_deref(), Some("eth0"));
+    let e = errors(&text("mmsg"));
+    assert_has(
+        &e,
+        "dataplane.xdp_interface: is only used with backend = \"xdp\" (this config says `mmsg`)",
+    );
 }
