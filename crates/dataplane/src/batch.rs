@@ -478,6 +478,32 @@ mod tests {
     }
 
     #[test]
+    fn a_placed_batch_uses_the_chunks_it_is_given() {
+        const CHUNK: usize = 4096;
+        let region = Arc::new(MappedRegion::map(8 * CHUNK).unwrap());
+        let mut batch = Batch::placed(region.clone(), CHUNK);
+        // Frames in chunks 5 and 2, the second behind 300 bytes of someone's headroom.
+        batch.place(0, 5 * CHUNK);
+        batch.place(1, 2 * CHUNK + 300);
+        let slot = batch.next_free().unwrap();
+        assert_eq!(slot.len(), CHUNK - HEADROOM, "the rest of its chunk");
+        slot[..3].copy_from_slice(b"abc");
+        batch.commit(3, UNSPECIFIED);
+        assert_eq!(batch.next_free().unwrap().len(), CHUNK - 300 - HEADROOM);
+        batch.commit(0, UNSPECIFIED);
+        assert_eq!(batch.payload(0), b"abc");
+        assert_eq!(batch.start(1), 2 * CHUNK + 300, "commit did not move the next frame");
+        assert_eq!(batch.raw_frame_mut(1).len(), CHUNK - 300);
+        // The bytes are the region's, where the frame was placed.
+        // SAFETY: the test owns the region; nothing else touches it.
+        let at = unsafe { *region.as_ptr().add(5 * CHUNK + HEADROOM + 1) };
+        assert_eq!(at, b'b');
+        batch.clear();
+        assert!(batch.is_empty());
+        assert_eq!(batch.start(1), 2 * CHUNK + 300, "clear keeps the placement");
+    }
+
+    #[test]
     fn merged_datagrams_split_by_segment_size() {
         let mut batch = Batch::new();
         let slot = batch.next_free().unwrap();

@@ -21,6 +21,9 @@ use std::sync::Arc;
 
 /// Bytes per UMEM chunk: a page, the largest the kernel takes in aligned mode.
 pub const CHUNK: usize = 4096;
+/// At most this many wake-ups per send (each sends up to 32 frames in copy mode: a batch of
+/// 64 takes 2, and 8 leave room for what earlier kicks left behind).
+const KICKS: usize = 8;
 /// Bytes the kernel leaves free at the start of every chunk it receives into
 /// (`XDP_PACKET_HEADROOM`).
 pub const KERNEL_HEADROOM: usize = 256;
@@ -410,33 +413,46 @@ impl XskSocket {
     }
 
     /// Tells the kernel to send what the TX ring holds, when it asked to be told (in copy
-    /// mode it always does: the copy runs in this call).
-    pub fn kick(&self) -> io::Result<()> {
-        if !self.tx.needs_wakeup() {
-            return Ok(());
-        }
-        // SAFETY: a zero-length send on our socket, the wake-up AF_XDP defines.
-        let rc = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                std::ptr::null(),
-                0,
-                libc::MSG_DONTWAIT,
-                std::ptr::null(),
-                0,
-            )
-        };
-        if rc < 0 {
+    /// mode it always does: the copy runs in this call). In copy mode one call sends a
+    /// bounded number of frames (32 on Linux 6.x) and says EAGAIN when more are left, so it
+    /// is called again until the ring is drained, or the kernel is out of room.
+    pub fn kick(&mut self) -> io::Result<()> {
+        for _ in 0..KICKS {
+            if !self.tx.needs_wakeup() || self.tx_pending() == 0 {
+                return Ok(());
+            }
+            // SAFETY: a zero-length send on our socket, the wake-up AF_XDP defines.
+            let rc = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            if rc >= 0 {
+                continue;
+            }
             let e = io::Error::last_os_error();
-            // The kernel is busy or out of room: what is queued goes with the next kick.
-            if !matches!(
-                e.raw_os_error(),
-                Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN)
-            ) {
-                return Err(e);
+            match e.raw_os_error() {
+                // More to send: go on.
+                Some(libc::EAGAIN) => continue,
+                // The device is busy or out of buffers: what is queued goes with the next
+                // kick.
+                Some(libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN) => return Ok(()),
+                _ => return Err(e),
             }
         }
         Ok(())
+    }
+
+    /// Frames in the TX ring the kernel has not taken yet.
+    fn tx_pending(&mut self) -> u32 {
+        // SAFETY: a valid atomic in the mapping.
+        self.tx.remote = unsafe { self.tx.consumer.as_ref() }.load(Ordering::Acquire);
+        self.tx.local.wrapping_sub(self.tx.remote)
     }
 
     /// Wakes the kernel to go on receiving (when `fill_needs_wakeup`).
