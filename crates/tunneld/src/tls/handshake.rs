@@ -3,7 +3,9 @@
 //! (`relay.rs`), a record stream (`stream.rs`) and a WireGuard-over-TLS bridge
 //! (`datagrams.rs`) start from.
 
-use super::records::{Kernel, Records, ALERT, APPLICATION_DATA, HANDSHAKE, HEADER, MAX_PLAINTEXT};
+use super::records::{
+    Kernel, Records, ALERT, APPLICATION_DATA, HANDSHAKE, HEADER, MAX_PLAINTEXT, TAG,
+};
 use anyhow::bail;
 use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
@@ -106,6 +108,9 @@ fn drive_handshake<C: Process>(
     let mut outgoing = vec![0; 4096];
     let mut outgoing_end = 0;
     let mut screen = Screen::default();
+    // The start of the last record offered, while rustls has neither used nor discarded it
+    // and it may be early data rustls is skipping (see `skipped`).
+    let mut unanswered: Option<usize> = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -167,6 +172,7 @@ fn drive_handshake<C: Process>(
         // handshake is over together with the discard of the client's Finished, which rustls
         // has decrypted in place and which must not reach the record layer.
         if discard > 0 {
+            unanswered = None;
             received.copy_within(discard..received_end, 0);
             received_end -= discard;
             offered -= discard;
@@ -183,6 +189,17 @@ fn drive_handshake<C: Process>(
             return Ok((received_end, true));
         }
         if read_more {
+            // A record of refused early data that rustls skipped goes now, before rustls is
+            // offered the next one: rustls would try to decrypt it again with each offer,
+            // until a later record of the same offer is used, and take its length from its
+            // budget for skipping each time.
+            if let Some(start) = unanswered.take() {
+                if skipped(&received[start..offered]) {
+                    received.copy_within(offered..received_end, start);
+                    received_end -= offered - start;
+                    offered = start;
+                }
+            }
             // Bounded: each turn reads at least a byte into a buffer of fixed size, or ends.
             while next_offer(&received[offered..received_end]).is_none() {
                 if received_end == received.len() {
@@ -206,9 +223,45 @@ fn drive_handshake<C: Process>(
                 refuse(sock, refusal.alert, received);
                 bail!("TLS: {} (sent {:?})", refusal.why, refusal.alert);
             }
+            // Only once this side has sent its encrypted flight: rustls skips early data
+            // from then on, until the client's first handshake message under its key.
+            unanswered = (screen.sent_encrypted
+                && maybe_skipped(&received[offered..offered + next]))
+            .then_some(offered);
             offered += next;
         }
     }
+}
+
+/// The part of a protected record that a failed AEAD open overwrites: its payload without
+/// the tag (nothing when the record holds no more than a tag).
+fn opened_part(record: &[u8]) -> &[u8] {
+    let payload = record.get(HEADER..).unwrap_or(&[]);
+    payload
+        .get(..payload.len().saturating_sub(TAG))
+        .unwrap_or(&[])
+}
+
+/// Whether `record` (whole, about to be offered) can later be told apart by [`skipped`]:
+/// it has something besides its tag, and not only zeros.
+fn maybe_skipped(record: &[u8]) -> bool {
+    opened_part(record).iter().any(|&b| b != 0)
+}
+
+/// Whether rustls skipped `record`, the last record it was offered, which it has neither
+/// used nor discarded (it blocked for more): refused early data, which rustls tries to
+/// decrypt under the client's handshake key and drops when that fails (trial decryption,
+/// RFC 8446 4.2.10). rustls does not say so (a skipped record at the end of an offer is
+/// not in its discard count), and the other case looks the same from outside: the first
+/// fragment of a handshake message, which rustls has decrypted and holds in place. The
+/// bytes tell them apart: rustls decrypts in place, and both of its providers' AEADs
+/// (ring, aws-lc) zero the output when the tag does not match, so a record that was not
+/// all zeros before (see [`maybe_skipped`]) is all zeros after a failed open, while one
+/// that opened holds its content type, never zero, in that part. A provider that left the
+/// bytes otherwise would only make rustls try the record again, as before.
+fn skipped(record: &[u8]) -> bool {
+    let part = opened_part(record);
+    !part.is_empty() && part.iter().all(|&b| b == 0)
 }
 
 /// A record tunneld refuses before rustls sees it, and the alert it gets.
@@ -527,5 +580,144 @@ mod tests {
         let (error, answer) = server_answer(&hello);
         assert!(started.elapsed() < Duration::from_secs(5), "{error}");
         assert_eq!(answer.first(), Some(&ALERT), "{error}: {answer:?}");
+    }
+
+    /// A client and two servers with one certificate, for resumption: the first server issues
+    /// tickets that allow `early` bytes of early data; the second (`enable_secret_extraction`,
+    /// as the listener's) knows none of them, so it refuses the PSK and the early data, which
+    /// rustls then skips by trial decryption. Only `suite` is offered.
+    fn early_data_configs(
+        provider: rustls::crypto::CryptoProvider,
+        suite: rustls::SupportedCipherSuite,
+        early: u32,
+    ) -> (
+        rustls::ServerConfig,
+        rustls::ServerConfig,
+        rustls::ClientConfig,
+    ) {
+        let provider = Arc::new(rustls::crypto::CryptoProvider {
+            cipher_suites: vec![suite],
+            ..provider
+        });
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let der = cert.cert.der().clone();
+        let server = || {
+            let key = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der())
+                .unwrap();
+            rustls::ServerConfig::builder_with_provider(provider.clone())
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![der.clone()], key)
+                .unwrap()
+        };
+        let mut issuer = server();
+        issuer.max_early_data_size = early;
+        let mut refuser = server();
+        refuser.enable_secret_extraction = true;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der.clone()).unwrap();
+        let mut client = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.enable_early_data = true;
+        (issuer, refuser, client)
+    }
+
+    /// A full handshake in memory, the tickets included, so that `client` holds a ticket from
+    /// `server`.
+    fn get_ticket(server: rustls::ServerConfig, client: &Arc<rustls::ClientConfig>) {
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut client = rustls::ClientConnection::new(client.clone(), name).unwrap();
+        let mut server = rustls::ServerConnection::new(Arc::new(server)).unwrap();
+        let mut bytes = Vec::new();
+        for _ in 0..10 {
+            bytes.clear();
+            while client.wants_write() {
+                client.write_tls(&mut bytes).unwrap();
+            }
+            server.read_tls(&mut &bytes[..]).unwrap();
+            server.process_new_packets().unwrap();
+            bytes.clear();
+            while server.wants_write() {
+                server.write_tls(&mut bytes).unwrap();
+            }
+            client.read_tls(&mut &bytes[..]).unwrap();
+            client.process_new_packets().unwrap();
+        }
+        assert!(!client.is_handshaking() && !server.is_handshaking());
+    }
+
+    /// tlsfuzzer's `handshake with invalid 0-RTT` and its variants (`0rtt-garbage`): early
+    /// data the server refuses, which rustls skips by trial decryption within a budget of
+    /// 2^14 bytes. The driver offered rustls one record more each time, and rustls, which
+    /// consumes a skipped record only when a later record of the same offer is used, tried
+    /// the same early data again with each offer, until the budget ran out:
+    /// bad_record_mac. Here a real rustls client resumes with a ticket the server does not
+    /// know and sends early data, in one record of 10,000 bytes (two tries do not fit) or in
+    /// 32-byte records (its Finished then comes in fragments too, which rustls holds while
+    /// the driver offers the rest); with every TLS 1.3 suite, from both providers, since
+    /// telling a skipped record from a held one relies on how a failed AEAD open leaves it.
+    #[test]
+    fn refused_early_data_is_skipped_once() {
+        let providers = [
+            ("aws-lc-rs", rustls::crypto::aws_lc_rs::default_provider()),
+            ("ring", rustls::crypto::ring::default_provider()),
+        ];
+        for (library, provider) in providers {
+            for suite in provider.cipher_suites.clone() {
+                for (early, fragment) in [(10_000, None), (4_000, Some(32))] {
+                    let what = format!("{library} {suite:?}, {early} bytes, {fragment:?}");
+                    let (issuer, refuser, mut client) =
+                        early_data_configs(provider.clone(), suite, 16_384);
+                    client.max_fragment_size = fragment;
+                    let client = Arc::new(client);
+                    get_ticket(issuer, &client);
+                    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+                    let addr = listener.local_addr().unwrap();
+                    let server = std::thread::spawn(move || {
+                        let (sock, _) = listener.accept().unwrap();
+                        let conn = UnbufferedServerConnection::new(Arc::new(refuser)).unwrap();
+                        handshake_for_records(Unbuffered::Server(conn), &sock, true)
+                            .map_err(|e| format!("{e:#}"))
+                    });
+                    let mut sock = TcpStream::connect(addr).unwrap();
+                    sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                    let mut conn = rustls::ClientConnection::new(client, name).unwrap();
+                    let written = conn.early_data().expect(&what).write(&vec![b'e'; early]);
+                    assert_eq!(written.unwrap(), early, "{what}");
+                    let mut failed = None;
+                    while conn.is_handshaking() && failed.is_none() {
+                        while conn.wants_write() {
+                            conn.write_tls(&mut sock).unwrap();
+                        }
+                        if conn.is_handshaking() {
+                            match conn.read_tls(&mut sock) {
+                                Ok(0) => failed = Some("closed".to_string()),
+                                Ok(_) => {
+                                    failed = conn.process_new_packets().err().map(|e| e.to_string())
+                                }
+                                Err(e) => failed = Some(e.to_string()),
+                            }
+                        }
+                    }
+                    while conn.wants_write() {
+                        conn.write_tls(&mut sock).unwrap();
+                    }
+                    let established = server.join().unwrap();
+                    let established = match established {
+                        Ok(established) => established,
+                        Err(e) => panic!("{what}: server: {e} (client: {failed:?})"),
+                    };
+                    assert!(failed.is_none(), "{what}: {failed:?}");
+                    assert!(!conn.is_early_data_accepted(), "{what}");
+                    assert!(established.early.is_empty(), "{what}");
+                    assert_eq!(established.received_end, 0, "{what}");
+                }
+            }
+        }
     }
 }
