@@ -6,6 +6,7 @@ mod closed_loop;
 mod demo;
 mod embedded_bench;
 mod fuzz;
+mod kernel_wg;
 #[cfg(test)]
 mod module_cycles;
 mod package;
@@ -53,6 +54,11 @@ commands:
                    every TLS 1.3 script against openssl s_server -www and tunneld side by
                    side (default 240 s per script); report in
                    target/tlsfuzzer-compare/report.md
+  kernel-wg        tunneld against kernel WireGuard in two namespaces: each side initiating,
+                   a preshared key, ping and TCP both ways over IPv4 and IPv6, a rekey,
+                   `wg show`; on the host when its kernel has WireGuard, else in a QEMU
+                   guest (software emulation) booting Debian's kernel with virtme-ng
+                   (cached in target/kernel-wg/); needs root; installs QEMU when missing
   deb [--check]    the Debian package (cargo-deb, installed when missing): the binary, the
                    systemd unit, man pages, shell completions, an example config; --check
                    installs it, uses it (and systemd-analyze on its unit), removes it
@@ -75,6 +81,7 @@ fn main() -> ExitCode {
         Some("bench-embedded") => embedded_bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("tlsfuzzer") => tlsfuzzer::run(&args[1..]),
+        Some("kernel-wg") => system::install_tools().and_then(|()| kernel_wg::run(&args[1..])),
         Some("deps") => system::install_tools(),
         Some("deb") => package::build().and_then(|deb| {
             if args.iter().any(|a| a == "--check") {
@@ -263,6 +270,22 @@ fn test() -> ExitCode {
         Err(e) => {
             eprintln!("tlsfuzzer: {e}");
             failures.push("tlsfuzzer".into());
+        }
+    }
+    // tunneld against kernel WireGuard (in a QEMU guest where this kernel has none); each
+    // check counts in the summary as one test. Skipped (counted so) without root.
+    match kernel_wg::step() {
+        Ok(Some(counts)) => {
+            tally.passed += counts.passed;
+            tally.failed += counts.failed;
+            if counts.failed > 0 {
+                failures.push("kernel WireGuard".into());
+            }
+        }
+        Ok(None) => tally.skipped += kernel_wg::check_count(),
+        Err(e) => {
+            eprintln!("kernel WireGuard: {e}");
+            failures.push("kernel WireGuard".into());
         }
     }
     // The end-to-end benchmark harness, one short round, so it never rots. It needs network
