@@ -492,7 +492,11 @@ mod tests {
         assert_eq!(batch.next_free().unwrap().len(), CHUNK - 300 - HEADROOM);
         batch.commit(0, UNSPECIFIED);
         assert_eq!(batch.payload(0), b"abc");
-        assert_eq!(batch.start(1), 2 * CHUNK + 300, "commit did not move the next frame");
+        assert_eq!(
+            batch.start(1),
+            2 * CHUNK + 300,
+            "commit did not move the next frame"
+        );
         assert_eq!(batch.raw_frame_mut(1).len(), CHUNK - 300);
         // The bytes are the region's, where the frame was placed.
         // SAFETY: the test owns the region; nothing else touches it.
