@@ -339,6 +339,9 @@ pub(crate) fn run_dataplane(
     })
 }
 
+const NO_XDP_INTERFACE: &str =
+    "dataplane.xdp_interface: no peer has an endpoint to find the underlay interface by; name it";
+
 /// The underlay interface for `backend = "xdp"`: as configured, else the one the route to
 /// the first peer's endpoint leaves by.
 fn xdp_interface(
@@ -349,11 +352,10 @@ fn xdp_interface(
     let name = match &dataplane.xdp_interface {
         Some(name) => name.clone(),
         None => {
-            let endpoint = peers.iter().find_map(|p| p.endpoint).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "dataplane.xdp_interface: no peer has an endpoint to find the underlay interface by; name it"
-                )
-            })?;
+            let endpoint = peers
+                .iter()
+                .find_map(|p| p.endpoint)
+                .ok_or_else(|| anyhow::anyhow!(NO_XDP_INTERFACE))?;
             crate::topology::underlay_interface(endpoint).ok_or_else(|| {
                 anyhow::anyhow!(
                     "dataplane.xdp_interface: no interface has a route to {endpoint}; name it"
@@ -396,6 +398,9 @@ pub(crate) fn check_dataplane(
             return Err(format!(
                 "interface.mtu: {mtu} is more than an AF_XDP frame holds with dataplane.backend = \"xdp\" (at most {max})"
             ));
+        }
+        if dataplane.xdp_interface.is_none() && !peers.iter().any(|p| p.endpoint.is_some()) {
+            return Err(NO_XDP_INTERFACE.into());
         }
     }
     if let config::Workers::Count(n) = dataplane.workers {

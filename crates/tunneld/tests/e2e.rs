@@ -396,9 +396,14 @@ fn second_tunneld_for_the_same_interface_is_refused() {
 /// refuse them, never run differently from what they say.
 const UNSUPPORTED: &[(&str, &str, &[&str])] = &[
     (
-        "backend not in this build",
+        "an MTU too large for an AF_XDP frame",
+        "private_key = \"KEY\"\nmtu = 9000\n[dataplane]\nbackend = \"xdp\"\nxdp_interface = \"lo\"\n",
+        &["interface.mtu:", "9000", "AF_XDP frame"],
+    ),
+    (
+        "AF_XDP with no interface named and no peer endpoint to find one by",
         "private_key = \"KEY\"\n[dataplane]\nbackend = \"xdp\"\n",
-        &["dataplane.backend:", "xdp", "not available"],
+        &["dataplane.xdp_interface:", "no peer has an endpoint"],
     ),
     (
         "more workers than a TUN device has queues",

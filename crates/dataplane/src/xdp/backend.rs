@@ -71,6 +71,8 @@ pub struct XdpUdp {
     /// Owned batches for the kernel socket's receives and sends.
     kernel_rx: Batch,
     kernel_tx: Batch,
+    /// The next datagram of `kernel_rx` not yet moved into a receive batch.
+    kernel_next: usize,
     receives: u32,
     port: u16,
 }
@@ -157,6 +159,7 @@ impl XdpUdp {
             epoll,
             kernel_rx: Batch::new(),
             kernel_tx: Batch::new(),
+            kernel_next: 0,
             receives: 0,
             port,
         })
@@ -177,28 +180,35 @@ impl XdpUdp {
         let Some(xsk) = &mut self.xsk else {
             return self.kernel.recv_batch(batch);
         };
-        let room = BATCH_SIZE - batch.len();
-        if room == 0 || xsk.free.len() < room {
-            return Ok(0);
+        // Chunks the kernel finished sending come back first: under a long burst of sends
+        // they may be what the free stack is waiting for.
+        xsk.socket
+            .complete(|chunk| xsk.free.push(chunk & !(CHUNK as u64 - 1)));
+        // What the last read left over (the receive batch was full) goes first; the
+        // socket is read again only once it is all taken.
+        if self.kernel_next >= self.kernel_rx.len() {
+            self.kernel_rx.clear();
+            self.kernel_next = 0;
+            self.kernel.recv_batch(&mut self.kernel_rx)?;
         }
-        self.kernel_rx.clear();
-        self.kernel.recv_batch(&mut self.kernel_rx)?;
         let mut n = 0;
-        for i in 0..self.kernel_rx.len() {
-            let from = self.kernel_rx.addr(i);
-            for datagram in self.kernel_rx.datagrams(i) {
-                if batch.is_full() || datagram.len() > CHUNK - HEADROOM {
-                    continue;
-                }
-                let Some(chunk) = xsk.free.pop() else { break };
-                xsk.held_free.push(chunk);
-                let at = batch.len();
-                batch.place(at, chunk as usize);
-                let Some(slot) = batch.next_free() else { break };
-                slot[..datagram.len()].copy_from_slice(datagram);
-                batch.commit(datagram.len(), from);
-                n += 1;
+        while self.kernel_next < self.kernel_rx.len() && !batch.is_full() {
+            let i = self.kernel_next;
+            // One datagram per frame: GRO is off on this socket.
+            let datagram = self.kernel_rx.payload(i);
+            if datagram.len() > CHUNK - HEADROOM {
+                self.kernel_next += 1;
+                continue;
             }
+            let Some(chunk) = xsk.free.pop() else { break };
+            xsk.held_free.push(chunk);
+            let at = batch.len();
+            batch.place(at, chunk as usize);
+            let Some(slot) = batch.next_free() else { break };
+            slot[..datagram.len()].copy_from_slice(datagram);
+            batch.commit(datagram.len(), self.kernel_rx.addr(i));
+            self.kernel_next += 1;
+            n += 1;
         }
         Ok(n)
     }
