@@ -26,13 +26,22 @@ struct XdpSites {
 }
 
 fn xdp_sites(extra_a: &str, extra_b: &str) -> XdpSites {
+    sites_over(("192.0.2.1/24", "192.0.2.2/24"), extra_a, extra_b)
+}
+
+/// Two sites joined by a veth with these underlay addresses (CIDR), a gateway in each.
+fn sites_over(underlay: (&str, &str), extra_a: &str, extra_b: &str) -> XdpSites {
     let a = NetNs::new();
     let b = NetNs::new();
-    let (va, vb) = veth(&a, "192.0.2.1/24", &b, "192.0.2.2/24");
+    let (va, vb) = veth(&a, underlay.0, &b, underlay.1);
+    let endpoint = |cidr: &str| -> String {
+        let ip: std::net::IpAddr = cidr.split('/').next().unwrap().parse().unwrap();
+        SocketAddr::new(ip, 51820).to_string()
+    };
     let (ka, kb) = (genkey(), genkey());
     let (ia, ib) = (unique_name("wg"), unique_name("wg"));
-    let body_a = site_body(1, &pubkey(&kb), "192.0.2.2:51820") + extra_a;
-    let body_b = site_body(2, &pubkey(&ka), "192.0.2.1:51820") + extra_b;
+    let body_a = site_body(1, &pubkey(&kb), &endpoint(underlay.1)) + extra_a;
+    let body_b = site_body(2, &pubkey(&ka), &endpoint(underlay.0)) + extra_b;
     let ga = Gateway::start(&a, &ia, &ka, &body_a);
     let gb = Gateway::start(&b, &ib, &kb, &body_b);
     XdpSites {
@@ -157,31 +166,16 @@ fn xdp_gateways_over_an_ipv6_underlay() {
     if !require_netns_and_wg("xdp_gateways_over_an_ipv6_underlay") {
         return;
     }
-    let a = NetNs::new();
-    let b = NetNs::new();
-    veth(&a, "fd00:192::1/64", &b, "fd00:192::2/64");
-    let (ka, kb) = (genkey(), genkey());
-    let (ia, ib) = (unique_name("wg"), unique_name("wg"));
-    let ga = Gateway::start(
-        &a,
-        &ia,
-        &ka,
-        &(site_body(1, &pubkey(&kb), "[fd00:192::2]:51820") + XDP),
-    );
-    let gb = Gateway::start(
-        &b,
-        &ib,
-        &kb,
-        &(site_body(2, &pubkey(&ka), "[fd00:192::1]:51820") + XDP),
-    );
-    assert_xdp_backend(&ga);
-    assert_xdp_backend(&gb);
-    ping(&a, "10.77.0.2");
-    ping(&b, "fd77::1");
-    let before = kernel_udp(&b);
-    tcp_transfer(&a, &b, "10.77.0.2:5105".parse().unwrap(), 16 << 20);
-    tcp_transfer(&b, &a, "[fd77::1]:5106".parse().unwrap(), 16 << 20);
-    let after = kernel_udp(&b);
+    let s = sites_over(("fd00:192::1/64", "fd00:192::2/64"), XDP, XDP);
+    let (a, b) = (&s.a, &s.b);
+    assert_xdp_backend(&s.ga);
+    assert_xdp_backend(&s.gb);
+    ping(a, "10.77.0.2");
+    ping(b, "fd77::1");
+    let before = kernel_udp(b);
+    tcp_transfer(a, b, "10.77.0.2:5105".parse().unwrap(), 16 << 20);
+    tcp_transfer(b, a, "[fd77::1]:5106".parse().unwrap(), 16 << 20);
+    let after = kernel_udp(b);
     assert!(after.0 - before.0 < 100, "{before:?} -> {after:?}");
 }
 
