@@ -43,6 +43,9 @@ fn user_space_tunnel_against_a_tunneld_gateway() {
         return;
     };
     let _echo = EchoServer::start(&sites.far, &echo_addrs());
+    // A stream reset once under load, cause not found: on failure, the far kernel's own
+    // account of resets and aborts.
+    let _counters = FarTcpCounters(&sites.far);
     let tunnel = sites.start_tunnel(sites.settings(0));
     runtime().block_on(async {
         tokio::time::timeout(Duration::from_secs(180), async {
@@ -55,6 +58,31 @@ fn user_space_tunnel_against_a_tunneld_gateway() {
     });
     assert!(tunnel.stats().handshake_done);
     tunnel.shutdown();
+}
+
+/// Prints the far namespace's non-zero TCP reset, abort, overflow and memory counters
+/// (`nstat`) when the test fails.
+struct FarTcpCounters<'a>(&'a tunneld_testnet::NetNs);
+
+impl Drop for FarTcpCounters<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let out = self.0.output(&["nstat", "-az"]);
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let mut fields = line.split_whitespace();
+            let (Some(name), Some(value)) = (fields.next(), fields.next()) else {
+                continue;
+            };
+            let telling = [
+                "Rst", "Abort", "Overflow", "Prune", "Drop", "Memory", "Fail",
+            ];
+            if value != "0" && telling.iter().any(|t| name.contains(t)) {
+                eprintln!("far side's TCP counter: {name} {value}");
+            }
+        }
+    }
 }
 
 /// An impaired underlay between our tunnel and the far side, in-process (this machine's

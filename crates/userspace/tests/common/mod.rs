@@ -341,12 +341,22 @@ impl EchoServer {
 fn echo(mut stream: TcpStream) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(Duration::from_secs(120)));
+    let peer = stream.peer_addr().ok();
     let mut buf = vec![0u8; 64 << 10];
     loop {
         match stream.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
+            // A signal handled by this process is not the peer's doing.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                // Closing now, with the peer's data unread, resets the connection: say why,
+                // so that a test that sees the reset shows its cause.
+                eprintln!("echo server: reading from {peer:?}: {e}");
+                break;
+            }
             Ok(n) => {
-                if stream.write_all(&buf[..n]).is_err() {
+                if let Err(e) = stream.write_all(&buf[..n]) {
+                    eprintln!("echo server: writing to {peer:?}: {e}");
                     return;
                 }
             }
