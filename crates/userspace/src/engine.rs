@@ -1198,8 +1198,16 @@ fn serve_conn(conn: &mut Conn, sockets: &mut SocketSet<'_>, now: Instant, more: 
             conn.shared.eof.store(true, Ordering::Release);
             conn.told_end = true;
         } else if state == tcp::State::Closed {
-            // Closed without the peer's FIN: reset, or given up on (TCP_TIMEOUT).
-            conn.shared.error.store(ERR_RESET, Ordering::Release);
+            // Closed with no FIN state seen. The FIN may still have come first: a peer that
+            // already closed answers a late ACK with a reset, and both can arrive within
+            // one turn, before this ever saw TIME-WAIT. smoltcp remembers a FIN it took in
+            // order (everything before it was received), and a receive says so.
+            if matches!(socket.recv(|_| (0, ())), Err(tcp::RecvError::Finished)) {
+                conn.shared.eof.store(true, Ordering::Release);
+            } else {
+                // A reset, or given up on (TCP_TIMEOUT).
+                conn.shared.error.store(ERR_RESET, Ordering::Release);
+            }
             conn.told_end = true;
         }
         if conn.told_end {
