@@ -15,13 +15,14 @@
 //! workers than the interface has queues) runs on the kernel socket alone.
 
 use super::frame::{self, Hop};
-use super::nexthop::{Resolution, Resolver};
+use super::nexthop::{NextHops, Resolution, Resolver};
 use super::program::XdpProgram;
 use super::socket::{RingSizes, XskSocket, CHUNK, KERNEL_HEADROOM};
 use crate::batch::MappedRegion;
 use crate::udp::UdpSocket;
 use crate::{Batch, DatagramIo, BATCH_SIZE, HEADROOM};
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
@@ -109,18 +110,20 @@ fn epoll_over(fds: &[RawFd]) -> io::Result<OwnedFd> {
 }
 
 impl XdpUdp {
-    /// A worker's underlay with an AF_XDP socket bound to `queue` of `ifindex` (or none:
-    /// the kernel socket alone), registered in `program`'s map.
+    /// A worker's underlay with an AF_XDP socket bound to `queue` of the interface whose
+    /// next hops `nexthops` follows (or none: the kernel socket alone), registered in
+    /// `program`'s map.
     pub fn new(
         kernel: UdpSocket,
         program: Arc<XdpProgram>,
-        queue: Option<(u32, u32)>,
+        queue: Option<u32>,
         zero_copy: bool,
-        resolver: Option<Resolver>,
+        nexthops: &Arc<NextHops>,
     ) -> io::Result<XdpUdp> {
         let port = kernel.local_port();
-        let xsk = match (queue, resolver) {
-            (Some((ifindex, queue)), Some(resolver)) => {
+        let xsk = match queue {
+            Some(queue) => {
+                let (ifindex, resolver) = (nexthops.ifindex(), Resolver::new(nexthops.clone())?);
                 let region = Arc::new(MappedRegion::map(UMEM_CHUNKS * CHUNK).map_err(|e| {
                     io::Error::new(e.kind(), format!("cannot map the AF_XDP UMEM: {e}"))
                 })?);
@@ -141,7 +144,7 @@ impl XdpUdp {
                     slow_sends: 0,
                 })
             }
-            _ => None,
+            None => None,
         };
         let mut fds: Vec<RawFd> = kernel.fd().into_iter().collect();
         if let Some(xsk) = &xsk {
@@ -223,8 +226,7 @@ impl Xsk {
         self.free.extend_from_slice(&self.held_fill[given..]);
         self.held_fill.clear();
         self.free.append(&mut self.held_free);
-        let region = self.region.clone();
-        let held = &mut self.held_fill;
+        let (region, held) = (&self.region, &mut self.held_fill);
         self.socket.receive(BATCH_SIZE - batch.len(), |addr, len| {
             let (start, chunk) = (addr as usize, addr as usize & !(CHUNK - 1));
             held.push(chunk as u64);
@@ -283,18 +285,32 @@ impl DatagramIo for XdpUdp {
         let port = self.port;
         let mut queued: [(u64, usize); BATCH_SIZE] = [(0, 0); BATCH_SIZE];
         let mut to_ring = 0;
-        let mut replaced = 0;
         self.kernel_tx.clear();
         let room = xsk.socket.tx_room(batch.len()).min(xsk.free.len());
+        // A batch mostly goes to one peer: its next hop is looked up once per run of
+        // datagrams to the same address (and confirmed at most once per run).
+        let mut last: Option<(SocketAddr, Option<Hop>)> = None;
         for i in 0..batch.len() {
             let to = batch.addr(i);
             let len = batch.payload_len(i);
-            let hop = match xsk.resolver.resolve(to) {
-                Resolution::Ready(hop) if to_ring < room && !xsk.resolver.confirm_due(to, now) => {
-                    Some(hop)
+            let hop = match last {
+                Some((addr, hop)) if addr == to => hop,
+                _ => {
+                    let hop = match xsk.resolver.resolve(to) {
+                        Resolution::Ready(hop) => Some(hop),
+                        _ => None,
+                    };
+                    last = Some((to, hop));
+                    // This datagram goes through the kernel, which keeps the neighbour
+                    // fresh; the rest of the run takes the AF_XDP socket.
+                    if hop.is_some() && xsk.resolver.confirm_due(to, now) {
+                        None
+                    } else {
+                        hop
+                    }
                 }
-                _ => None,
             };
+            let hop = hop.filter(|_| to_ring < room);
             let written = hop.and_then(|hop: Hop| {
                 let start = batch.start(i);
                 let frame = batch.raw_frame_mut(i);
@@ -306,9 +322,9 @@ impl DatagramIo for XdpUdp {
                     queued[to_ring] = desc;
                     to_ring += 1;
                     // The chunk is the kernel's until it completes: a fresh one takes its place.
+                    // (`room` counted the free chunks: there is one.)
                     if let Some(chunk) = xsk.free.pop() {
                         batch.place(i, chunk as usize);
-                        replaced += 1;
                     }
                 }
                 None => {
@@ -320,7 +336,6 @@ impl DatagramIo for XdpUdp {
                 }
             }
         }
-        debug_assert_eq!(replaced, to_ring);
         let mut sent = xsk.socket.transmit(queued[..to_ring].iter().copied());
         // The room was checked: this only guards against losing chunks should it not hold.
         for &(addr, _) in &queued[sent..to_ring] {

@@ -26,7 +26,7 @@ pub use socket::CopyMode;
 
 use crate::udp::UdpSocket;
 use crate::DatagramIo;
-use nexthop::{NextHops, Resolver};
+use nexthop::NextHops;
 use program::XdpProgram;
 use std::io;
 use std::net::IpAddr;
@@ -92,17 +92,7 @@ pub fn start(ifindex: u32, kernel: Vec<UdpSocket>) -> io::Result<Underlay> {
     let mut sockets = Vec::with_capacity(kernel.len());
     for (i, socket) in kernel.into_iter().enumerate() {
         let queue = u32::try_from(i).ok().filter(|&q| q < queues);
-        let resolver = match queue {
-            Some(_) => Some(Resolver::new(nexthops.clone())?),
-            None => None,
-        };
-        let xdp = XdpUdp::new(
-            socket,
-            program.clone(),
-            queue.map(|q| (ifindex, q)),
-            zero_copy,
-            resolver,
-        )?;
+        let xdp = XdpUdp::new(socket, program.clone(), queue, zero_copy, &nexthops)?;
         sockets.push(xdp);
     }
     let copy = sockets
