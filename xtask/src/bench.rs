@@ -283,8 +283,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 )),
             ),
         );
+        // The same with the UDP checksums computed in software rather than left to the
+        // device, so what TX checksum offload gives shows.
         contenders.insert(
             6,
+            contender(
+                "tunneld (xdp, software UDP checksums)",
+                Ok(Impl::Tunneld(
+                    tunneld.clone(),
+                    "backend = \"xdp\"\nworkers = 1\nxdp_checksum_offload = false",
+                    "",
+                )),
+            ),
+        );
+        contenders.insert(
+            7,
             contender(
                 "tunneld (mmsg, all offloads, busy_poll_us = 0)",
                 Ok(Impl::Tunneld(
@@ -297,7 +310,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         // The same with ring's, then aws-lc's, ChaCha20-Poly1305 instead of the one `auto`
         // picks (the fastest measured at start-up), so what each gives shows.
         contenders.insert(
-            7,
+            8,
             contender(
                 "tunneld (mmsg, all offloads, aead = ring)",
                 Ok(Impl::Tunneld(
@@ -308,7 +321,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ),
         );
         contenders.insert(
-            8,
+            9,
             contender(
                 "tunneld (mmsg, all offloads, aead = aws-lc)",
                 Ok(Impl::Tunneld(
@@ -319,7 +332,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             ),
         );
         contenders.insert(
-            9,
+            10,
             contender(
                 PARALLEL_ROWS[1],
                 Ok(Impl::Tunneld(

@@ -46,6 +46,7 @@ const DATAPLANE_FIELDS: &[&str] = &[
     "busy_poll_us",
     "aead",
     "xdp_interface",
+    "xdp_checksum_offload",
 ];
 /// The most sub-tunnels one peer can be split into (`parallel`).
 pub const MAX_PARALLEL: u8 = 64;
@@ -127,6 +128,9 @@ pub struct DataplaneConfig {
     /// `None`: the interface the route to the first peer's endpoint leaves by (else the
     /// default route's).
     pub xdp_interface: Option<String>,
+    /// `backend = "xdp"`: leave UDP checksums to the device where it computes them (TX
+    /// checksum offload); `false`: always compute them in software.
+    pub xdp_checksum_offload: bool,
 }
 
 impl Default for DataplaneConfig {
@@ -141,6 +145,7 @@ impl Default for DataplaneConfig {
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             aead: None,
             xdp_interface: None,
+            xdp_checksum_offload: true,
         }
     }
 }
@@ -1015,6 +1020,7 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
     let udp_gso = switch("udp_gso");
     let udp_gro = switch("udp_gro");
     let tun_offload = switch("tun_offload");
+    let xdp_checksum_offload = switch("xdp_checksum_offload");
     let busy_poll_us = match t.get("busy_poll_us") {
         None => DEFAULT_BUSY_POLL_US,
         Some(Value::Integer(n)) if (0..=i64::from(MAX_BUSY_POLL_US)).contains(n) => {
@@ -1159,6 +1165,15 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
             ),
         );
     }
+    if t.contains_key("xdp_checksum_offload") && backend != Backend::Xdp {
+        c.error(
+            "dataplane.xdp_checksum_offload",
+            format!(
+                "is only used with backend = \"xdp\" (this config says {})",
+                quote(backend.name())
+            ),
+        );
+    }
     DataplaneConfig {
         backend,
         workers,
@@ -1169,6 +1184,7 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
         busy_poll_us,
         aead,
         xdp_interface,
+        xdp_checksum_offload,
     }
 }
 

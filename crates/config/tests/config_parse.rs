@@ -336,3 +336,29 @@ fn the_xdp_interface_goes_with_the_xdp_backend_only() {
         "dataplane.xdp_interface: is only used with backend = \"xdp\" (this config says `mmsg`)",
     );
 }
+
+#[test]
+fn xdp_checksum_offload_is_on_by_default_and_goes_with_the_xdp_backend_only() {
+    let text = |backend: &str, line: &str| {
+        format!(
+            "[interface]\nname = \"wg0\"\nprivate_key = \"{}\"\n\n[dataplane]\nbackend = \"{backend}\"\n{line}",
+            key()
+        )
+    };
+    assert!(
+        config::parse(&text("xdp", ""))
+            .unwrap()
+            .dataplane
+            .xdp_checksum_offload
+    );
+    let off = config::parse(&text("xdp", "xdp_checksum_offload = false\n")).unwrap();
+    assert!(!off.dataplane.xdp_checksum_offload);
+    assert_has(
+        &errors(&text("xdp", "xdp_checksum_offload = \"no\"\n")),
+        "dataplane.xdp_checksum_offload: must be true or false, not \"no\"",
+    );
+    assert_has(
+        &errors(&text("uring", "xdp_checksum_offload = false\n")),
+        "dataplane.xdp_checksum_offload: is only used with backend = \"xdp\" (this config says `uring`)",
+    );
+}

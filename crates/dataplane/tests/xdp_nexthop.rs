@@ -424,7 +424,16 @@ fn send_frame(fd: &OwnedFd, frame: &[u8]) {
 fn built(hop: &Hop, dst: SocketAddr, payload: &[u8]) -> Vec<u8> {
     let mut buf = vec![0u8; 64 + payload.len()];
     buf[64..].copy_from_slice(payload);
-    let start = frame::write_headers(&mut buf, 64, payload.len(), hop, 40000, dst).expect("fits");
+    let start = frame::write_headers(
+        &mut buf,
+        64,
+        payload.len(),
+        hop,
+        40000,
+        dst,
+        frame::UdpChecksum::Full,
+    )
+    .expect("fits");
     buf.drain(..start);
     buf
 }

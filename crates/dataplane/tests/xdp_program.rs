@@ -6,11 +6,11 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use tunneld_dataplane::xdp::bpf;
 use tunneld_dataplane::xdp::program::{
     attach_legacy, attached_program, AttachMode, AttachedMode, XdpProgram, PROGRAM_NAME, XDP_PASS,
     XDP_REDIRECT,
 };
+use tunneld_dataplane::xdp::{bpf, device};
 use tunneld_testnet::{require_netns, unique_name, NetNs};
 
 const PORT: u16 = 51820;
@@ -784,4 +784,34 @@ fn xdp_without_a_capability_the_error_names_it() {
         );
         assert!(result.contains(lacks), "{drop}: {result}");
     }
+}
+
+/// What the interface offers the AF_XDP path, asked of the real kernel about a veth: its
+/// TX checksumming follows `ethtool -K tx`, its queues are what it was made with, and the
+/// netdev family answers with no AF_XDP TX checksum (veth has no zero-copy driver).
+#[test]
+fn xdp_device_features_of_a_veth() {
+    if !require_netns("xdp_device_features_of_a_veth") {
+        return;
+    }
+    let (a, b) = (NetNs::new(), NetNs::new());
+    let (va, _) = tunneld_testnet::veth(&a, "192.0.2.1/24", &b, "192.0.2.2/24");
+    let answers = a.in_ns(move || {
+        let name = std::ffi::CString::new(va.clone()).unwrap();
+        // SAFETY: a NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        let on = device::tx_checksumming(ifindex).map_err(|e| e.to_string());
+        tunneld_testnet::link::set_tx_checksumming(&va, false).unwrap();
+        let off = device::tx_checksumming(ifindex).map_err(|e| e.to_string());
+        let features = device::xsk_features(ifindex).map_err(|e| e.to_string());
+        let missing = device::tx_checksumming(999_999).is_err();
+        (
+            on,
+            off,
+            features,
+            device::interface_queues(ifindex),
+            missing,
+        )
+    });
+    assert_eq!(answers, (Ok(true), Ok(false), Ok(0), 1, true));
 }

@@ -4,6 +4,8 @@
 //! colliding. Without root (or without `ip netns`), [`require_netns`] tells the test to skip,
 //! unless `TUNNELD_REQUIRE_NETNS=1`, where a skip is a failure.
 
+pub mod link;
+
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::process::{Command, Output, Stdio};

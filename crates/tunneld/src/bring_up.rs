@@ -245,7 +245,9 @@ pub(crate) fn run_dataplane(
         peers = device.peer_count(),
         workers,
         udp_gso = udp.gso(),
-        udp_gro = udp.gro(),
+        // The AF_XDP backend turns GRO off on its kernel socket (it copies datagram by
+        // datagram into UMEM chunks).
+        udp_gro = udp.gro() && dataplane.backend != Backend::Xdp,
         tun_tso = tun.offloads().tcp,
         tun_uso = tun.offloads().udp,
         "interface up"
@@ -281,13 +283,15 @@ pub(crate) fn run_dataplane(
         let (sockets, parts): (Vec<_>, Vec<_>) = parts
             .map(|((device, tun), udp)| (udp, (device, tun)))
             .unzip();
-        let mut underlay = tunneld_dataplane::xdp::start(ifindex, sockets)
-            .map_err(|e| anyhow::anyhow!("dataplane.backend = \"xdp\": {e}"))?;
+        let mut underlay =
+            tunneld_dataplane::xdp::start(ifindex, sockets, dataplane.xdp_checksum_offload)
+                .map_err(|e| anyhow::anyhow!("dataplane.backend = \"xdp\": {e}"))?;
         tracing::info!(
             interface = %underlay_name,
             mode = ?underlay.attach,
             copy = ?underlay.copy,
             queues = underlay.queues,
+            udp_checksums = %underlay.tx_checksum,
             "dataplane backend: AF_XDP"
         );
         let parts = parts

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 use tunneld_testnet::{unique_name, veth, NetNs};
 
@@ -498,4 +498,132 @@ fn xdp_without_cap_bpf_is_refused_with_the_reason() {
         !links.contains(&ifname),
         "the interface was left behind:\n{links}"
     );
+}
+
+/// The UDP datagrams from `from` port 51820 in `frames` (Ethernet, then IPv4 or IPv6): for
+/// each, its checksum field, the full checksum it should hold, and the pseudo-header's sum
+/// alone (what a device that completes checksums is handed).
+fn udp_checksums(frames: &[Vec<u8>], from: IpAddr) -> Vec<(u16, u16, u16)> {
+    fn sum(bytes: &[u8]) -> u32 {
+        bytes
+            .chunks(2)
+            .map(|p| u32::from(u16::from_be_bytes([p[0], *p.get(1).unwrap_or(&0)])))
+            .sum()
+    }
+    fn fold(mut s: u32) -> u16 {
+        while s > 0xffff {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        s as u16
+    }
+    let mut found = Vec::new();
+    for f in frames {
+        let Some(ip) = f.get(14..) else { continue };
+        let (src, dst, segment): (&[u8], &[u8], &[u8]) = match (f[12], f[13], from) {
+            (0x08, 0x00, IpAddr::V4(_)) if ip.len() >= 20 && ip[9] == 17 => {
+                let (ihl, total) = (
+                    usize::from(ip[0] & 0xf) * 4,
+                    usize::from(u16::from_be_bytes([ip[2], ip[3]])),
+                );
+                (&ip[12..16], &ip[16..20], &ip[ihl..total.min(ip.len())])
+            }
+            (0x86, 0xdd, IpAddr::V6(_)) if ip.len() >= 40 && ip[6] == 17 => {
+                let len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+                (&ip[8..24], &ip[24..40], &ip[40..(40 + len).min(ip.len())])
+            }
+            _ => continue,
+        };
+        let source: IpAddr = match from {
+            IpAddr::V4(_) => <[u8; 4]>::try_from(src).unwrap().into(),
+            IpAddr::V6(_) => <[u8; 16]>::try_from(src).unwrap().into(),
+        };
+        if source != from || segment.len() < 8 || segment[0..2] != 51820u16.to_be_bytes() {
+            continue;
+        }
+        let pseudo = sum(src) + sum(dst) + 17 + segment.len() as u32;
+        let field = u16::from_be_bytes([segment[6], segment[7]]);
+        let full = match !fold(pseudo + sum(&segment[..6]) + sum(&segment[8..])) {
+            0 => 0xffff,
+            c => c,
+        };
+        found.push((field, full, fold(pseudo)));
+    }
+    found
+}
+
+/// Pings B's tunnel address from A while capturing what B's underlay interface receives:
+/// the checksums of A's datagrams (see `udp_checksums`), at least 5 of them.
+fn checksums_of_a_ping(s: &XdpSites, a_underlay: IpAddr) -> Vec<(u16, u16, u16)> {
+    let vb = s.vb.clone();
+    let capture = s.b.spawn_in_ns(move || {
+        tunneld_testnet::link::capture_received(&vb, Duration::from_secs(4), 40)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let out =
+        s.a.output(&["ping", "-c", "10", "-i", "0.05", "-W", "2", "10.77.0.2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let frames = capture.join().unwrap().expect("capture on the underlay");
+    let found = udp_checksums(&frames, a_underlay);
+    assert!(
+        found.len() >= 5,
+        "{} of A's datagrams in {} frames",
+        found.len(),
+        frames.len()
+    );
+    found
+}
+
+/// TX checksum offload. With the interface's TX checksumming on, an xdp gateway leaves its
+/// UDP checksums to the device: a veth never finishes them (its peer's kernel takes them as
+/// checked, as it does the kernel's own UDP sockets' datagrams), so the frames B receives
+/// hold just the pseudo-header's sum, which shows the request went with them. Turned off
+/// under the running gateway, the kernel finishes them on the way out: every checksum on
+/// the wire is right, so the request named the right place. Started with it off, tunneld
+/// computes them itself: right too. Over IPv4 and IPv6 underlays.
+#[test]
+fn udp_checksums_are_left_to_the_device_and_right_on_the_wire() {
+    if !require_netns_and_wg("udp_checksums_are_left_to_the_device_and_right_on_the_wire") {
+        return;
+    }
+    for underlay in [
+        ("192.0.2.1/24", "192.0.2.2/24"),
+        ("fd00:192::1/64", "fd00:192::2/64"),
+    ] {
+        let a_underlay: IpAddr = underlay.0.split('/').next().unwrap().parse().unwrap();
+        let mut s = sites_over(underlay, XDP, "");
+        let log = s.ga.log_text();
+        assert!(log.contains("udp_checksums=device"), "{log}");
+        ping(&s.a, "10.77.0.2");
+        step("the device's checksumming on: the frames carry the request");
+        for (field, full, partial) in checksums_of_a_ping(&s, a_underlay) {
+            assert_eq!(
+                field, partial,
+                "not left to the device (full would be {full:#x})"
+            );
+        }
+        step("turned off under the gateway: the kernel finishes them");
+        let va = s.va.clone();
+        s.a.in_ns(move || tunneld_testnet::link::set_tx_checksumming(&va, false))
+            .expect("ethtool -K tx off");
+        for (field, full, _) in checksums_of_a_ping(&s, a_underlay) {
+            assert_eq!(field, full, "a wrong checksum on the wire");
+        }
+        step("started with it off: tunneld computes them");
+        let status = s.ga.stop_with("TERM");
+        assert!(status.success(), "{status}");
+        s.ga = s.restart_a();
+        let log = s.ga.log_text();
+        assert!(
+            log.contains("udp_checksums=software (the interface's TX checksumming is off)"),
+            "{log}"
+        );
+        ping(&s.a, "10.77.0.2");
+        for (field, full, _) in checksums_of_a_ping(&s, a_underlay) {
+            assert_eq!(field, full, "a wrong checksum on the wire");
+        }
+    }
 }

@@ -14,10 +14,10 @@
 //! resolve it) or that leaves by another interface. A worker with no queue of its own (more
 //! workers than the interface has queues) runs on the kernel socket alone.
 
-use super::frame::{self, Hop};
+use super::frame::{self, Hop, UdpChecksum};
 use super::nexthop::{NextHops, Resolution, Resolver};
 use super::program::XdpProgram;
-use super::socket::{RingSizes, XskSocket, CHUNK, KERNEL_HEADROOM};
+use super::socket::{RingSizes, TxChecksum, TxFrame, XskSocket, CHUNK, KERNEL_HEADROOM};
 use crate::batch::MappedRegion;
 use crate::udp::UdpSocket;
 use crate::{Batch, DatagramIo, BATCH_SIZE, HEADROOM};
@@ -43,8 +43,16 @@ const RINGS: RingSizes = RingSizes {
 const KERNEL_SOCKET_EVERY: u32 = 16;
 
 /// The largest WireGuard datagram a chunk can hold, received (behind the kernel's headroom
-/// and the link headers) or sent (behind the batch's headroom).
+/// and the link headers) or sent (behind the TX metadata room and the batch's headroom).
 pub const MAX_DATAGRAM: usize = CHUNK - KERNEL_HEADROOM - frame::MAX_HEADERS;
+/// Where a send frame (its batch headroom first) is placed in its chunk: the bytes in front
+/// hold the TX metadata ([`super::socket::TX_METADATA_LEN`]) in front of the headers, and
+/// the payload stays cache-line aligned.
+const SEND_FRAME_AT: usize = 64;
+const _: () = assert!(
+    SEND_FRAME_AT + HEADROOM - frame::MAX_HEADERS >= super::socket::TX_METADATA_LEN
+        && SEND_FRAME_AT + HEADROOM + MAX_DATAGRAM <= CHUNK
+);
 
 /// The AF_XDP half of a worker's underlay.
 struct Xsk {
@@ -59,6 +67,9 @@ struct Xsk {
     resolver: Resolver,
     /// Datagrams sent through the kernel socket because no next hop was ready.
     slow_sends: u64,
+    /// The IPv4 ID of the next datagram whose checksum the device computes (with software
+    /// checksums it comes from the payload's sum: see `frame.rs`).
+    ip_id: u16,
 }
 
 /// A worker's underlay: AF_XDP for the interface's queue, the kernel's UDP socket for the rest.
@@ -118,6 +129,7 @@ impl XdpUdp {
         program: Arc<XdpProgram>,
         queue: Option<u32>,
         zero_copy: bool,
+        checksum_offload: bool,
         nexthops: &Arc<NextHops>,
     ) -> io::Result<XdpUdp> {
         let port = kernel.local_port();
@@ -127,7 +139,14 @@ impl XdpUdp {
                 let region = Arc::new(MappedRegion::map(UMEM_CHUNKS * CHUNK).map_err(|e| {
                     io::Error::new(e.kind(), format!("cannot map the AF_XDP UMEM: {e}"))
                 })?);
-                let mut socket = XskSocket::bind(region.clone(), RINGS, ifindex, queue, zero_copy)?;
+                let mut socket = XskSocket::bind(
+                    region.clone(),
+                    RINGS,
+                    ifindex,
+                    queue,
+                    zero_copy,
+                    checksum_offload,
+                )?;
                 program.register_socket(queue, socket.as_fd())?;
                 let mut chunks: Vec<u64> =
                     (0..UMEM_CHUNKS as u64).map(|c| c * CHUNK as u64).collect();
@@ -142,6 +161,8 @@ impl XdpUdp {
                     held_free: Vec::with_capacity(BATCH_SIZE),
                     resolver,
                     slow_sends: 0,
+                    // Workers' counters start far apart, so their IDs seldom meet.
+                    ip_id: (queue as u16).wrapping_mul(0x9e37),
                 })
             }
             None => None,
@@ -171,6 +192,11 @@ impl XdpUdp {
     /// Whether this worker has an AF_XDP socket (and in which mode it is bound).
     pub fn mode(&self) -> Option<super::socket::CopyMode> {
         self.xsk.as_ref().map(|x| x.socket.mode())
+    }
+
+    /// Who computes the UDP checksums of what the AF_XDP socket sends (none: no socket).
+    pub fn tx_checksum(&self) -> Option<TxChecksum> {
+        self.xsk.as_ref().map(|x| x.socket.tx_checksum())
     }
 
     /// Datagrams sent through the kernel socket because their next hop was not ready.
@@ -283,7 +309,8 @@ impl DatagramIo for XdpUdp {
             .complete(|chunk| xsk.free.push(chunk & !(CHUNK as u64 - 1)));
         let now = Instant::now();
         let port = self.port;
-        let mut queued: [(u64, usize); BATCH_SIZE] = [(0, 0); BATCH_SIZE];
+        let offload = xsk.socket.tx_checksum() == TxChecksum::Device;
+        let mut queued = [TxFrame::default(); BATCH_SIZE];
         let mut to_ring = 0;
         self.kernel_tx.clear();
         let room = xsk.socket.tx_room(batch.len()).min(xsk.free.len());
@@ -310,12 +337,24 @@ impl DatagramIo for XdpUdp {
                     }
                 }
             };
-            let hop = hop.filter(|_| to_ring < room);
+            let frame_at = (batch.start(i) + HEADROOM - frame::headers_len(&to)) as u64;
+            let hop = hop.filter(|_| to_ring < room && xsk.socket.can_send_from(frame_at));
+            let checksum = if offload {
+                xsk.ip_id = xsk.ip_id.wrapping_add(1);
+                UdpChecksum::Offloaded { ip_id: xsk.ip_id }
+            } else {
+                UdpChecksum::Full
+            };
             let written = hop.and_then(|hop: Hop| {
                 let start = batch.start(i);
                 let frame = batch.raw_frame_mut(i);
-                frame::write_headers(frame, HEADROOM, len, &hop, port, to)
-                    .map(|at| ((start + at) as u64, HEADROOM + len - at))
+                frame::write_headers(frame, HEADROOM, len, &hop, port, to, checksum).map(|at| {
+                    TxFrame {
+                        addr: (start + at) as u64,
+                        len: (HEADROOM + len - at) as u32,
+                        udp_at: offload.then_some(frame::udp_offset(&to) as u16),
+                    }
+                })
             });
             match written {
                 Some(desc) => {
@@ -324,7 +363,7 @@ impl DatagramIo for XdpUdp {
                     // The chunk is the kernel's until it completes: a fresh one takes its place.
                     // (`room` counted the free chunks: there is one.)
                     if let Some(chunk) = xsk.free.pop() {
-                        batch.place(i, chunk as usize);
+                        batch.place(i, chunk as usize + SEND_FRAME_AT);
                     }
                 }
                 None => {
@@ -338,8 +377,8 @@ impl DatagramIo for XdpUdp {
         }
         let mut sent = xsk.socket.transmit(queued[..to_ring].iter().copied());
         // The room was checked: this only guards against losing chunks should it not hold.
-        for &(addr, _) in &queued[sent..to_ring] {
-            xsk.free.push(addr & !(CHUNK as u64 - 1));
+        for frame in &queued[sent..to_ring] {
+            xsk.free.push(frame.addr & !(CHUNK as u64 - 1));
         }
         if sent > 0 {
             if let Err(e) = xsk.socket.kick() {
@@ -366,7 +405,7 @@ impl DatagramIo for XdpUdp {
         let mut tx = Batch::placed(xsk.region.clone(), CHUNK);
         for i in 0..BATCH_SIZE {
             let chunk = xsk.free.pop()?;
-            tx.place(i, chunk as usize);
+            tx.place(i, chunk as usize + SEND_FRAME_AT);
         }
         Some((rx, tx))
     }

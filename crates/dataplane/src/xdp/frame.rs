@@ -20,8 +20,11 @@
 //!   costs one pass over the payload (all of [`write_headers`] takes 50-130 ns for a
 //!   1420-byte payload, release build with AVX2, on a busy 2-vCPU VM: `header_cost`), small
 //!   beside the encryption that just wrote the same bytes, and receivers that check it
-//!   (middleboxes, NICs) see a normal datagram. (TX checksum offload, where the driver has
-//!   it, is the AF_XDP socket's business: `XDP_TXMD_FLAGS_CHECKSUM` metadata.)
+//!   (middleboxes, NICs) see a normal datagram. Where the device checksums for us (TX
+//!   checksum offload through the AF_XDP socket's `XDP_TXMD_FLAGS_CHECKSUM` metadata, see
+//!   `socket.rs`), [`UdpChecksum::Offloaded`] writes only the pseudo-header's sum, as the
+//!   kernel's UDP stack does for a `CHECKSUM_PARTIAL` datagram, and the payload is not read
+//!   here at all.
 //! - **Received UDP checksums are not verified** ([`parse_udp`]): a frame a veth (or any
 //!   virtual device) hands to XDP may come from a local sender with `CHECKSUM_PARTIAL`, whose
 //!   checksum field holds only the pseudo-header sum because the "hardware" never computed
@@ -116,6 +119,28 @@ fn finish_transport(sum: u64) -> u16 {
     }
 }
 
+/// Where the UDP header starts in a frame to `dst` (after the Ethernet and IP headers): the
+/// checksum's start for a device that completes it.
+pub const fn udp_offset(dst: &SocketAddr) -> usize {
+    headers_len(dst) - UDP_LEN
+}
+
+/// Where the checksum field sits in the UDP header.
+pub const UDP_CHECKSUM_OFFSET: usize = 6;
+
+/// Who computes a frame's UDP checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UdpChecksum {
+    /// [`write_headers`], over the whole datagram. The IPv4 ID is taken from the payload's
+    /// sum (see the module's notes).
+    Full,
+    /// The device (TX checksum offload): the field holds the pseudo-header's sum, not
+    /// inverted, and the device sums from [`udp_offset`] to the end and stores the result at
+    /// [`UDP_CHECKSUM_OFFSET`] in the UDP header. The payload is not read, so the IPv4 ID is
+    /// the caller's `ip_id`.
+    Offloaded { ip_id: u16 },
+}
+
 /// Writes the Ethernet, IP and UDP headers of a datagram to `dst` immediately in front of
 /// its payload, which is already at `frame[payload_at..payload_at + payload_len]`, and
 /// returns where the frame now starts.
@@ -130,6 +155,7 @@ pub fn write_headers(
     hop: &Hop,
     src_port: u16,
     dst: SocketAddr,
+    checksum: UdpChecksum,
 ) -> Option<usize> {
     let end = payload_at.checked_add(payload_len)?;
     if end > frame.len() {
@@ -141,7 +167,13 @@ pub fn write_headers(
     let (head, rest) = frame.split_at_mut(payload_at);
     let payload = rest.get(..payload_len)?;
     let headers = head.get_mut(start..)?;
-    let payload_sum = checksum_add(0, payload);
+    let (payload_sum, ip_id) = match checksum {
+        UdpChecksum::Full => {
+            let sum = checksum_add(0, payload);
+            (Some(sum), checksum_fold(sum).to_ne_bytes())
+        }
+        UdpChecksum::Offloaded { ip_id } => (None, ip_id.to_be_bytes()),
+    };
 
     let (ethertype, ip_len) = match (hop.src_ip, dst) {
         (IpAddr::V4(src), SocketAddr::V4(d)) => {
@@ -151,7 +183,7 @@ pub fn write_headers(
             ip[1] = 0; // DSCP / ECN
             ip[2..4].copy_from_slice(&total.to_be_bytes());
             // Any value that varies between datagrams (see the module's notes).
-            ip[4..6].copy_from_slice(&checksum_fold(payload_sum).to_ne_bytes());
+            ip[4..6].copy_from_slice(&ip_id);
             ip[6..8].copy_from_slice(&0u16.to_be_bytes()); // DF clear, not a fragment
             ip[8] = HOP_LIMIT;
             ip[9] = PROTO_UDP;
@@ -186,10 +218,13 @@ pub fn write_headers(
     udp[2..4].copy_from_slice(&dst.port().to_be_bytes());
     udp[4..6].copy_from_slice(&udp_len16.to_be_bytes());
     udp[6..8].fill(0);
-    let mut sum = pseudo_header_sum(hop.src_ip, dst.ip(), udp_len);
-    sum = checksum_add(sum, udp);
-    let udp_checksum = finish_transport(sum + payload_sum);
-    udp[6..8].copy_from_slice(&udp_checksum.to_be_bytes());
+    let pseudo = pseudo_header_sum(hop.src_ip, dst.ip(), udp_len);
+    let field = match payload_sum {
+        Some(payload_sum) => finish_transport(checksum_add(pseudo, udp) + payload_sum),
+        // The device adds the header (whose field holds this) and the payload, and inverts.
+        None => checksum_fold(pseudo),
+    };
+    udp[6..8].copy_from_slice(&field.to_be_bytes());
     Some(start)
 }
 
@@ -377,7 +412,8 @@ mod tests {
     fn build(rng: &mut Rng, hop: &Hop, dst: SocketAddr, len: usize) -> (Vec<u8>, usize) {
         let mut frame = vec![0u8; 64 + len + rng.below(8)];
         rng.fill(&mut frame[64..64 + len]);
-        let start = write_headers(&mut frame, 64, len, hop, 51820, dst).expect("fits");
+        let start =
+            write_headers(&mut frame, 64, len, hop, 51820, dst, UdpChecksum::Full).expect("fits");
         (frame, start)
     }
 
@@ -455,6 +491,48 @@ mod tests {
         }
     }
 
+    /// What a device does with an offloaded checksum: sums the UDP header (whose field holds
+    /// the pseudo-header's sum) and the payload, inverts, and stores it in the field.
+    fn finish_like_a_device(segment: &mut [u8]) -> u16 {
+        let folded = naive(&[segment]);
+        segment[UDP_CHECKSUM_OFFSET..UDP_CHECKSUM_OFFSET + 2]
+            .copy_from_slice(&folded.to_be_bytes());
+        folded
+    }
+
+    #[test]
+    fn offloaded_checksums_are_finished_by_the_device_into_the_full_one() {
+        let mut rng = Rng(0x5eed_0003);
+        for round in 0..2000 {
+            let v6 = round % 2 == 1;
+            let mut hop = if v6 { hop_v6() } else { hop_v4() };
+            hop.src_ip = random_ip(&mut rng, v6);
+            let dst = SocketAddr::new(random_ip(&mut rng, v6), rng.next() as u16);
+            let len = rng.below(1500);
+            let mut frame = vec![0u8; 64 + len];
+            rng.fill(&mut frame[64..]);
+            let ip_id = rng.next() as u16;
+            let offloaded = UdpChecksum::Offloaded { ip_id };
+            let start = write_headers(&mut frame, 64, len, &hop, 51820, dst, offloaded).unwrap();
+            let f = &mut frame[start..];
+            let udp_at = udp_offset(&dst);
+            assert_eq!(udp_at, ETHERNET_LEN + if v6 { IPV6_LEN } else { IPV4_LEN });
+            if !v6 {
+                assert_eq!(&f[ETHERNET_LEN + 4..ETHERNET_LEN + 6], &ip_id.to_be_bytes());
+                assert_eq!(naive(&[&f[ETHERNET_LEN..udp_at]]), 0, "header checksum");
+            }
+            let (src, to) = (hop.src_ip, dst.ip());
+            let expected = naive_udp(src, to, &f[udp_at..]);
+            let finished = finish_like_a_device(&mut f[udp_at..]);
+            // The device stores 0 where software writes 0xffff (the same value).
+            assert!(
+                finished == expected || (finished == 0 && expected == 0xffff),
+                "round {round}: {finished:#x} != {expected:#x}"
+            );
+            assert!(parse_udp(f).is_some());
+        }
+    }
+
     #[test]
     fn write_refuses_what_does_not_fit() {
         let hop = hop_v4();
@@ -462,25 +540,72 @@ mod tests {
         let v6: SocketAddr = "[fd00::2]:51820".parse().unwrap();
         let mut frame = vec![0u8; 200];
         // Family mismatch, either way.
-        assert_eq!(write_headers(&mut frame, 64, 10, &hop, 1, v6), None);
-        assert_eq!(write_headers(&mut frame, 64, 10, &hop_v6(), 1, v4), None);
-        // No room in front; payload past the end; overflowing arithmetic.
-        assert_eq!(write_headers(&mut frame, 41, 10, &hop, 1, v4), None);
-        assert_eq!(write_headers(&mut frame, 42, 10, &hop, 1, v4), Some(0));
-        assert_eq!(write_headers(&mut frame, 61, 10, &hop_v6(), 1, v6), None);
-        assert_eq!(write_headers(&mut frame, 62, 10, &hop_v6(), 1, v6), Some(0));
-        assert_eq!(write_headers(&mut frame, 64, 137, &hop, 1, v4), None);
-        assert_eq!(write_headers(&mut frame, 64, usize::MAX, &hop, 1, v4), None);
-        assert_eq!(write_headers(&mut frame, usize::MAX, 1, &hop, 1, v4), None);
-        // Larger than an IP datagram can be.
-        let mut big = vec![0u8; 70_000];
-        assert_eq!(write_headers(&mut big, 64, 65_536 - 28, &hop, 1, v4), None);
-        assert!(write_headers(&mut big, 64, 65_535 - 28, &hop, 1, v4).is_some());
         assert_eq!(
-            write_headers(&mut big, 64, 65_536 - 8, &hop_v6(), 1, v6),
+            write_headers(&mut frame, 64, 10, &hop, 1, v6, UdpChecksum::Full),
             None
         );
-        assert!(write_headers(&mut big, 64, 65_535 - 8, &hop_v6(), 1, v6).is_some());
+        assert_eq!(
+            write_headers(&mut frame, 64, 10, &hop_v6(), 1, v4, UdpChecksum::Full),
+            None
+        );
+        // No room in front; payload past the end; overflowing arithmetic.
+        assert_eq!(
+            write_headers(&mut frame, 41, 10, &hop, 1, v4, UdpChecksum::Full),
+            None
+        );
+        assert_eq!(
+            write_headers(&mut frame, 42, 10, &hop, 1, v4, UdpChecksum::Full),
+            Some(0)
+        );
+        assert_eq!(
+            write_headers(&mut frame, 61, 10, &hop_v6(), 1, v6, UdpChecksum::Full),
+            None
+        );
+        assert_eq!(
+            write_headers(&mut frame, 62, 10, &hop_v6(), 1, v6, UdpChecksum::Full),
+            Some(0)
+        );
+        assert_eq!(
+            write_headers(&mut frame, 64, 137, &hop, 1, v4, UdpChecksum::Full),
+            None
+        );
+        assert_eq!(
+            write_headers(&mut frame, 64, usize::MAX, &hop, 1, v4, UdpChecksum::Full),
+            None
+        );
+        assert_eq!(
+            write_headers(&mut frame, usize::MAX, 1, &hop, 1, v4, UdpChecksum::Full),
+            None
+        );
+        // Larger than an IP datagram can be.
+        let mut big = vec![0u8; 70_000];
+        assert_eq!(
+            write_headers(&mut big, 64, 65_536 - 28, &hop, 1, v4, UdpChecksum::Full),
+            None
+        );
+        assert!(write_headers(&mut big, 64, 65_535 - 28, &hop, 1, v4, UdpChecksum::Full).is_some());
+        assert_eq!(
+            write_headers(
+                &mut big,
+                64,
+                65_536 - 8,
+                &hop_v6(),
+                1,
+                v6,
+                UdpChecksum::Full
+            ),
+            None
+        );
+        assert!(write_headers(
+            &mut big,
+            64,
+            65_535 - 8,
+            &hop_v6(),
+            1,
+            v6,
+            UdpChecksum::Full
+        )
+        .is_some());
     }
 
     /// A hand-built IPv4 frame: `options` words of IP options, then UDP, then `pad` bytes of
@@ -624,7 +749,15 @@ mod tests {
             let t = std::time::Instant::now();
             for i in 0..n {
                 frame[64] = i as u8;
-                std::hint::black_box(write_headers(&mut frame, 64, 1420, &hop, 9, dst));
+                std::hint::black_box(write_headers(
+                    &mut frame,
+                    64,
+                    1420,
+                    &hop,
+                    9,
+                    dst,
+                    UdpChecksum::Full,
+                ));
             }
             println!("{dst}: {:?} per frame", t.elapsed() / n);
         }

@@ -4,7 +4,8 @@
 //! - `program.rs`, `bpf.rs` — the XDP program (assembled here, loaded with bpf(2)) that
 //!   redirects UDP datagrams to the tunnel's port on the interface's addresses to the
 //!   receiving queue's AF_XDP socket, and passes everything else on to the kernel.
-//! - `socket.rs` — an AF_XDP socket: UMEM, rings, binding to a queue.
+//! - `socket.rs` — an AF_XDP socket: UMEM, rings, binding to a queue, TX metadata.
+//! - `device.rs` — what the interface's driver offers: its queues, TX checksums.
 //! - `frame.rs` — Ethernet, IP and UDP headers: written in front of a sealed datagram,
 //!   parsed off a received one.
 //! - `nexthop.rs` — next hops from the kernel's routing and neighbour tables, kept current
@@ -15,14 +16,16 @@
 
 pub mod backend;
 pub mod bpf;
+pub mod device;
 pub mod frame;
 pub mod nexthop;
 pub mod program;
 pub mod socket;
 
 pub use backend::XdpUdp;
+pub use device::interface_queues;
 pub use program::AttachMode;
-pub use socket::CopyMode;
+pub use socket::{CopyMode, TxChecksum};
 
 use crate::udp::UdpSocket;
 use crate::DatagramIo;
@@ -42,6 +45,8 @@ pub struct Underlay {
     pub attach: AttachMode,
     /// How the first socket is bound.
     pub copy: CopyMode,
+    /// Who computes the first socket's UDP checksums.
+    pub tx_checksum: TxChecksum,
     /// The interface's receive queues (the first `queues` workers have AF_XDP sockets).
     pub queues: u32,
     ifindex: u32,
@@ -73,7 +78,8 @@ impl Underlay {
 /// queue `i` when the interface has that many. Driver mode first (zero-copy where the driver
 /// can), then generic mode; each step down is logged once with its reason. An error says
 /// why AF_XDP cannot run here at all.
-pub fn start(ifindex: u32, kernel: Vec<UdpSocket>) -> io::Result<Underlay> {
+/// `checksum_offload`: leave UDP checksums to the device where it computes them.
+pub fn start(ifindex: u32, kernel: Vec<UdpSocket>, checksum_offload: bool) -> io::Result<Underlay> {
     let port = kernel.first().map(|s| s.local_port()).unwrap_or(0);
     let queues = interface_queues(ifindex).max(1);
     let nexthops = NextHops::new(ifindex)?;
@@ -92,13 +98,24 @@ pub fn start(ifindex: u32, kernel: Vec<UdpSocket>) -> io::Result<Underlay> {
     let mut sockets = Vec::with_capacity(kernel.len());
     for (i, socket) in kernel.into_iter().enumerate() {
         let queue = u32::try_from(i).ok().filter(|&q| q < queues);
-        let xdp = XdpUdp::new(socket, program.clone(), queue, zero_copy, &nexthops)?;
+        let xdp = XdpUdp::new(
+            socket,
+            program.clone(),
+            queue,
+            zero_copy,
+            checksum_offload,
+            &nexthops,
+        )?;
         sockets.push(xdp);
     }
     let copy = sockets
         .first()
         .and_then(XdpUdp::mode)
         .unwrap_or(CopyMode::Copy);
+    let tx_checksum = sockets
+        .first()
+        .and_then(XdpUdp::tx_checksum)
+        .unwrap_or(TxChecksum::Software("no AF_XDP socket"));
     if zero_copy && copy == CopyMode::Copy {
         tracing::info!("AF_XDP: the driver has no zero-copy mode; copy mode");
     }
@@ -112,69 +129,13 @@ pub fn start(ifindex: u32, kernel: Vec<UdpSocket>) -> io::Result<Underlay> {
         sockets,
         attach,
         copy,
+        tx_checksum,
         queues,
         ifindex,
         program,
         nexthops,
         addresses: None,
     })
-}
-
-/// The receive queues of interface `ifindex` (ETHTOOL_GCHANNELS in this thread's network
-/// namespace), or 1 when the driver does not say.
-pub fn interface_queues(ifindex: u32) -> u32 {
-    let Ok(name) = interface_name(ifindex) else {
-        return 1;
-    };
-    #[repr(C)]
-    #[derive(Default)]
-    struct Channels {
-        cmd: u32,
-        max_rx: u32,
-        max_tx: u32,
-        max_other: u32,
-        max_combined: u32,
-        rx_count: u32,
-        tx_count: u32,
-        other_count: u32,
-        combined_count: u32,
-    }
-    const ETHTOOL_GCHANNELS: u32 = 0x3c;
-    let mut channels = Channels {
-        cmd: ETHTOOL_GCHANNELS,
-        ..Channels::default()
-    };
-    // SAFETY: all-zero is a valid ifreq.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
-        *dst = *src as libc::c_char;
-    }
-    ifr.ifr_ifru.ifru_data = (&mut channels as *mut Channels).cast();
-    // SAFETY: a plain datagram socket for the ioctl, closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return 1;
-    }
-    // SAFETY: SIOCETHTOOL with an ifreq whose data points at a live ethtool_channels.
-    let rc = unsafe { libc::ioctl(fd, libc::SIOCETHTOOL, &mut ifr) };
-    // SAFETY: our descriptor.
-    unsafe { libc::close(fd) };
-    if rc < 0 {
-        return 1;
-    }
-    channels.rx_count.max(channels.combined_count).max(1)
-}
-
-fn interface_name(ifindex: u32) -> io::Result<String> {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: `buf` has IF_NAMESIZE bytes, as if_indextoname needs.
-    let name = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if name.is_null() {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: if_indextoname wrote a NUL-terminated name into `buf`.
-    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-    Ok(name.to_string_lossy().into_owned())
 }
 
 /// Keeps the XDP program's address map equal to the interface's addresses: a thread that

@@ -155,7 +155,7 @@ pub struct NextHops {
     generation: Arc<AtomicU64>,
     stop: Arc<Waker>,
     /// The subscribed socket until the thread takes it, then the thread.
-    socket: std::sync::Mutex<Option<Rtnl>>,
+    socket: std::sync::Mutex<Option<Netlink>>,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -203,7 +203,7 @@ impl NextHops {
                 format!("cannot watch the kernel's routes and neighbours: {e}"),
             )
         };
-        let socket = Rtnl::open(false).map_err(context)?;
+        let socket = Netlink::open(NETLINK_ROUTE, false).map_err(context)?;
         for group in [
             RTNLGRP_LINK,
             RTNLGRP_NEIGH,
@@ -254,7 +254,7 @@ impl Drop for NextHops {
 
 /// The event thread: waits for events or the stop signal, drains every queued event, and
 /// moves the generation once per drain that saw one that matters.
-fn watch(mut rtnl: Rtnl, ifindex: u32, generation: &AtomicU64, stop: &Waker) {
+fn watch(mut rtnl: Netlink, ifindex: u32, generation: &AtomicU64, stop: &Waker) {
     let mut errors = 0u64;
     loop {
         let mut fds = [
@@ -341,7 +341,7 @@ fn neighbour_ifindex(payload: &[u8]) -> Option<u32> {
 /// datagrams for. Ask again when [`NextHops::generation`] moves.
 pub fn interface_addresses(ifindex: u32) -> io::Result<Vec<IpAddr>> {
     let context = |e: Failure| e.named(&format!("cannot list the addresses of link {ifindex}"));
-    let mut rtnl = Rtnl::open(true).map_err(|e| context(Failure::Io(e)))?;
+    let mut rtnl = Netlink::open(NETLINK_ROUTE, true).map_err(|e| context(Failure::Io(e)))?;
     let mut tries = 0;
     loop {
         let mut addresses = Vec::new();
@@ -441,7 +441,7 @@ fn key_of(dst: SocketAddr) -> Key {
 #[derive(Debug)]
 pub struct Resolver {
     nexthops: Arc<NextHops>,
-    rtnl: Rtnl,
+    rtnl: Netlink,
     generation: u64,
     link: Option<Link>,
     mark: u32,
@@ -455,7 +455,7 @@ impl Resolver {
     /// A resolver for the interface of `nexthops`, with a netlink socket in the calling
     /// thread's network namespace (which must be the interface's).
     pub fn new(nexthops: Arc<NextHops>) -> io::Result<Resolver> {
-        let rtnl = Rtnl::open(true).map_err(|e| {
+        let rtnl = Netlink::open(NETLINK_ROUTE, true).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("cannot open a netlink socket for next-hop queries: {e}"),
@@ -631,7 +631,7 @@ impl Resolver {
 
 /// Why a question failed, before it is named in an `io::Error`.
 #[derive(Debug)]
-enum Failure {
+pub(super) enum Failure {
     /// The kernel answered with this errno.
     Refused { errno: i32 },
     /// A dump was cut short by a concurrent change: ask again.
@@ -642,7 +642,7 @@ enum Failure {
 
 impl Failure {
     /// One line: `{what}: {reason}`.
-    fn named(self, what: &str) -> io::Error {
+    pub(super) fn named(self, what: &str) -> io::Error {
         match self {
             Failure::Refused { errno } => {
                 let os = io::Error::from_raw_os_error(errno);
@@ -663,7 +663,7 @@ impl From<io::Error> for Failure {
     }
 }
 
-fn malformed(what: &str) -> Failure {
+pub(super) fn malformed(what: &str) -> Failure {
     Failure::Io(io::Error::new(
         io::ErrorKind::InvalidData,
         format!("malformed reply from the kernel: {what}"),
@@ -671,13 +671,13 @@ fn malformed(what: &str) -> Failure {
 }
 
 /// One netlink request, built in place: header, family header, attributes.
-struct Request {
+pub(super) struct Request {
     bytes: [u8; REQUEST_MAX],
     len: usize,
 }
 
 impl Request {
-    fn new(kind: u16, flags: u16, family_header: &[u8]) -> Request {
+    pub(super) fn new(kind: u16, flags: u16, family_header: &[u8]) -> Request {
         let mut request = Request {
             bytes: [0; REQUEST_MAX],
             len: 16,
@@ -699,7 +699,7 @@ impl Request {
         }
     }
 
-    fn attribute(&mut self, kind: u16, value: &[u8]) {
+    pub(super) fn attribute(&mut self, kind: u16, value: &[u8]) {
         let len = 4 + value.len();
         if self.len + align4(len) > REQUEST_MAX {
             return;
@@ -751,26 +751,27 @@ fn octets(addr: &IpAddr) -> ([u8; 16], usize) {
     }
 }
 
-/// A NETLINK_ROUTE socket and its receive buffer.
-struct Rtnl {
+/// A netlink socket (NETLINK_ROUTE here; NETLINK_GENERIC for `device.rs`) and its receive
+/// buffer.
+pub(super) struct Netlink {
     socket: Socket,
     sequence: u32,
     buf: Vec<u8>,
 }
 
-impl std::fmt::Debug for Rtnl {
+impl std::fmt::Debug for Netlink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rtnl")
+        f.debug_struct("Netlink")
             .field("fd", &self.socket.as_raw_fd())
             .finish_non_exhaustive()
     }
 }
 
-impl Rtnl {
-    /// A socket in the calling thread's namespace; `query`: connected to the kernel, with
-    /// a receive timeout (for questions rather than events).
-    fn open(query: bool) -> io::Result<Rtnl> {
-        let mut socket = Socket::new(NETLINK_ROUTE)?;
+impl Netlink {
+    /// A socket of `protocol` in the calling thread's namespace; `query`: connected to the
+    /// kernel, with a receive timeout (for questions rather than events).
+    pub(super) fn open(protocol: isize, query: bool) -> io::Result<Netlink> {
+        let mut socket = Socket::new(protocol)?;
         socket.bind_auto()?;
         if query {
             socket.connect(&NetlinkAddr::new(0, 0))?;
@@ -792,7 +793,7 @@ impl Rtnl {
                 return Err(io::Error::last_os_error());
             }
         }
-        Ok(Rtnl {
+        Ok(Netlink {
             socket,
             sequence: 0,
             buf: Vec::with_capacity(RECEIVE_BUFFER),
@@ -815,7 +816,7 @@ impl Rtnl {
 
     /// Sends one request and reads replies until the answer (a get: the first reply; a
     /// dump: DONE), handing each reply message's type and payload to `on_reply`.
-    fn exchange(
+    pub(super) fn exchange(
         &mut self,
         mut request: Request,
         dump: bool,

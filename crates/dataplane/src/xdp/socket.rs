@@ -27,6 +27,11 @@ const KICKS: usize = 8;
 /// Bytes the kernel leaves free at the start of every chunk it receives into
 /// (`XDP_PACKET_HEADROOM`).
 pub const KERNEL_HEADROOM: usize = 256;
+/// Room for `struct xsk_tx_metadata` right in front of every frame sent, where the TX
+/// checksum request goes: its flags (8 bytes), then where the checksum starts and where it
+/// is stored (2 bytes each), then room for fields of later kernels. Once registered, the
+/// kernel refuses a TX descriptor whose frame starts less than this into its chunk.
+pub const TX_METADATA_LEN: usize = 24;
 
 /// How a socket ended up bound, strongest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +40,58 @@ pub enum CopyMode {
     ZeroCopy,
     /// The kernel copies between its buffers and the UMEM.
     Copy,
+}
+
+/// Who computes the UDP checksums of the frames a socket sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxChecksum {
+    /// The device, asked per frame through TX metadata (`XDP_TXMD_FLAGS_CHECKSUM`).
+    Device,
+    /// tunneld, in software; the reason the device does not.
+    Software(&'static str),
+}
+
+impl std::fmt::Display for TxChecksum {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TxChecksum::Device => f.write_str("device (TX checksum offload)"),
+            TxChecksum::Software(why) => write!(f, "software ({why})"),
+        }
+    }
+}
+
+impl TxChecksum {
+    /// What the socket's mode and the kernel and driver allow: `metadata` is whether the
+    /// kernel took the UMEM's TX metadata room; `device` asks the interface (see `device.rs`)
+    /// whether it completes checksums for frames sent in `mode`.
+    fn decide(
+        metadata: bool,
+        mode: CopyMode,
+        device: impl FnOnce(CopyMode) -> io::Result<bool>,
+    ) -> Self {
+        if !metadata {
+            return TxChecksum::Software("the kernel takes no AF_XDP TX metadata");
+        }
+        match (mode, device(mode)) {
+            (_, Ok(true)) => TxChecksum::Device,
+            (CopyMode::Copy, Ok(false)) => {
+                TxChecksum::Software("the interface's TX checksumming is off")
+            }
+            (CopyMode::ZeroCopy, Ok(false)) => {
+                TxChecksum::Software("the driver has no AF_XDP TX checksum offload")
+            }
+            (_, Err(_)) => TxChecksum::Software("the interface's offloads could not be read"),
+        }
+    }
+}
+
+/// A frame to send: where it starts in the UMEM, its length, and, for the device to
+/// complete its UDP checksum, where the UDP header starts in it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TxFrame {
+    pub addr: u64,
+    pub len: u32,
+    pub udp_at: Option<u16>,
 }
 
 /// Ring sizes (entries, powers of two).
@@ -206,6 +263,9 @@ pub struct XskSocket {
     rx: Ring<libc::xdp_desc>,
     tx: Ring<libc::xdp_desc>,
     mode: CopyMode,
+    tx_checksum: TxChecksum,
+    /// Whether the UMEM has `TX_METADATA_LEN` bytes of TX metadata room registered.
+    tx_metadata: bool,
     /// Declared last: the rings are unmapped before the socket closes.
     fd: OwnedFd,
     /// The UMEM; kept alive as long as the kernel may touch it.
@@ -217,6 +277,7 @@ impl std::fmt::Debug for XskSocket {
         f.debug_struct("XskSocket")
             .field("fd", &self.fd.as_raw_fd())
             .field("mode", &self.mode)
+            .field("tx_checksum", &self.tx_checksum)
             .finish_non_exhaustive()
     }
 }
@@ -239,16 +300,19 @@ fn setsockopt<T>(fd: BorrowedFd<'_>, name: libc::c_int, value: &T) -> io::Result
 }
 
 impl XskSocket {
-    /// Creates an AF_XDP socket with `umem` registered (chunks of [`CHUNK`]), maps its rings,
-    /// and binds it to queue `queue` of interface `ifindex`: zero-copy when `zero_copy` and
-    /// the driver can, else copy mode; always with `XDP_USE_NEED_WAKEUP`. The error says
-    /// which step failed.
+    /// Creates an AF_XDP socket with `umem` registered (chunks of [`CHUNK`], with TX metadata
+    /// room where the kernel takes it), maps its rings, and binds it to queue `queue` of
+    /// interface `ifindex`: zero-copy when `zero_copy` and the driver can, else copy mode;
+    /// always with `XDP_USE_NEED_WAKEUP`. TX checksums are left to the device where it
+    /// computes them ([`TxChecksum`]) and `checksum_offload` allows. The error says which
+    /// step failed.
     pub fn bind(
         umem: Arc<MappedRegion>,
         sizes: RingSizes,
         ifindex: u32,
         queue: u32,
         zero_copy: bool,
+        checksum_offload: bool,
     ) -> io::Result<XskSocket> {
         fn context(what: &str) -> impl FnOnce(io::Error) -> io::Error + '_ {
             move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
@@ -262,16 +326,25 @@ impl XskSocket {
         }
         // SAFETY: a descriptor we just opened and own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let reg = libc::xdp_umem_reg {
+        let mut reg = libc::xdp_umem_reg {
             addr: umem.as_ptr() as u64,
             len: umem.len() as u64,
             chunk_size: CHUNK as u32,
             headroom: 0,
-            flags: 0,
-            tx_metadata_len: 0,
+            flags: libc::XDP_UMEM_TX_METADATA_LEN,
+            tx_metadata_len: TX_METADATA_LEN as u32,
         };
-        setsockopt(fd.as_fd(), libc::XDP_UMEM_REG, &reg)
-            .map_err(context("cannot register the UMEM"))?;
+        // A kernel that does not know the flag refuses it (EINVAL) and the UMEM is registered
+        // without metadata room. The room is never asked for without the flag: kernels before
+        // TX metadata ignore `tx_metadata_len` silently, and would send the frames with the
+        // checksum unfinished.
+        let tx_metadata =
+            checksum_offload && setsockopt(fd.as_fd(), libc::XDP_UMEM_REG, &reg).is_ok();
+        if !tx_metadata {
+            (reg.flags, reg.tx_metadata_len) = (0, 0);
+            setsockopt(fd.as_fd(), libc::XDP_UMEM_REG, &reg)
+                .map_err(context("cannot register the UMEM"))?;
+        }
         setsockopt(fd.as_fd(), libc::XDP_UMEM_FILL_RING, &sizes.fill)
             .and_then(|()| {
                 setsockopt(
@@ -357,12 +430,23 @@ impl XskSocket {
             )))?;
             CopyMode::Copy
         };
+        let tx_checksum = if checksum_offload {
+            TxChecksum::decide(tx_metadata, mode, |mode| match mode {
+                CopyMode::Copy => super::device::tx_checksumming(ifindex),
+                CopyMode::ZeroCopy => super::device::xsk_features(ifindex)
+                    .map(|f| f & super::device::XSK_TX_CHECKSUM != 0),
+            })
+        } else {
+            TxChecksum::Software("dataplane.xdp_checksum_offload = false")
+        };
         Ok(XskSocket {
             fill,
             completion,
             rx,
             tx,
             mode,
+            tx_checksum,
+            tx_metadata,
             fd,
             _umem: umem,
         })
@@ -370,6 +454,17 @@ impl XskSocket {
 
     pub fn mode(&self) -> CopyMode {
         self.mode
+    }
+
+    /// Who computes the UDP checksums of the frames this socket sends.
+    pub fn tx_checksum(&self) -> TxChecksum {
+        self.tx_checksum
+    }
+
+    /// Whether a frame starting at `addr` can be queued: with TX metadata room registered,
+    /// the kernel refuses a frame less than [`TX_METADATA_LEN`] into its chunk.
+    pub fn can_send_from(&self, addr: u64) -> bool {
+        !self.tx_metadata || addr as usize % CHUNK >= TX_METADATA_LEN
     }
 
     /// Gives chunks (by address) to the kernel to receive into. Returns how many it took.
@@ -400,14 +495,32 @@ impl XskSocket {
         self.tx.free(wanted as u32) as usize
     }
 
-    /// Queues frames (address, length) for sending; the caller checked the room. Returns
-    /// how many were queued.
-    pub fn transmit(&mut self, frames: impl Iterator<Item = (u64, usize)>) -> usize {
+    /// Queues frames for sending; the caller checked the room, and that each frame can be
+    /// sent from where it is ([`XskSocket::can_send_from`]). A frame with `udp_at` gets a TX
+    /// checksum request when the device computes checksums (its UDP checksum field must
+    /// then hold the pseudo-header's sum); `udp_at` is ignored otherwise. Returns how many
+    /// were queued.
+    pub fn transmit(&mut self, frames: impl Iterator<Item = TxFrame>) -> usize {
         let room = self.tx.free(crate::BATCH_SIZE as u32);
-        let descs = frames.map(|(addr, len)| libc::xdp_desc {
-            addr,
-            len: len as u32,
-            options: 0,
+        let offload = self.tx_checksum == TxChecksum::Device;
+        let umem = &self._umem;
+        let descs = frames.map(|frame| {
+            // Offloading implies metadata room; a frame without room in front is refused by
+            // the kernel anyway (the caller checked).
+            let fits = frame.addr as usize % CHUNK >= TX_METADATA_LEN;
+            let request = frame.udp_at.filter(|_| offload && fits);
+            let options = match request {
+                Some(udp_at) => {
+                    write_checksum_request(umem, frame.addr as usize, udp_at);
+                    libc::XDP_TX_METADATA
+                }
+                None => 0,
+            };
+            libc::xdp_desc {
+                addr: frame.addr,
+                len: frame.len,
+                options,
+            }
         });
         self.tx.produce(descs, room) as usize
     }
@@ -503,8 +616,61 @@ impl XskSocket {
     }
 }
 
+/// Writes a TX checksum request (`struct xsk_tx_metadata`) in the [`TX_METADATA_LEN`] bytes
+/// in front of the frame at `addr`: sum from `udp_at` to the end, store at 6 past it.
+fn write_checksum_request(umem: &MappedRegion, addr: usize, udp_at: u16) {
+    let Some(at) = addr.checked_sub(TX_METADATA_LEN) else {
+        return;
+    };
+    let mut metadata = [0u8; 12];
+    metadata[..8].copy_from_slice(&u64::from(libc::XDP_TXMD_FLAGS_CHECKSUM).to_ne_bytes());
+    metadata[8..10].copy_from_slice(&udp_at.to_ne_bytes());
+    metadata[10..12].copy_from_slice(&(super::frame::UDP_CHECKSUM_OFFSET as u16).to_ne_bytes());
+    if at + metadata.len() <= umem.len() {
+        // SAFETY: inside the region (checked), in the chunk of a frame about to be queued,
+        // which is ours (not the kernel's) until the TX ring is published.
+        unsafe {
+            std::ptr::copy_nonoverlapping(metadata.as_ptr(), umem.as_ptr().add(at), metadata.len())
+        };
+    }
+}
+
 impl AsFd for XskSocket {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_device_computes_checksums_only_where_kernel_and_driver_both_do() {
+        let yes = |_| Ok(true);
+        let no = |_| Ok(false);
+        let unknown = |_| Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        for mode in [CopyMode::Copy, CopyMode::ZeroCopy] {
+            assert_eq!(TxChecksum::decide(true, mode, yes), TxChecksum::Device);
+            // Without metadata room the driver is not even asked.
+            let asked = std::cell::Cell::new(false);
+            let decided = TxChecksum::decide(false, mode, |_| {
+                asked.set(true);
+                Ok(true)
+            });
+            assert!(matches!(decided, TxChecksum::Software(_)) && !asked.get());
+            assert!(matches!(
+                TxChecksum::decide(true, mode, no),
+                TxChecksum::Software(_)
+            ));
+            assert!(matches!(
+                TxChecksum::decide(true, mode, unknown),
+                TxChecksum::Software(_)
+            ));
+        }
+        assert_eq!(
+            TxChecksum::decide(true, CopyMode::ZeroCopy, no).to_string(),
+            "software (the driver has no AF_XDP TX checksum offload)"
+        );
     }
 }
