@@ -350,6 +350,26 @@ impl UdpSocket {
         .map_err(|e| io::Error::new(e.kind(), format!("cannot set fwmark {mark}: {e}")))
     }
 
+    /// The socket's `SO_MARK` (0: none).
+    pub fn mark(&self) -> io::Result<u32> {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `value` is writable for `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_MARK,
+                (&mut value as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(value as u32)
+    }
+
     fn is_v6(&self) -> bool {
         self.local.is_ipv6()
     }

@@ -107,8 +107,9 @@ pub struct SyncReport {
 pub enum Disposition {
     /// Handled here: sent, delivered, answered, or counted as a drop.
     Done,
-    /// It belongs to a session that another worker carries: hand it, unchanged, to that
-    /// worker. A device made with [`Device::new`] (one worker) never says this.
+    /// It belongs to a session that another worker carries (an initiation for it, or a
+    /// message naming its receiver index): hand it, unchanged, to that worker. A device made
+    /// with [`Device::new`] (one worker) never says this.
     HandOff(usize),
     /// A packet whose flow is on a sub-tunnel with no session (not yet, or never, when the
     /// other side does not split the peer): hand it to this worker, which carries the
@@ -489,6 +490,12 @@ impl Device {
             return Disposition::Done;
         }
         let kind = datagram[0];
+        // A message that names our receiver index belongs to the worker whose slot that is.
+        // The steering program sends it there; one that landed here anyway (an AF_XDP queue,
+        // whose hash knows no indices) goes on to it before any work is done on it here.
+        if let Some(owner) = self.index_owner(kind, datagram) {
+            return Disposition::HandOff(owner);
+        }
         if matches!(kind, MSG_INITIATION | MSG_RESPONSE)
             && !self.admit_handshake(from, datagram, now, network)
         {
@@ -861,6 +868,11 @@ impl Device {
         }
     }
 
+    /// The mark the interface's sockets are to carry (`fwmark`; 0: none).
+    pub fn fwmark(&self) -> u32 {
+        self.fwmark
+    }
+
     /// The state `wg show` displays. `unix_now` is the wall-clock time, for handshake ages.
     pub fn snapshot(&self, now: Instant, unix_now: Duration) -> DeviceSnapshot {
         let peers = self
@@ -892,7 +904,9 @@ impl Device {
 
     /// Applies a UAPI `set`, in order, as WireGuard does. Changing an existing peer keeps its
     /// session, except for a new preshared key, which starts a new one at once (see `sync`).
-    /// Device-level changes tunneld cannot make live are refused before anything changes.
+    /// Device-level changes tunneld cannot make live are refused before anything changes. A
+    /// new `fwmark` is recorded only: marking the sockets is the caller's (tunneld's UAPI
+    /// server marks them before its workers apply the request).
     pub fn apply(&mut self, request: SetRequest, now: Instant) -> Result<(), UapiError> {
         let unsupported = |message: String| UapiError {
             errno: libc_errno::EOPNOTSUPP,
@@ -904,20 +918,16 @@ impl Device {
                 self.listen_port
             )));
         }
-        if let Some(mark) = request.fwmark.filter(|m| *m != self.fwmark) {
-            return Err(unsupported(format!(
-                "fwmark: changing the mark of a running tunneld ({} to {mark}) is not supported; edit the config and restart",
-                self.fwmark
-            )));
+        if let Some(None) = request.private_key {
+            return Err(unsupported(
+                "private_key: removing the private key is not supported".into(),
+            ));
         }
-        match request.private_key {
-            Some(Some(key)) => self.set_private_key(key, now),
-            Some(None) => {
-                return Err(unsupported(
-                    "private_key: removing the private key is not supported".into(),
-                ))
-            }
-            None => {}
+        if let Some(mark) = request.fwmark {
+            self.fwmark = mark;
+        }
+        if let Some(Some(key)) = request.private_key {
+            self.set_private_key(key, now);
         }
         if request.replace_peers {
             let keys: Vec<PublicKey> = self.by_key.keys().copied().collect();
@@ -1039,6 +1049,18 @@ impl Device {
 
     /// The place in `peers` of the slot a receiver index names; out of range (unknown) when
     /// the slot belongs to another worker.
+    /// The other worker whose slot the receiver index of a response, cookie reply or data
+    /// message names (`None`: this one's, or a message that names none).
+    fn index_owner(&self, kind: u8, datagram: &[u8]) -> Option<usize> {
+        let at = match kind {
+            MSG_RESPONSE => 8,
+            MSG_COOKIE | MSG_DATA => 4,
+            _ => return None,
+        };
+        let owner = receiver_slot(datagram.get(at..at + 4)?) % self.slot_stride;
+        (owner != self.slot_offset).then_some(owner)
+    }
+
     fn local_slot(&self, index: &[u8]) -> usize {
         let slot = receiver_slot(index);
         if slot % self.slot_stride == self.slot_offset {

@@ -17,7 +17,8 @@ use tunneld_crypto::{PresharedKey, PrivateKey};
 use tunneld_tunnel::packet::MAX_DATAGRAM;
 use tunneld_tunnel::uapi::{PeerUpdate, SetRequest};
 use tunneld_tunnel::{
-    DatagramSink, Device, DeviceSettings, DropReason, Environment, PacketSink, PeerSettings,
+    DatagramSink, Device, DeviceSettings, Disposition, DropReason, Environment, PacketSink,
+    PeerSettings,
 };
 
 /// A sink that copies what the core writes into owned buffers.
@@ -712,6 +713,30 @@ fn garbage_datagrams_are_counted_not_fatal() {
     assert_eq!(pair.to_b_tun, vec![p]);
 }
 
+/// A new fwmark is recorded (and shown by `get`) with the rest of the request; the peers
+/// and their sessions are untouched.
+#[test]
+fn a_new_fwmark_is_taken_with_the_rest_of_the_request() {
+    let mut pair = Pair::new(PairConfig::default());
+    let now = pair.now;
+    let p = ip_packet("10.0.0.1", "10.0.0.2", b"before");
+    pair.send(Side::A, &p);
+    pair.a
+        .apply(
+            SetRequest {
+                fwmark: Some(51820),
+                ..SetRequest::default()
+            },
+            now,
+        )
+        .unwrap();
+    let snapshot = pair.a.snapshot(now, Duration::from_secs(1_700_000_000));
+    assert_eq!((snapshot.fwmark, snapshot.peers.len()), (51820, 1));
+    let q = ip_packet("10.0.0.1", "10.0.0.2", b"after");
+    pair.send(Side::A, &q);
+    assert_eq!(pair.to_b_tun, vec![p, q]);
+}
+
 #[test]
 fn refused_device_changes_change_nothing() {
     let mut pair = Pair::new(PairConfig::default());
@@ -719,10 +744,6 @@ fn refused_device_changes_change_nothing() {
     for request in [
         SetRequest {
             listen_port: Some(1),
-            ..SetRequest::default()
-        },
-        SetRequest {
-            fwmark: Some(7),
             ..SetRequest::default()
         },
         SetRequest {
@@ -1104,21 +1125,24 @@ fn receiver_indices_name_the_owning_worker() {
         checked += 1;
     }
     assert!(checked > 40, "only {checked} datagrams named a session");
-    // An index of another worker's slot space is unknown here, never another peer's.
+    // An index of another worker's slot space (slot 1: worker 1 of 4) goes to that worker,
+    // never to a peer here.
     let before = pair.b.stats().drops(DropReason::UnknownIndex);
     let mut foreign = vec![4u8, 0, 0, 0, 0, 1, 0, 0];
     foreign.resize(32, 0);
     let mut out = Collect::new();
     let mut tun = Collect::new();
     let now = pair.now;
-    pair.b.decapsulate(
+    let disposition = pair.b.decapsulate(
         "192.0.2.1:51820".parse().unwrap(),
         &foreign,
         now,
         &mut tun,
         &mut out,
     );
-    assert_eq!(pair.b.stats().drops(DropReason::UnknownIndex), before + 1);
+    assert_eq!(disposition, Disposition::HandOff(1));
+    assert_eq!(pair.b.stats().drops(DropReason::UnknownIndex), before);
+    assert!(tun.packets.is_empty() && out.datagrams.is_empty());
 }
 
 /// One scenario driven from `seed`: handshakes, a lossy link, a rekey after two minutes; the

@@ -30,6 +30,8 @@ pub(crate) struct RunningWireGuard {
     pub threads: Vec<std::thread::JoinHandle<()>>,
     /// Serving the UAPI socket, if asked for (dropping it removes the socket).
     pub uapi: Option<crate::uapi_server::Serving>,
+    /// The sockets' `fwmark`, for the UAPI server (which takes it when it serves).
+    pub marks: Option<crate::uapi_server::SocketMarks>,
     /// `backend = "xdp"`: what keeps the XDP program's view of the interface current (its
     /// program is detached when the last worker's socket and this are dropped).
     pub _xdp: Option<Box<tunneld_dataplane::xdp::Underlay>>,
@@ -184,9 +186,14 @@ pub(crate) fn start_wireguard(
     )?;
     if let Some(uapi) = uapi {
         let routes = Netlink::open().context("cannot open a netlink socket")?;
+        let marks = running
+            .marks
+            .take()
+            .context("the interface's sockets are not kept for fwmark changes")?;
         running.uapi = Some(uapi.serve(crate::uapi_server::worker_answers(
             running.workers.clone(),
             Some((routes, running.link)),
+            marks,
         ))?);
     }
     Ok(running)
@@ -213,6 +220,8 @@ pub(crate) fn run_dataplane(
         ..
     } = opened;
     let workers = tuns.len();
+    let mut marks = crate::uapi_server::SocketMarks::new(&sockets, device_settings.fwmark)
+        .context("cannot keep the UDP sockets for fwmark changes")?;
     let (tun, udp) = (&tuns[0], &sockets[0]);
     let listen_port = udp.local_port();
     let cpus = worker_cpus(dataplane, workers, &peers);
@@ -302,6 +311,7 @@ pub(crate) fn run_dataplane(
         let started = start_workers(parts, &settings)?;
         // After the privileges are dropped: its threads keep only what they need.
         underlay.start_threads()?;
+        marks = marks.with_nexthops(underlay.nexthops());
         xdp = Some(Box::new(underlay));
         started
     } else if options.use_uring {
@@ -339,6 +349,7 @@ pub(crate) fn run_dataplane(
         workers,
         threads,
         uapi: None,
+        marks: Some(marks),
         _xdp: xdp,
     })
 }

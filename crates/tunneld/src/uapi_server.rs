@@ -186,18 +186,112 @@ fn serve_client(
 
 /// Answers requests from the running interface's workers; with `routes`, the kernel's routes
 /// through the link follow the peers' allowed IPs after each `set` (`tunneld up`; in the
-/// bare mode `wg-quick` makes the routes).
+/// bare mode `wg-quick` makes the routes). `marks` follow the `fwmark`.
 pub fn worker_answers(
     worker: Workers,
     mut routes: Option<(Netlink, u32)>,
+    mut marks: SocketMarks,
 ) -> impl FnMut(Request) -> String + Send + 'static {
-    move |request| answer_from_workers(request, &worker, routes.as_mut())
+    move |request| answer_from_workers(request, &worker, routes.as_mut(), &mut marks)
+}
+
+/// The interface's UDP sockets, for the UAPI's `fwmark`: the workers own the sockets, so
+/// the control side keeps its own descriptors of them (the same sockets) to put a new mark
+/// on. `wg-quick` sets a mark on a running interface whose peer takes the default route, so
+/// its own datagrams can be routed around the tunnel.
+#[derive(Debug)]
+pub struct SocketMarks {
+    sockets: Vec<std::os::fd::OwnedFd>,
+    current: u32,
+    /// `backend = "xdp"`: its next-hop lookups ask for routes with the mark too.
+    nexthops: Option<Arc<tunneld_dataplane::xdp::nexthop::NextHops>>,
+}
+
+impl SocketMarks {
+    /// Descriptors of `sockets`, which carry `current`.
+    pub fn new(
+        sockets: &[tunneld_dataplane::udp::UdpSocket],
+        current: u32,
+    ) -> io::Result<SocketMarks> {
+        use tunneld_dataplane::DatagramIo;
+        let sockets = sockets
+            .iter()
+            .filter_map(|s| s.fd())
+            .map(|fd| {
+                // SAFETY: the socket is open for the duration of this call (borrowed above).
+                unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()
+            })
+            .collect::<io::Result<_>>()?;
+        Ok(SocketMarks {
+            sockets,
+            current,
+            nexthops: None,
+        })
+    }
+
+    /// The AF_XDP path's next hops follow the mark too.
+    pub fn with_nexthops(
+        mut self,
+        nexthops: Arc<tunneld_dataplane::xdp::nexthop::NextHops>,
+    ) -> SocketMarks {
+        self.nexthops = Some(nexthops);
+        self
+    }
+
+    /// Whether `mark` can be put on the sockets: setting the current one again asks the
+    /// kernel the same question (`CAP_NET_ADMIN`) and changes nothing.
+    fn check(&self, mark: u32) -> Result<(), uapi::UapiError> {
+        match self.sockets.first() {
+            Some(fd) if mark != self.current => set_mark(fd, self.current),
+            _ => Ok(()),
+        }
+    }
+
+    /// Puts `mark` on every socket.
+    fn set(&mut self, mark: u32) -> Result<(), uapi::UapiError> {
+        if mark == self.current {
+            return Ok(());
+        }
+        for fd in &self.sockets {
+            set_mark(fd, mark)?;
+        }
+        if let Some(nexthops) = &self.nexthops {
+            nexthops.set_mark(mark);
+        }
+        tracing::info!(fwmark = mark, "the interface's sockets carry a new mark");
+        self.current = mark;
+        Ok(())
+    }
+}
+
+fn set_mark(fd: &std::os::fd::OwnedFd, mark: u32) -> Result<(), uapi::UapiError> {
+    use std::os::fd::AsRawFd;
+    let value = mark as libc::c_int;
+    // SAFETY: SO_MARK reads an int of the size passed from a live value.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MARK,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return Err(uapi::UapiError {
+            errno: e.raw_os_error().unwrap_or(libc::EPERM),
+            message: format!("fwmark: cannot mark the interface's sockets {mark}: {e}"),
+        });
+    }
+    Ok(())
 }
 
 pub(crate) fn answer_from_workers(
     request: Request,
     worker: &Workers,
     routes: Option<&mut (Netlink, u32)>,
+    marks: &mut SocketMarks,
 ) -> String {
     match request {
         Request::Get => {
@@ -217,18 +311,30 @@ pub(crate) fn answer_from_workers(
             None => uapi::format_errno(libc::ESHUTDOWN),
         },
         Request::Set(set) => {
+            // A mark that cannot be put on the sockets is refused before anything changes.
+            if let Some(Err(e)) = set.fwmark.map(|mark| marks.check(mark)) {
+                tracing::warn!("uapi: set failed: {e}");
+                return uapi::format_errno(e.errno);
+            }
             // Every worker applies the same request (each holds every peer); they decide
             // alike, so the first worker's outcome is the interface's.
             let outcome = worker.run_each(move |device, now| {
                 let before = device.routes();
                 let result = device.apply(set.clone(), now);
-                (result, before, device.routes())
+                (result, before, device.routes(), device.fwmark())
             });
-            let Some((result, before, after)) = outcome.and_then(|o| o.into_iter().next()) else {
+            let Some((result, before, after, mark)) = outcome.and_then(|o| o.into_iter().next())
+            else {
                 return uapi::format_errno(libc::ESHUTDOWN);
             };
             if let Some((netlink, link)) = routes {
                 sync_routes(netlink, *link, &before, &after);
+            }
+            // The sockets follow the mark the devices took (a request refused before its mark
+            // leaves it as it was).
+            if let Err(e) = marks.set(mark) {
+                tracing::warn!("uapi: set failed: {e}");
+                return uapi::format_errno(e.errno);
             }
             match result {
                 Ok(()) => uapi::format_errno(0),

@@ -247,3 +247,126 @@ fn a_bad_interface_name_or_option_gets_one_line() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
     }
 }
+
+/// The first 6 bytes a base64 text encodes (from its first 8 characters).
+fn base64_prefix(text: &str) -> [u8; 6] {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bits = text.bytes().take(8).fold(0u64, |acc, c| {
+        (acc << 6) | ALPHABET.iter().position(|&a| a == c).unwrap() as u64
+    });
+    let b = bits.to_be_bytes();
+    [b[2], b[3], b[4], b[5], b[6], b[7]]
+}
+
+/// The kernel's UDP datagrams received and sent in `ns` (v4 and v6), which AF_XDP traffic
+/// never touches.
+fn kernel_udp_datagrams(ns: &NetNs) -> u64 {
+    let snmp = ns.run(&["cat", "/proc/net/snmp"]) + &ns.run(&["cat", "/proc/net/snmp6"]);
+    let mut lines = snmp.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
+    let field = |name: &str| -> u64 {
+        let at = names.split_whitespace().position(|n| n == name).unwrap();
+        values.split_whitespace().nth(at).unwrap().parse().unwrap()
+    };
+    let v6 = |name: &str| -> u64 {
+        snmp.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    field("InDatagrams") + field("OutDatagrams") + v6("Udp6InDatagrams") + v6("Udp6OutDatagrams")
+}
+
+/// `wg-quick` with a peer that takes the default route (`AllowedIPs = 0.0.0.0/0, ::/0`):
+/// wg-quick sets an fwmark on the running interface and routes everything not carrying it
+/// into the tunnel, so tunneld's own datagrams must carry it or they would loop back into
+/// the tunnel. The endpoint here is reached through a default route (B answers for
+/// 198.51.100.2 behind 192.0.2.2), as on the Internet. With the recvmmsg backend, and with
+/// AF_XDP, whose next-hop lookups must ask for routes with the mark too (the kernel's UDP
+/// counters show its datagrams went by AF_XDP, not by the kernel's socket).
+#[test]
+fn wg_quick_with_a_default_route_marks_tunnelds_datagrams() {
+    let test = "wg_quick_with_a_default_route_marks_tunnelds_datagrams";
+    if !require_netns_and_wg(test)
+        || !require_tool(test, "wg-quick")
+        || !require_tool(test, "wireguard-go")
+        || !require_tool(test, "nft")
+    {
+        return;
+    }
+    // AF_XDP on the veth's one queue: with one worker every datagram goes by AF_XDP; with
+    // two, B's key puts the session on the worker with no queue of its own, so everything
+    // the queue's worker receives for it is handed over.
+    for (backend, workers) in [("mmsg", 2), ("xdp", 1), ("xdp", 2)] {
+        step(&format!("backend {backend}, {workers} worker(s)"));
+        let (a, b) = (NetNs::new(), NetNs::new());
+        let (va, _) = tunneld_testnet::veth(&a, "192.0.2.1/24", &b, "192.0.2.2/24");
+        a.run(&["ip", "route", "add", "default", "via", "192.0.2.2"]);
+        b.run(&["ip", "addr", "add", "198.51.100.2/32", "dev", "lo"]);
+        let ka = genkey();
+        // A plain peer's session is on worker (first 4 bytes of its key, little-endian) mod
+        // the workers (`owner_of`): on the last worker here.
+        let kb = loop {
+            let kb = genkey();
+            let key = base64_prefix(&pubkey(&kb));
+            if u32::from_le_bytes([key[0], key[1], key[2], key[3]]) as usize % workers
+                == workers - 1
+            {
+                break kb;
+            }
+        };
+        let (ia, ib) = (unique_name("wg"), unique_name("wg"));
+        let _cleanup = Cleanup(&a, ia.clone());
+        let wg = WireguardGo::start(&b, &ib);
+        wg.configure_as_site_2(&b, &kb, &pubkey(&ka), &[]);
+
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "[Interface]\nPrivateKey = {ka}\nAddress = 10.77.0.1/24, fd77::1/64\n\n\
+             [Peer]\nPublicKey = {}\nAllowedIPs = 0.0.0.0/0, ::/0\n\
+             Endpoint = 198.51.100.2:51820\n",
+            pubkey(&kb),
+        );
+        write_private(dir.path(), &format!("{ia}.conf"), &text);
+        let conf = dir.path().join(format!("{ia}.conf"));
+        let conf = conf.to_string_lossy().into_owned();
+        // The bare mode starts with no peer to find the underlay by: name it.
+        let dataplane = match backend {
+            "xdp" => format!("backend=xdp,workers={workers},xdp_interface={va}"),
+            other => format!("backend={other},workers={workers}"),
+        };
+        let env = [
+            ("WG_QUICK_USERSPACE_IMPLEMENTATION", TUNNELD),
+            ("TUNNELD_DATAPLANE", dataplane.as_str()),
+        ];
+        run_ok(&a, &["wg-quick", "up", &conf], &env);
+        let mark = run_ok(&a, &["wg", "show", &ia, "fwmark"], &[]);
+        let mark = mark.trim();
+        assert_ne!(mark, "off", "wg-quick set no mark");
+        let port = run_ok(&a, &["wg", "show", &ia, "listen-port"], &[]);
+        let sockets = a.run(&["ss", "-uaneH", &format!("sport = :{}", port.trim())]);
+        assert!(
+            sockets.lines().count() > 0
+                && sockets
+                    .lines()
+                    .all(|l| l.contains(&format!("fwmark:{mark}"))),
+            "the sockets do not carry {mark}:\n{sockets}"
+        );
+
+        let before = kernel_udp_datagrams(&a);
+        ping(&a, "10.77.0.2");
+        ping(&a, "fd77::2");
+        ping(&b, "10.77.0.1");
+        tcp_transfer(&a, &b, "10.77.0.2:5303".parse().unwrap(), 4 << 20);
+        if backend == "xdp" && workers == 1 {
+            let through_kernel = kernel_udp_datagrams(&a) - before;
+            assert!(
+                through_kernel < 100,
+                "{through_kernel} datagrams went through the kernel's UDP socket"
+            );
+        }
+        run_ok(&a, &["wg-quick", "down", &conf], &env);
+        wait_until("the bare tunneld to exit", || {
+            tunneld_processes(&ia).is_empty()
+        });
+    }
+}

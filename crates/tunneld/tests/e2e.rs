@@ -314,6 +314,17 @@ fn wg_set_adds_changes_and_removes_peers_live() {
     assert_eq!(dump.len(), 2, "peers changed: {dump:?}");
     ping(&a, "10.77.0.2");
 
+    step("wg set: a new fwmark marks the running interface's socket, and 0 clears it");
+    let marks = || a.run(&["ss", "-uaneH", "sport = :51820"]);
+    assert!(!marks().contains("fwmark:"), "{}", marks());
+    a.run(&["wg", "set", &ia, "fwmark", "0x1234"]);
+    assert_eq!(a.run(&["wg", "show", &ia, "fwmark"]).trim(), "0x1234");
+    assert!(marks().contains("fwmark:0x1234"), "{}", marks());
+    ping(&a, "10.77.0.2");
+    a.run(&["wg", "set", &ia, "fwmark", "0"]);
+    assert_eq!(a.run(&["wg", "show", &ia, "fwmark"]).trim(), "off");
+    assert!(!marks().contains("fwmark:"), "{}", marks());
+
     step("wg set: remove the live peer");
     a.run(&["wg", "set", &ia, "peer", &gb.public_key, "remove"]);
     let show = a.run(&["wg", "show", &ia]);

@@ -57,6 +57,12 @@ pub struct Underlay {
 }
 
 impl Underlay {
+    /// The interface's next hops, shared with the workers: a new `fwmark` goes there
+    /// ([`NextHops::set_mark`]) as well as on the kernel sockets.
+    pub fn nexthops(&self) -> Arc<NextHops> {
+        self.nexthops.clone()
+    }
+
     /// Starts the threads that follow the kernel's tables: the next-hop monitor and the
     /// keeper of the program's addresses. Call it after dropping privileges (threads keep
     /// the capabilities of the thread that starts them); it needs `CAP_BPF` kept.
@@ -83,6 +89,10 @@ pub fn start(ifindex: u32, kernel: Vec<UdpSocket>, checksum_offload: bool) -> io
     let port = kernel.first().map(|s| s.local_port()).unwrap_or(0);
     let queues = interface_queues(ifindex).max(1);
     let nexthops = NextHops::new(ifindex)?;
+    // Routes are asked as the kernel routes the sockets' own sends (`fwmark`).
+    if let Some(socket) = kernel.first() {
+        nexthops.set_mark(socket.mark()?);
+    }
     let mut program = XdpProgram::load(port, queues)?;
     program.set_addresses(&nexthop::interface_addresses(ifindex)?)?;
     let attach = match program.attach(ifindex, AttachMode::Driver) {

@@ -52,7 +52,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -153,6 +153,8 @@ pub enum Resolution {
 pub struct NextHops {
     ifindex: u32,
     generation: Arc<AtomicU64>,
+    /// The `SO_MARK` the tunnel's sockets carry (`fwmark`): routes are asked as for them.
+    mark: AtomicU32,
     stop: Arc<Waker>,
     /// The subscribed socket until the thread takes it, then the thread.
     socket: std::sync::Mutex<Option<Netlink>>,
@@ -225,6 +227,7 @@ impl NextHops {
         Ok(Arc::new(NextHops {
             ifindex,
             generation: Arc::new(AtomicU64::new(0)),
+            mark: AtomicU32::new(0),
             stop: Arc::new(Waker::new().map_err(context)?),
             socket: std::sync::Mutex::new(Some(socket)),
             thread: std::sync::Mutex::new(None),
@@ -240,6 +243,20 @@ impl NextHops {
     /// neighbour on the interface, and after events were lost.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// Routes are asked as for a socket with this `SO_MARK` (the tunnel's `fwmark`, for
+    /// policy routing on it; 0: none) from now on: the generation moves, so every resolver
+    /// asks again.
+    pub fn set_mark(&self, mark: u32) {
+        if self.mark.swap(mark, Ordering::AcqRel) != mark {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The mark routes are asked with.
+    pub fn mark(&self) -> u32 {
+        self.mark.load(Ordering::Acquire)
     }
 }
 
@@ -444,6 +461,7 @@ pub struct Resolver {
     rtnl: Netlink,
     generation: u64,
     link: Option<Link>,
+    /// The mark of `generation` (read when it moved).
     mark: u32,
     cache: HashMap<Key, Entry>,
     /// When each neighbour was last confirmed through the kernel.
@@ -463,23 +481,14 @@ impl Resolver {
         })?;
         Ok(Resolver {
             generation: nexthops.generation(),
+            mark: nexthops.mark(),
             nexthops,
             rtnl,
             link: None,
-            mark: 0,
             cache: HashMap::with_capacity(CACHE_CAPACITY),
             confirmed: HashMap::with_capacity(CACHE_CAPACITY),
             errors: 0,
         })
-    }
-
-    /// Routes as a socket with this `SO_MARK` would be routed (`fwmark` in the config), for
-    /// policy routing on the mark. 0: no mark.
-    pub fn set_mark(&mut self, mark: u32) {
-        if mark != self.mark {
-            self.mark = mark;
-            self.cache.clear();
-        }
     }
 
     /// Queries to the kernel that failed (each answered as [`Resolution::Elsewhere`]).
@@ -496,6 +505,7 @@ impl Resolver {
             self.cache.clear();
             self.link = None;
             self.generation = generation;
+            self.mark = self.nexthops.mark();
         }
         let key = key_of(dst);
         if let Some(entry) = self.cache.get(&key) {
