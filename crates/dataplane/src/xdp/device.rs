@@ -170,17 +170,8 @@ fn parse_xsk_features(payload: &[u8]) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::nexthop::tests::attribute;
     use super::*;
-
-    fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
-        let mut out = ((4 + value.len()) as u16).to_ne_bytes().to_vec();
-        out.extend_from_slice(&kind.to_ne_bytes());
-        out.extend_from_slice(value);
-        while !out.len().is_multiple_of(4) {
-            out.push(0);
-        }
-        out
-    }
 
     #[test]
     fn answers_parse_and_nothing_in_them_can_panic() {

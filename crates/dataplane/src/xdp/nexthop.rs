@@ -1034,10 +1034,11 @@ fn parse_neighbour(payload: &[u8]) -> Option<Neighbour> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
+    /// One netlink attribute, padded as the kernel pads it (also for `device.rs`'s tests).
+    pub(in crate::xdp) fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
         let mut out = ((4 + value.len()) as u16).to_ne_bytes().to_vec();
         out.extend_from_slice(&kind.to_ne_bytes());
         out.extend_from_slice(value);
