@@ -199,12 +199,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 fn answer(state: &Mutex<State>, start: &Start, request: Request) -> String {
     let mut state = lock(state);
     match &mut *state {
-        State::Running(wg) => match wg.marks.as_mut() {
-            Some(marks) => {
-                crate::uapi_server::answer_from_workers(request, &wg.workers, None, marks)
-            }
-            None => uapi::format_errno(libc::ESHUTDOWN),
-        },
+        State::Running(wg) => crate::uapi_server::answer_from_workers(
+            request,
+            &wg.workers,
+            None,
+            &mut lock(&wg.marks),
+        ),
         State::Stopped => uapi::format_errno(libc::ESHUTDOWN),
         State::Staged(staged) => match request {
             Request::Get => match staged.snapshot() {

@@ -9,6 +9,7 @@ use crate::load;
 use crate::netlink::Netlink;
 use crate::uapi_server::UapiServer;
 use anyhow::Context;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tunneld_config::{self as config, Backend, DataplaneConfig};
 use tunneld_dataplane::tun::Tun;
@@ -30,8 +31,8 @@ pub(crate) struct RunningWireGuard {
     pub threads: Vec<std::thread::JoinHandle<()>>,
     /// Serving the UAPI socket, if asked for (dropping it removes the socket).
     pub uapi: Option<crate::uapi_server::Serving>,
-    /// The sockets' `fwmark`, for the UAPI server (which takes it when it serves).
-    pub marks: Option<crate::uapi_server::SocketMarks>,
+    /// The sockets' `fwmark`, for the UAPI server and reloads.
+    pub marks: Arc<Mutex<crate::uapi_server::SocketMarks>>,
     /// `backend = "xdp"`: what keeps the XDP program's view of the interface current (its
     /// program is detached when the last worker's socket and this are dropped).
     pub _xdp: Option<Box<tunneld_dataplane::xdp::Underlay>>,
@@ -186,14 +187,10 @@ pub(crate) fn start_wireguard(
     )?;
     if let Some(uapi) = uapi {
         let routes = Netlink::open().context("cannot open a netlink socket")?;
-        let marks = running
-            .marks
-            .take()
-            .context("the interface's sockets are not kept for fwmark changes")?;
         running.uapi = Some(uapi.serve(crate::uapi_server::worker_answers(
             running.workers.clone(),
             Some((routes, running.link)),
-            marks,
+            running.marks.clone(),
         ))?);
     }
     Ok(running)
@@ -349,7 +346,7 @@ pub(crate) fn run_dataplane(
         workers,
         threads,
         uapi: None,
-        marks: Some(marks),
+        marks: Arc::new(Mutex::new(marks)),
         _xdp: xdp,
     })
 }

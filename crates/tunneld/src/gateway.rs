@@ -551,6 +551,7 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
                     running.workers.clone(),
                     workers,
                     running.link,
+                    running.marks.clone(),
                 )?;
                 anyhow::Ok(Control {
                     netlink,

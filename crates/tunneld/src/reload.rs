@@ -1,18 +1,21 @@
 //! Reloads (SIGHUP, `Gateway::reload`): the config read again and its WireGuard peers applied to the running interface
 //! without a restart. Peers whose keys did not change keep their sessions, so traffic to them
 //! loses nothing; peers gone from the file are removed, new ones added, and routes follow their
-//! allowed IPs, and the interface's addresses follow the file. What cannot change while
-//! running (the interface's name, port, MTU, mark, the dataplane, the TLS sections'
+//! allowed IPs, and the interface's addresses and fwmark follow the file. What cannot change
+//! while running (the interface's name, port, MTU, the dataplane, the TLS sections'
 //! listeners, the metrics listener) is left as it is, with a warning naming it.
 //! A file with errors changes nothing.
 
 use crate::load::{self, Loaded, Resolve};
 use crate::netlink::Netlink;
+use crate::uapi_server::{lock, SocketMarks};
 use ipnet::IpNet;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tunneld_config::{Config, PeerConfig};
 use tunneld_dataplane::worker::Workers;
+use tunneld_tunnel::uapi::SetRequest;
 use tunneld_tunnel::{PeerSettings, SyncReport};
 
 /// What a reload needs of the running interface, and what was applied last.
@@ -27,6 +30,8 @@ pub struct Reloader {
     config: Config,
     /// The interface's addresses as tunneld last set them.
     addresses: Vec<IpNet>,
+    /// The sockets' `fwmark`, shared with the UAPI server.
+    marks: Arc<Mutex<SocketMarks>>,
     /// Each running peer as the file said it and as the workers run it (`transport = "tls"`
     /// peers aimed at their loopback bridge).
     running: Vec<(PeerConfig, PeerSettings)>,
@@ -40,6 +45,7 @@ impl Reloader {
         workers: Workers,
         worker_count: usize,
         link: u32,
+        marks: Arc<Mutex<SocketMarks>>,
     ) -> anyhow::Result<Reloader> {
         use anyhow::Context;
         let netlink = Netlink::open().context("cannot open a netlink socket for reloads")?;
@@ -51,6 +57,7 @@ impl Reloader {
             .unwrap_or_default();
         Ok(Reloader {
             addresses,
+            marks,
             path,
             worker_count,
             workers,
@@ -114,6 +121,7 @@ impl Reloader {
             }
         };
 
+        self.sync_fwmark(wg.device.fwmark, label);
         let private_key = wg.device.private_key;
         let previous: Vec<PeerSettings> = self.running.iter().map(|(_, s)| s.clone()).collect();
         let applied: Vec<PeerSettings> = wanted.iter().map(|(_, s)| s.clone()).collect();
@@ -146,6 +154,35 @@ impl Reloader {
             peers: report,
             needs_restart: not_applied,
         })
+    }
+
+    /// Puts the file's fwmark on the interface's sockets and devices when it differs from the
+    /// one they carry (which `wg set` may have changed since).
+    fn sync_fwmark(&mut self, mark: u32, label: &str) {
+        let mut marks = lock(&self.marks);
+        if marks.current() == mark {
+            return;
+        }
+        if let Err(e) = marks.check(mark) {
+            tracing::error!("{label}: {e}");
+            return;
+        }
+        let request = SetRequest {
+            fwmark: Some(mark),
+            ..SetRequest::default()
+        };
+        let applied = self
+            .workers
+            .run_each(move |device, now| device.apply(request.clone(), now));
+        match applied.and_then(|outcomes| outcomes.into_iter().next()) {
+            Some(Ok(())) => {
+                if let Err(e) = marks.set(mark) {
+                    tracing::error!("{label}: {e}");
+                }
+            }
+            Some(Err(e)) => tracing::error!("{label}: {e}"),
+            None => tracing::error!("{label}: the workers have stopped; fwmark not applied"),
+        }
     }
 
     /// Adds the addresses the file has and the interface does not, then removes those it no
@@ -253,7 +290,6 @@ fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
                 ("interface.name", a.name != b.name),
                 ("interface.listen_port", a.listen_port != b.listen_port),
                 ("interface.mtu", a.mtu != b.mtu),
-                ("interface.fwmark", a.fwmark != b.fwmark),
             ] {
                 if differs {
                     changed.push(field);

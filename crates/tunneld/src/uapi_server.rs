@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tunneld_dataplane::worker::Workers;
 use tunneld_tunnel::uapi::{self, DeviceSnapshot, Request};
@@ -190,9 +190,14 @@ fn serve_client(
 pub fn worker_answers(
     worker: Workers,
     mut routes: Option<(Netlink, u32)>,
-    mut marks: SocketMarks,
+    marks: Arc<Mutex<SocketMarks>>,
 ) -> impl FnMut(Request) -> String + Send + 'static {
-    move |request| answer_from_workers(request, &worker, routes.as_mut(), &mut marks)
+    move |request| answer_from_workers(request, &worker, routes.as_mut(), &mut lock(&marks))
+}
+
+/// A lock on control-plane state (the UAPI thread and reloads take it, never a worker).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The interface's UDP sockets, for the UAPI's `fwmark`: the workers own the sockets, so
@@ -238,9 +243,14 @@ impl SocketMarks {
         self
     }
 
+    /// The mark the sockets carry.
+    pub(crate) fn current(&self) -> u32 {
+        self.current
+    }
+
     /// Whether `mark` can be put on the sockets: setting the current one again asks the
     /// kernel the same question (`CAP_NET_ADMIN`) and changes nothing.
-    fn check(&self, mark: u32) -> Result<(), uapi::UapiError> {
+    pub(crate) fn check(&self, mark: u32) -> Result<(), uapi::UapiError> {
         match self.sockets.first() {
             Some(fd) if mark != self.current => set_mark(fd, self.current),
             _ => Ok(()),
@@ -248,7 +258,7 @@ impl SocketMarks {
     }
 
     /// Puts `mark` on every socket.
-    fn set(&mut self, mark: u32) -> Result<(), uapi::UapiError> {
+    pub(crate) fn set(&mut self, mark: u32) -> Result<(), uapi::UapiError> {
         if mark == self.current {
             return Ok(());
         }

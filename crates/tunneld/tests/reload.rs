@@ -111,6 +111,18 @@ fn sighup_applies_the_config_peers_without_losing_a_packet() {
     assert!(s.ga.log_text().contains("peer[1].allowed_ips[0]"));
     assert_eq!(wg_dump(&s.a, &ia).len(), 3);
 
+    step("a new fwmark is put on the running interface's socket");
+    let with_mark = format!("fwmark = 4660\n{}", s.body_a);
+    reload(
+        &s.ga,
+        &with_mark,
+        "the interface's sockets carry a new mark",
+    );
+    assert_eq!(s.a.run(&["wg", "show", &ia, "fwmark"]).trim(), "0x1234");
+    let sockets = s.a.run(&["ss", "-uaneH", "sport = :51820"]);
+    assert!(sockets.contains("fwmark:0x1234"), "{sockets}");
+    assert!(!s.ga.log_text().contains("takes a restart"));
+
     step("back to the first config, with a setting that takes a restart changed");
     let new_mtu = s.body_a.replace("mtu = 1420", "mtu = 1400");
     assert_ne!(new_mtu, s.body_a);
