@@ -13,7 +13,8 @@
 
 use crate::bring_up::{self, Opened, RunningWireGuard, StartOptions};
 use crate::error::Error;
-use std::sync::{Arc, Mutex, MutexGuard};
+use crate::gateway::lock;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tunneld_config::DataplaneConfig;
 use tunneld_crypto::PrivateKey;
@@ -189,11 +190,6 @@ fn stop(
         }
     }
     Ok(())
-}
-
-/// A lock on control-plane state only (the UAPI thread and the handle's calls).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn answer(state: &Mutex<State>, start: &Start, request: Request) -> String {

@@ -443,7 +443,7 @@ fn reload_error(e: ReloadError) -> Error {
 
 /// A lock on control-plane state only (never taken on the data path); a thread that
 /// panicked holding it left nothing half-done that matters more than stopping cleanly.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

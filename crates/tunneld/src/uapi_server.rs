@@ -2,6 +2,7 @@
 //! and `wg set` work against tunneld. Requests run on the worker's thread via its handle;
 //! route changes they imply are made here, on the control side.
 
+use crate::gateway::lock;
 use crate::netlink::Netlink;
 use anyhow::{bail, Context};
 use ipnet::IpNet;
@@ -11,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tunneld_dataplane::worker::Workers;
 use tunneld_tunnel::uapi::{self, DeviceSnapshot, Request};
@@ -195,11 +196,6 @@ pub fn worker_answers(
     move |request| answer_from_workers(request, &worker, routes.as_mut(), &mut lock(&marks))
 }
 
-/// A lock on control-plane state (the UAPI thread and reloads take it, never a worker).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// The interface's UDP sockets, for the UAPI's `fwmark`: the workers own the sockets, so
 /// the control side keeps its own descriptors of them (the same sockets) to put a new mark
 /// on. `wg-quick` sets a mark on a running interface whose peer takes the default route, so
@@ -291,7 +287,7 @@ fn set_mark(fd: &std::os::fd::OwnedFd, mark: u32) -> Result<(), uapi::UapiError>
         let e = io::Error::last_os_error();
         return Err(uapi::UapiError {
             errno: e.raw_os_error().unwrap_or(libc::EPERM),
-            message: format!("fwmark: cannot mark the interface's sockets {mark}: {e}"),
+            message: format!("fwmark: cannot put mark {mark} on the interface's sockets: {e}"),
         });
     }
     Ok(())
