@@ -13,7 +13,7 @@
 
 use crate::bring_up::{self, Opened, RunningWireGuard, StartOptions};
 use crate::error::Error;
-use crate::gateway::lock;
+use crate::uapi_server::lock;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tunneld_config::DataplaneConfig;

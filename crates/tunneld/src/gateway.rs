@@ -6,8 +6,9 @@ use crate::error::Error;
 use crate::load::{self, Loaded, Resolve};
 use crate::netlink::Netlink;
 use crate::reload::{ReloadError, ReloadReport, Reloader};
+use crate::uapi_server::lock;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tunneld_config::Config;
 use tunneld_crypto::{PresharedKey, PublicKey};
@@ -439,12 +440,6 @@ fn reload_error(e: ReloadError) -> Error {
         ReloadError::NoFile => Error::NoConfigFile,
         ReloadError::Stopped => Error::Stopped,
     }
-}
-
-/// A lock on control-plane state only (never taken on the data path); a thread that
-/// panicked holding it left nothing half-done that matters more than stopping cleanly.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn stop(running: Running) -> Result<(), Error> {

@@ -6,9 +6,9 @@
 //! listeners, the metrics listener) is left as it is, with a warning naming it.
 //! A file with errors changes nothing.
 
-use crate::gateway::lock;
 use crate::load::{self, Loaded, Resolve};
 use crate::netlink::Netlink;
+use crate::uapi_server::lock;
 use crate::uapi_server::SocketMarks;
 use ipnet::IpNet;
 use std::path::PathBuf;

@@ -2,7 +2,6 @@
 //! and `wg set` work against tunneld. Requests run on the worker's thread via its handle;
 //! route changes they imply are made here, on the control side.
 
-use crate::gateway::lock;
 use crate::netlink::Netlink;
 use anyhow::{bail, Context};
 use ipnet::IpNet;
@@ -12,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tunneld_dataplane::worker::Workers;
 use tunneld_tunnel::uapi::{self, DeviceSnapshot, Request};
@@ -194,6 +193,13 @@ pub fn worker_answers(
     marks: Arc<Mutex<SocketMarks>>,
 ) -> impl FnMut(Request) -> String + Send + 'static {
     move |request| answer_from_workers(request, &worker, routes.as_mut(), &mut lock(&marks))
+}
+
+/// A lock on control-plane state only (never taken on the data path): the gateway's, the
+/// UAPI server's and the reloader's. A thread that panicked holding it left nothing
+/// half-done that matters more than stopping cleanly.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The interface's UDP sockets, for the UAPI's `fwmark`: the workers own the sockets, so
