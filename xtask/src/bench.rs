@@ -144,6 +144,8 @@ fn split_names(list: &str) -> Vec<String> {
 const DEFAULT_ROW: &str = "tunneld (mmsg, all offloads)";
 /// AF_XDP: the datagrams bypass the kernel's UDP stack (copy mode on the testbed's veth).
 const XDP_ROW: &str = "tunneld (xdp, TUN offloads)";
+/// The same with UDP checksums computed in software, set against it round by round.
+const XDP_SOFTWARE_CHECKSUMS_ROW: &str = "tunneld (xdp, software UDP checksums)";
 /// One link on two workers split over two sub-tunnels, set against the same link on one.
 const PARALLEL_ROWS: [&str; 2] = [
     "tunneld (2 workers, parallel = 2)",
@@ -288,7 +290,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         contenders.insert(
             6,
             contender(
-                "tunneld (xdp, software UDP checksums)",
+                XDP_SOFTWARE_CHECKSUMS_ROW,
                 Ok(Impl::Tunneld(
                     tunneld.clone(),
                     "backend = \"xdp\"\nworkers = 1\nxdp_checksum_offload = false",
@@ -598,7 +600,8 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
 }
 
 /// The pairs of rows (indices) compared round by round: tunneld's default row against each
-/// other row, and the link split over two sub-tunnels against the same link on one.
+/// other row, the link split over two sub-tunnels against the same link on one, and AF_XDP
+/// with the device's UDP checksums against AF_XDP with software ones.
 fn comparisons(contenders: &[Contender]) -> Vec<(usize, usize)> {
     let measured = |name: &str| {
         contenders
@@ -615,6 +618,11 @@ fn comparisons(contenders: &[Contender]) -> Vec<(usize, usize)> {
     }
     if let (Some(split), Some(single)) = (measured(PARALLEL_ROWS[0]), measured(PARALLEL_ROWS[1])) {
         pairs.push((split, single));
+    }
+    if let (Some(device), Some(software)) =
+        (measured(XDP_ROW), measured(XDP_SOFTWARE_CHECKSUMS_ROW))
+    {
+        pairs.push((device, software));
     }
     pairs
 }
@@ -875,6 +883,12 @@ mod tests {
         ];
         assert_eq!(comparisons(&rows), [(2, 0), (2, 1), (2, 4), (4, 1)]);
         assert!(comparisons(&rows[3..]).is_empty());
+        // AF_XDP's two checksum rows meet each other, with or without the default row.
+        let xdp = [
+            row(XDP_SOFTWARE_CHECKSUMS_ROW, &[(1, 2.0, 1.0)]),
+            row(XDP_ROW, &[(1, 2.2, 1.0)]),
+        ];
+        assert_eq!(comparisons(&xdp), [(1, 0)]);
     }
 
     #[test]
