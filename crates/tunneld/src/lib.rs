@@ -29,11 +29,12 @@
 
 mod bare;
 mod bring_up;
+mod control;
 mod error;
 mod gateway;
-mod load;
 mod metrics;
 mod netlink;
+mod plan;
 mod privileges;
 mod reload;
 mod tls;
