@@ -179,7 +179,7 @@ struct Control {
 /// What `shutdown` stops.
 struct Running {
     wireguard: Option<RunningWireGuard>,
-    tls: Option<crate::tls::TlsService>,
+    tls: Option<tunneld_tls::TlsService>,
     _metrics: Option<crate::metrics::MetricsServing>,
 }
 
@@ -507,8 +507,13 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
         None
     } else {
         Some(
-            crate::tls::TlsService::bind(&loaded.config.tls, &loaded.base, wg_port.clone())
-                .map_err(Error::system)?,
+            tunneld_tls::TlsService::bind(
+                &loaded.config.tls,
+                &loaded.base,
+                wg_port.clone(),
+                crate::topology::allowed_cpus().len(),
+            )
+            .map_err(Error::system)?,
         )
     };
     let metrics = match &loaded.config.metrics {
@@ -519,8 +524,9 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
         Some(mut wg) => {
             // Peers with transport = "tls" are reached through a loopback bridge each.
             let worker = Arc::new(OnceLock::new());
+            let tls_peers = Arc::new(crate::tls_peers::TlsPeers(worker.clone()));
             let (bridges, starters) =
-                crate::tls::prepare_peer_transports(&loaded.config, &loaded.base, worker.clone())
+                tunneld_tls::prepare_peer_transports(&loaded.config, &loaded.base, tls_peers)
                     .map_err(Error::system)?;
             for (i, bridge) in bridges {
                 if let Some(peer) = wg.peers.get_mut(i) {

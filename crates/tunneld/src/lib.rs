@@ -20,7 +20,8 @@
 //! root.
 //!
 //! The crates below it are usable on their own: `tunneld-tunnel` (the sans-IO WireGuard
-//! core), `tunneld-dataplane` (batches, backends, workers), `tunneld-config` (the file).
+//! core), `tunneld-dataplane` (batches, backends, workers), `tunneld-config` (the file),
+//! `tunneld-tls` (TLS forwarding and WireGuard over TLS, with its record layer).
 
 // Input from the network, config files and the UAPI socket must never panic: no unwrap or
 // expect outside tests.
@@ -36,22 +37,11 @@ mod metrics;
 mod netlink;
 mod privileges;
 mod reload;
-mod tls;
+mod tls_peers;
 mod topology;
 mod uapi_server;
 
 pub use bare::BareInterface;
-/// tunneld's TLS 1.3 record layer, for its fuzz target (`fuzz/`) only: **not a stable
-/// interface**; it changes with tunneld's internals, without notice.
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod tls_records {
-    pub use crate::tls::records::{
-        KeySchedule, Opened, RecordError, Records, Suite, Tls13Schedule, TrafficKeys, ALERT,
-        APPLICATION_DATA, FULL_RECORD, HANDSHAKE, HEADER, KEY_UPDATE, MAX_EMPTY_RECORDS,
-        MAX_KEY_UPDATES, MAX_PLAINTEXT, MAX_RECORD, TAG,
-    };
-}
 
 pub use error::Error;
 pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};
