@@ -3,8 +3,8 @@
 //! [`Settings`] come from a config file or its text (the format `tunneld up` reads, see
 //! README.md), [`Gateway::builder`] starts them, and the [`Gateway`] handle changes peers,
 //! reads their state and per-worker counters, reloads and shuts down, with typed
-//! [`Error`]s that name the field at fault. The `tunneld` command line is this library and
-//! a signal loop.
+//! [`Error`]s that name the field at fault. The `tunneld` command line (the `tunneld-cli`
+//! crate) is this library and a signal loop.
 //!
 //! ```no_run
 //! use tunneld::{Gateway, Settings};
