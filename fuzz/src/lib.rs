@@ -336,7 +336,7 @@ pub fn aead_differential(data: &[u8]) {
 /// RFC 8446 section 5 was crossed (then the server refuses), and what the server seals the
 /// client opens byte for byte.
 pub fn records(data: &[u8]) {
-    use tunneld::tls_records::{
+    use tunneld_tls::records::{
         Records, Suite, ALERT, APPLICATION_DATA, FULL_RECORD, HEADER, MAX_EMPTY_RECORDS,
         MAX_KEY_UPDATES, MAX_PLAINTEXT, MAX_RECORD, TAG,
     };

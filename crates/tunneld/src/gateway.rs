@@ -173,7 +173,7 @@ struct Interface {
 /// What `shutdown` stops.
 struct Running {
     wireguard: Option<RunningWireGuard>,
-    tls: Option<crate::tls::TlsService>,
+    tls: Option<tunneld_tls::TlsService>,
     _metrics: Option<crate::metrics::MetricsServing>,
 }
 
@@ -398,8 +398,13 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
         None
     } else {
         Some(
-            crate::tls::TlsService::bind(&plan.config.tls, &plan.base, wg_port.clone())
-                .map_err(Error::system)?,
+            tunneld_tls::TlsService::bind(
+                &plan.config.tls,
+                &plan.base,
+                wg_port.clone(),
+                crate::topology::allowed_cpus().len(),
+            )
+            .map_err(Error::system)?,
         )
     };
     let metrics = match &plan.config.metrics {
@@ -410,8 +415,9 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
         Some(mut wg) => {
             // Peers with transport = "tls" are reached through a loopback bridge each.
             let worker = Arc::new(OnceLock::new());
+            let tls_peers = Arc::new(crate::tls_peers::TlsPeers(worker.clone()));
             let (bridges, starters) =
-                crate::tls::prepare_peer_transports(&plan.config, &plan.base, worker.clone())
+                tunneld_tls::prepare_peer_transports(&plan.config, &plan.base, tls_peers)
                     .map_err(Error::system)?;
             for (i, bridge) in bridges {
                 if let Some(peer) = wg.peers.get_mut(i) {

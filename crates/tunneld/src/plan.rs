@@ -156,7 +156,7 @@ pub fn load_text(text: &str, base: &Path, resolve: Resolve) -> Result<Plan, Vec<
         }
     }
 
-    errors.extend(crate::tls::check_files(&config, base));
+    errors.extend(tunneld_tls::check_files(&config, base));
     if !errors.is_empty() {
         return Err(errors);
     }

@@ -3,7 +3,7 @@
 //! release, with a release `tunneld` next to the test binary:
 //!
 //! ```text
-//! cargo build --release -p tunneld
+//! cargo build --release -p tunneld-cli
 //! TUNNELD_BULK_MIB=1024 cargo test --release -p tunneld-userspace --test throughput -- --ignored --nocapture
 //! ```
 

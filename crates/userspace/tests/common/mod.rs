@@ -44,11 +44,11 @@ pub fn tunneld_binary(test: &str) -> Option<PathBuf> {
     }
     assert!(
         std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() != Ok("1"),
-        "{test}: {} is missing (TUNNELD_REQUIRE_NETNS=1); build it with `cargo build -p tunneld`",
+        "{test}: {} is missing (TUNNELD_REQUIRE_NETNS=1); build it with `cargo build -p tunneld-cli`",
         path.display()
     );
     eprintln!(
-        "SKIPPED {test}: {} is missing; build it with `cargo build -p tunneld` (cargo test --workspace does)",
+        "SKIPPED {test}: {} is missing; build it with `cargo build -p tunneld-cli` (cargo test --workspace does)",
         path.display()
     );
     None
