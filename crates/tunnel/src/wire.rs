@@ -29,7 +29,7 @@ pub const DATA_MIN_LEN: usize = DATA_HEADER_LEN + TAG_LEN;
 pub const MACS_LEN: usize = 32;
 
 /// Field offsets of the initiation (each field runs to the next one).
-pub(crate) mod initiation {
+pub mod initiation {
     pub const SENDER: usize = 4;
     pub const EPHEMERAL: usize = 8;
     pub const STATIC: usize = 40;
@@ -39,7 +39,7 @@ pub(crate) mod initiation {
 }
 
 /// Field offsets of the response.
-pub(crate) mod response {
+pub mod response {
     pub const SENDER: usize = 4;
     pub const RECEIVER: usize = 8;
     pub const EPHEMERAL: usize = 12;
@@ -49,14 +49,14 @@ pub(crate) mod response {
 }
 
 /// Field offsets of the cookie reply.
-pub(crate) mod cookie_reply {
+pub mod cookie_reply {
     pub const RECEIVER: usize = 4;
     pub const NONCE: usize = 8;
     pub const COOKIE: usize = 32;
 }
 
 /// Field offsets of the data message.
-pub(crate) mod data {
+pub mod data {
     pub const RECEIVER: usize = 4;
     pub const COUNTER: usize = 8;
 }
