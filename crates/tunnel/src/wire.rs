@@ -106,6 +106,7 @@ pub enum Message<'a> {
 
 /// Parses a datagram: its header (type, three zero bytes) and the length its type has.
 /// Nothing is decrypted or authenticated here.
+#[inline]
 pub fn parse(datagram: &[u8]) -> Result<Message<'_>, ParseError> {
     match header(datagram)? {
         MSG_INITIATION => Initiation::parse(datagram).map(Message::Initiation),
@@ -188,6 +189,7 @@ impl<'a> Message<'a> {
 
 /// Writes a message header: the type and three zero bytes. `out` is at least 4 bytes long
 /// (every caller's buffer is a whole message).
+#[inline]
 pub(crate) fn write_header(kind: u8, out: &mut [u8]) {
     if let Some(head) = out.get_mut(..4) {
         head.copy_from_slice(&[kind, 0, 0, 0]);
@@ -195,6 +197,7 @@ pub(crate) fn write_header(kind: u8, out: &mut [u8]) {
 }
 
 /// Writes a data message's header.
+#[inline]
 pub fn write_data_header(receiver: u32, counter: u64, out: &mut [u8; DATA_HEADER_LEN]) {
     write_header(MSG_DATA, out);
     out[data::RECEIVER..data::COUNTER].copy_from_slice(&receiver.to_le_bytes());
@@ -202,6 +205,7 @@ pub fn write_data_header(receiver: u32, counter: u64, out: &mut [u8; DATA_HEADER
 }
 
 /// The type of a message whose header is well formed.
+#[inline]
 fn header(datagram: &[u8]) -> Result<u8, ParseError> {
     match datagram {
         [kind, 0, 0, 0, ..] => Ok(*kind),
@@ -226,6 +230,7 @@ fn fixed<const N: usize>(datagram: &[u8], kind: u8) -> Result<&[u8; N], ParseErr
 }
 
 /// The `N` bytes at `at` of a message already checked to be long enough.
+#[inline]
 fn field<const N: usize>(bytes: &[u8], at: usize) -> &[u8; N] {
     // The offsets are constants inside the checked length (`layouts_tile_each_message`
     // tests every one), so this never falls back; the fallback keeps panics out.
@@ -344,6 +349,7 @@ pub struct Data<'a> {
 }
 
 impl<'a> Data<'a> {
+    #[inline]
     pub fn parse(datagram: &'a [u8]) -> Result<Self, ParseError> {
         let found = header(datagram)?;
         if found != MSG_DATA {

@@ -54,13 +54,12 @@ impl Session {
     /// or `out` is too small.
     pub fn seal(&mut self, packet: &[u8], out: &mut [u8]) -> Option<usize> {
         let len = DATA_HEADER_LEN + packet.len() + TAG_LEN;
-        if self.next_counter >= REJECT_AFTER_MESSAGES || out.len() < len {
+        if self.next_counter >= REJECT_AFTER_MESSAGES {
             return None;
         }
+        let (header, sealed) = out.get_mut(..len)?.split_first_chunk_mut()?;
         let counter = self.next_counter;
         self.next_counter += 1;
-        let (header, sealed) = out[..len].split_at_mut(DATA_HEADER_LEN);
-        let header: &mut [u8; DATA_HEADER_LEN] = header.try_into().ok()?;
         wire::write_data_header(self.peer_index, counter, header);
         let (body, tag) = sealed.split_at_mut(packet.len());
         tag.copy_from_slice(&self.sending.seal_into(counter, packet, body));
