@@ -472,7 +472,8 @@ impl Device {
     }
 
     /// Handles one datagram received from `from`: decrypted packets go to `tunnel`, replies
-    /// (handshake responses, cookies, queued packets) to `network`.
+    /// (handshake responses, cookies, queued packets) to `network`. The datagram is parsed
+    /// once, here ([`wire::parse`]); what does not parse is counted as `malformed`.
     pub fn decapsulate(
         &mut self,
         from: SocketAddr,

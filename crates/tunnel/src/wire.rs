@@ -1,7 +1,8 @@
 //! WireGuard's four messages as they cross the network, in one place: the layout of every
 //! field, and [`parse`], which turns a datagram into a typed [`Message`] or says why it is
-//! not one. The rest of the core (the device, the handshake, cookies, sessions) and the
-//! dataplane's steering take these types, never raw bytes, so each field is cut here once.
+//! not one. The rest of the core (the device, the handshake, cookies, sessions) takes these
+//! types, never raw bytes, so each field is cut here once; the kernel's steering program,
+//! which cannot call `parse`, reads the receiver index where [`receiver_offset`] says.
 //!
 //! The views borrow the datagram: parsing copies nothing, and a data message's sealed body
 //! is opened straight from the receive buffer.
