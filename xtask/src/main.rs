@@ -9,6 +9,8 @@ mod fuzz;
 mod kernel_wg;
 #[cfg(test)]
 mod module_cycles;
+#[cfg(test)]
+mod one_netlink_parser;
 mod package;
 mod system;
 mod testbed;

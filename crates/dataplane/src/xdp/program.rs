@@ -582,7 +582,7 @@ pub fn attached_programs(ifindex: u32) -> io::Result<Vec<AttachedProgram>> {
     Ok(out)
 }
 
-/// A NETLINK_ROUTE socket of this thread's network namespace, for one question or change.
+/// An rtnetlink socket of this thread's network namespace, for one question or change.
 fn rtnetlink() -> io::Result<Netlink> {
     Netlink::open_query()
 }
