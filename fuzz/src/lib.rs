@@ -553,6 +553,9 @@ pub fn netlink(data: &[u8]) {
             let on = u32::from_ne_bytes(payload[4..8].try_into().unwrap());
             assert_eq!(on, index, "{addr} is on link {on}");
         }
+        if let Some(via) = route::route_via(payload, index) {
+            assert!(route::route_matches(payload, via, index));
+        }
         if route::route_matches(payload, dst, index) {
             let found = route::parse_route(payload).unwrap();
             assert_eq!((found.oif, found.dst_len), (Some(index), 16));

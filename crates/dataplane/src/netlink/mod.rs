@@ -162,6 +162,38 @@ impl Netlink {
         }
     }
 
+    /// Sends every request of `requests` in one datagram (the kernel handles them in order,
+    /// each whether or not one before it failed), then reads until each is answered: their
+    /// outcomes, in order. An error of the socket fails them all. Keep batches small enough
+    /// that their ACKs fit the socket's receive queue (a few dozen), or the kernel drops ACKs.
+    pub fn exchange_batch(
+        &mut self,
+        requests: &mut [Request],
+    ) -> Result<Vec<Result<(), Failure>>, Failure> {
+        let mut datagram = Vec::with_capacity(requests.len() * wire::REQUEST_MAX);
+        let mut pending = Vec::with_capacity(requests.len());
+        for request in requests.iter_mut() {
+            self.sequence = self.sequence.wrapping_add(1);
+            pending.push(Exchange::new(self.sequence, request.flags()));
+            datagram.extend_from_slice(request.finish(self.sequence)?);
+        }
+        let mut outcomes: Vec<Option<Result<(), Failure>>> = std::iter::repeat_with(|| None)
+            .take(requests.len())
+            .collect();
+        if !datagram.is_empty() {
+            self.send(&datagram)?;
+        }
+        while outcomes.iter().any(Option::is_none) {
+            let datagram = self.receive(0)?;
+            for (exchange, outcome) in pending.iter_mut().zip(outcomes.iter_mut()) {
+                if outcome.is_none() {
+                    *outcome = exchange.scan(datagram, &mut |_, _| {});
+                }
+            }
+        }
+        Ok(outcomes.into_iter().flatten().collect())
+    }
+
     /// A dump ([`Request::dump`], made by `request`) asked again while a concurrent change
     /// cuts it short (at most a few times); `on_reply` is told when it starts over
     /// (`None`) and then gets each reply (`Some`).

@@ -94,6 +94,11 @@ const IFA_FLAGS: u16 = 8;
 const IFA_F_NODAD: u8 = 0x02;
 const IFA_F_DADFAILED: u32 = 0x08;
 const IFA_F_TENTATIVE: u32 = 0x40;
+/// Route requests per datagram in [`Netlink::add_routes`]: each is answered by an ACK of its
+/// own (about a kilobyte of the receive queue), and ACKs that do not fit are dropped.
+const ROUTES_PER_DATAGRAM: usize = 64;
+const AF_INET: u8 = libc::AF_INET as u8;
+const AF_INET6: u8 = libc::AF_INET6 as u8;
 /// Interface names are at most IFNAMSIZ - 1 bytes.
 const MAX_NAME_LEN: usize = 15;
 
@@ -268,21 +273,94 @@ impl Netlink {
     /// route is not an error.
     pub fn add_route(&mut self, index: u32, dst: IpNet) -> io::Result<()> {
         let dst = dst.trunc();
+        let result = self.exchange(&mut add_route_request(index, dst), |_, _| {});
+        self.route_added(index, dst, result)
+    }
+
+    /// [`Netlink::add_route`] for every prefix of `dsts`, many requests to a datagram (a
+    /// hub's thousands of routes in a few system calls), and one dump of the table for
+    /// those already there. Every route is tried; the first error is returned.
+    pub fn add_routes(&mut self, index: u32, dsts: &[IpNet]) -> io::Result<()> {
+        let mut first_error = None;
+        let mut existing = Vec::new();
+        for chunk in dsts.chunks(ROUTES_PER_DATAGRAM) {
+            let mut requests: Vec<Request> = chunk
+                .iter()
+                .map(|dst| add_route_request(index, dst.trunc()))
+                .collect();
+            let outcomes = match self.exchange_batch(&mut requests) {
+                Ok(outcomes) => outcomes,
+                Err(f) => {
+                    let what = format!("netlink: add {} routes via link {index}", chunk.len());
+                    return Err(first_error.unwrap_or_else(|| f.named(&what)));
+                }
+            };
+            for (dst, result) in chunk.iter().map(IpNet::trunc).zip(outcomes) {
+                match result {
+                    Ok(()) => {}
+                    // Some route to dst is there: through our link, below.
+                    Err(f) if f.errno() == Some(libc::EEXIST) => existing.push(dst),
+                    Err(f) => {
+                        first_error.get_or_insert_with(|| {
+                            f.named(&format!("netlink: add route {dst} via link {index}"))
+                        });
+                    }
+                }
+            }
+        }
+        for family in [AF_INET, AF_INET6] {
+            let Some(&first) = existing.iter().find(|d| family_of(d.addr()) == family) else {
+                continue;
+            };
+            let ours = match self.routes_via(index, family) {
+                Ok(ours) => ours,
+                Err(f) => {
+                    let what = format!("netlink: add route {first} via link {index}");
+                    first_error.get_or_insert_with(|| f.named(&what));
+                    continue;
+                }
+            };
+            for dst in existing.iter().filter(|d| family_of(d.addr()) == family) {
+                if !ours.contains(dst) {
+                    first_error.get_or_insert_with(|| in_the_way(index, *dst));
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// The prefixes of the main table's routes of `family` through link `index`.
+    fn routes_via(&mut self, index: u32, family: u8) -> Result<Vec<IpNet>, Failure> {
+        let mut header = [0u8; RTMSG_LEN];
+        header[0] = family;
+        let mut found = Vec::new();
+        self.dump(
+            || Request::dump(RTM_GETROUTE, &header),
+            |reply| match reply {
+                None => found.clear(),
+                Some((RTM_NEWROUTE, payload)) => found.extend(route_via(payload, index)),
+                Some(_) => {}
+            },
+        )?;
+        Ok(found)
+    }
+
+    /// The outcome of adding the route to `dst` (truncated): an existing route through
+    /// the link is fine, one through another link is in the way.
+    fn route_added(
+        &mut self,
+        index: u32,
+        dst: IpNet,
+        result: Result<(), Failure>,
+    ) -> io::Result<()> {
         let what = format!("netlink: add route {dst} via link {index}");
-        let mut request = route_request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, index, dst, false);
-        match self.exchange(&mut request, |_, _| {}) {
+        match result {
             Ok(()) => Ok(()),
             // EEXIST says only that some route to dst is there (in IPv6: with the same
             // metric), maybe through another link; it is fine only if it goes through ours.
             Err(f) if f.errno() == Some(libc::EEXIST) => match self.route_exists(index, dst) {
                 Ok(true) => Ok(()),
-                Ok(false) => {
-                    let why = format!("a route to {dst} through another link is in the way");
-                    Err(io::Error::new(
-                        io::ErrorKind::AlreadyExists,
-                        format!("{what}: {why}"),
-                    ))
-                }
+                Ok(false) => Err(in_the_way(index, dst)),
                 Err(f) => Err(f.named(&what)),
             },
             Err(f) => Err(f.named(&what)),
@@ -302,20 +380,25 @@ impl Netlink {
 
     /// Whether the main table has a route to exactly `dst` through link `index`.
     fn route_exists(&mut self, index: u32, dst: IpNet) -> Result<bool, Failure> {
-        let mut header = [0u8; RTMSG_LEN];
-        header[0] = family_of(dst.addr());
-        let mut found = false;
-        self.dump(
-            || Request::dump(RTM_GETROUTE, &header),
-            |reply| match reply {
-                None => found = false,
-                Some((kind, payload)) => {
-                    found |= kind == RTM_NEWROUTE && route_matches(payload, dst, index);
-                }
-            },
-        )?;
-        Ok(found)
+        Ok(self
+            .routes_via(index, family_of(dst.addr()))?
+            .contains(&dst))
     }
+}
+
+/// The refusal of a route to `dst` that another link's route would shadow.
+fn in_the_way(index: u32, dst: IpNet) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "netlink: add route {dst} via link {index}: \
+             a route to {dst} through another link is in the way"
+        ),
+    )
+}
+
+fn add_route_request(index: u32, dst: IpNet) -> Request {
+    route_request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, index, dst, false)
 }
 
 /// An add or remove request for addr/prefix on link `index`.
@@ -486,22 +569,31 @@ pub fn parse_route(payload: &[u8]) -> Option<Route> {
     Some(route)
 }
 
+/// The prefix of one route of a dump (an RTM_NEWROUTE payload) if it is a main-table route
+/// through link `index`.
+pub fn route_via(payload: &[u8], index: u32) -> Option<IpNet> {
+    let route = parse_route(payload)?;
+    if route.oif != Some(index) || route.table != u32::from(RT_TABLE_MAIN) {
+        return None;
+    }
+    // A default route has no RTA_DST.
+    let dst = match (route.dst, route.family) {
+        (Some(dst), _) => dst,
+        (None, _) if route.dst_len != 0 => return None,
+        (None, AF_INET) => IpAddr::from([0u8; 4]),
+        (None, AF_INET6) => IpAddr::from([0u16; 8]),
+        (None, _) => return None,
+    };
+    if family_of(dst) != route.family {
+        return None;
+    }
+    IpNet::new(dst, route.dst_len).ok()
+}
+
 /// Whether one route of a dump (an RTM_NEWROUTE payload) is the main-table route to
 /// exactly `dst` (truncated) through link `index`.
 pub fn route_matches(payload: &[u8], dst: IpNet, index: u32) -> bool {
-    let Some(route) = parse_route(payload) else {
-        return false;
-    };
-    // A default route has no RTA_DST.
-    let dst_ok = match route.dst {
-        Some(addr) => addr == dst.addr(),
-        None => dst.prefix_len() == 0,
-    };
-    route.family == family_of(dst.addr())
-        && route.dst_len == dst.prefix_len()
-        && dst_ok
-        && route.oif == Some(index)
-        && route.table == u32::from(RT_TABLE_MAIN)
+    route_via(payload, index) == Some(dst)
 }
 
 /// One RTM_NEWNEIGH payload: `struct ndmsg`, then attributes.
@@ -622,9 +714,6 @@ mod tests {
     use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP};
     use std::net::Ipv6Addr;
     use tunneld_testnet::{require_netns, unique_name, NetNs};
-
-    const AF_INET: u8 = libc::AF_INET as u8;
-    const AF_INET6: u8 = libc::AF_INET6 as u8;
 
     fn net(s: &str) -> IpNet {
         s.parse().expect("test network")
@@ -789,6 +878,67 @@ mod tests {
                 )
             );
         }
+    }
+
+    #[test]
+    fn many_routes_go_in_batches_and_each_is_checked() {
+        if !require_netns("netlink::many_routes_go_in_batches_and_each_is_checked") {
+            return;
+        }
+        let ns = NetNs::new();
+        let (link, other) = veth_in(&ns);
+        ns.run(&["ip", "link", "set", &link, "up"]);
+        ns.run(&["ip", "route", "add", "10.99.0.0/16", "dev", &other]);
+        // More than one datagram's worth, both families, host bits to drop, and one already
+        // added one at a time.
+        let mut dsts: Vec<IpNet> = (0..300u32)
+            .map(|i| net(&format!("10.{}.{}.1/24", 100 + i / 256, i % 256)))
+            .collect();
+        dsts.extend((0..70u32).map(|i| net(&format!("fd30:{i:x}::1/64"))));
+        let name = link.clone();
+        let (index, first, second, in_the_way) = ns.in_ns(move || {
+            let mut nl = Netlink::open().expect("open");
+            let index = nl.link_index(&name).expect("index");
+            nl.add_route(index, dsts[5]).expect("one route");
+            let first = nl.add_routes(index, &dsts).map_err(|e| e.to_string());
+            // Again: every route is there through this link, so nothing is in the way.
+            let second = nl.add_routes(index, &dsts).map_err(|e| e.to_string());
+            let mut with_one_in_the_way = dsts[..100].to_vec();
+            with_one_in_the_way.insert(70, net("10.99.0.0/16"));
+            let in_the_way = nl
+                .add_routes(index, &with_one_in_the_way)
+                .expect_err("a route in the way");
+            (
+                index,
+                first,
+                second,
+                (in_the_way.kind(), in_the_way.to_string()),
+            )
+        });
+        assert_eq!(first, Ok(()));
+        assert_eq!(second, Ok(()));
+        assert_eq!(in_the_way.0, io::ErrorKind::AlreadyExists);
+        assert_eq!(
+            in_the_way.1,
+            format!(
+                "netlink: add route 10.99.0.0/16 via link {index}: \
+                 a route to 10.99.0.0/16 through another link is in the way"
+            )
+        );
+        let v4 = routes(&ns, "-4", &link);
+        let v6 = routes(&ns, "-6", &link);
+        assert_eq!(
+            count(&v4, &["\"protocol\":\"static\""]),
+            300,
+            "routes: {v4}"
+        );
+        assert_eq!(
+            count(&v4, &["\"dst\":\"10.101.43.0/24\""]),
+            1,
+            "routes: {v4}"
+        );
+        assert_eq!(count(&v6, &["\"dst\":\"fd30:45::/64\""]), 1, "routes: {v6}");
+        assert_eq!(count(&v6, &["\"protocol\":\"static\""]), 70, "routes: {v6}");
     }
 
     #[test]
@@ -973,6 +1123,9 @@ mod tests {
             );
             let _ = (parse_address(payload, 7), parse_xdp_programs(payload));
             let _ = (neighbour_ifindex(payload), route_matches(payload, dst, 1));
+            if let Some(via) = route_via(payload, 1) {
+                assert!(route_matches(payload, via, 1));
+            }
             let _ = super::super::generic::parse_family_id(payload);
             let _ = super::super::generic::parse_xsk_features(payload);
         };
