@@ -265,6 +265,116 @@ fn main() {
             [&[0x9au8][..], &[22, 3, 3, 0, 2, 1, 0]].concat(),
         ],
     ));
+    // netlink replies to request 1 (see `tunneld_fuzz::netlink`; first byte 6: a get about
+    // link 1, 4: a change, 5: a dump): a route, a neighbour, a link with XDP programs, an
+    // address dump over two datagrams (and one cut short by a change), a refusal with the
+    // kernel's reason, a late ACK before ours, generic netlink's family and netdev answers.
+    let nl = |kind: u16, flags: u16, sequence: u32, payload: &[u8]| {
+        let mut m = ((16 + payload.len()) as u32).to_ne_bytes().to_vec();
+        m.extend_from_slice(&kind.to_ne_bytes());
+        m.extend_from_slice(&flags.to_ne_bytes());
+        m.extend_from_slice(&sequence.to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m.extend_from_slice(payload);
+        m.resize(m.len().next_multiple_of(4), 0);
+        m
+    };
+    let attr = |kind: u16, value: &[u8]| {
+        let mut a = ((4 + value.len()) as u16).to_ne_bytes().to_vec();
+        a.extend_from_slice(&kind.to_ne_bytes());
+        a.extend_from_slice(value);
+        a.resize(a.len().next_multiple_of(4), 0);
+        a
+    };
+    let one = 1u32.to_ne_bytes();
+    let route = [
+        &[2u8, 16, 0, 0, 254, 4, 253, 1, 0, 0, 0, 0][..],
+        &attr(1, &[10, 20, 0, 0]),
+        &attr(4, &one),
+        &attr(7, &[10, 0, 0, 1]),
+        &attr(5, &[10, 0, 0, 2]),
+    ]
+    .concat();
+    let neighbour = [
+        &[2u8, 0, 0, 0][..],
+        &one,
+        &4u16.to_ne_bytes(),
+        &[0, 1],
+        &attr(1, &[10, 0, 0, 2]),
+        &attr(2, &[2, 0, 0, 0, 0, 9]),
+    ]
+    .concat();
+    let xdp = [
+        attr(2, &[4]),
+        attr(5, &7u32.to_ne_bytes()),
+        attr(6, &8u32.to_ne_bytes()),
+    ]
+    .concat();
+    let mut xdp_nest = attr(43, &xdp);
+    xdp_nest[2..4].copy_from_slice(&(43u16 | 0x8000).to_ne_bytes());
+    let link = [
+        &[0u8, 0][..],
+        &1u16.to_ne_bytes(),
+        &one,
+        &0x1043u32.to_ne_bytes(),
+        &[0; 4],
+        &attr(1, &[2, 0, 0, 0, 0, 1]),
+        &xdp_nest,
+    ]
+    .concat();
+    let v4 = [&[2u8, 24, 0, 0][..], &one, &attr(2, &[10, 77, 0, 1])].concat();
+    let mut fd77 = [0u8; 16];
+    fd77[..2].copy_from_slice(&[0xfd, 0x77]);
+    fd77[15] = 1;
+    let v6 = [
+        &[10u8, 64, 0, 0][..],
+        &one,
+        &attr(1, &fd77),
+        &attr(8, &0x80u32.to_ne_bytes()),
+    ]
+    .concat();
+    let done = nl(3, 2, 1, &0i32.to_ne_bytes());
+    let reason = attr(1, b"Nexthop device is not up\0");
+    let refusal = [
+        &(-100i32).to_ne_bytes()[..],
+        &nl(24, 0x405, 1, &[])[..16],
+        &reason,
+    ]
+    .concat();
+    let ack = [&0i32.to_ne_bytes()[..], &nl(24, 5, 1, &[])[..16]].concat();
+    let family = [
+        &[1u8, 2, 0, 0][..],
+        &attr(2, b"netdev\0"),
+        &attr(1, &33u16.to_ne_bytes()),
+    ]
+    .concat();
+    let features = [
+        &[1u8, 1, 0, 0][..],
+        &attr(1, &one),
+        &attr(6, &2u64.to_ne_bytes()),
+    ]
+    .concat();
+    all.push((
+        "netlink",
+        vec![
+            prefixed(&[nl(24, 0, 1, &route)]),
+            prefixed(&[nl(28, 0, 1, &neighbour)]),
+            prefixed(&[nl(16, 0, 1, &link)]),
+            prefixed(&[
+                [nl(20, 2, 1, &v4), nl(20, 2, 1, &v6)].concat(),
+                done.clone(),
+            ]),
+            prefixed(&[[nl(20, 2 | 16, 1, &v4), done].concat()]),
+            prefixed(&[nl(2, 0x300, 1, &refusal)]),
+            prefixed(&[[nl(2, 0x100, 0, &ack), nl(2, 0x100, 1, &ack)].concat()]),
+            prefixed(&[nl(16, 0, 1, &family)]),
+            prefixed(&[nl(33, 0, 1, &features)]),
+        ]
+        .into_iter()
+        .zip([6u8, 6, 6, 5, 5, 4, 4, 6, 6])
+        .map(|(datagrams, first)| [vec![first], datagrams].concat())
+        .collect(),
+    ));
     for (name, inputs) in all {
         let dir = corpus(name);
         fs::create_dir_all(&dir).unwrap();

@@ -562,6 +562,68 @@ pub fn records(data: &[u8]) {
     }
 }
 
+/// netlink replies, as the kernel would send them to tunneld: the first byte picks the
+/// request they answer (a get, a change or a dump) and the link asked about; the rest is
+/// datagrams (length-prefixed pieces) fed to one reply scanner, every reply's payload to
+/// every parser of the netlink layer (routes, neighbours, links, addresses, XDP state,
+/// events, generic netlink). Never a panic; every error is one line; a get ends at its
+/// first reply; what the parsers accept is what was asked for.
+pub fn netlink(data: &[u8]) {
+    use tunneld_dataplane::netlink::{generic, route, Exchange};
+    let Some((&first, rest)) = data.split_first() else {
+        return;
+    };
+    // A get (no flags), a change (NLM_F_ACK) or a dump (NLM_F_DUMP).
+    let flags = [0, 4, 0x300][usize::from(first % 3)];
+    let index = u32::from(first >> 2 & 7);
+    let dst: ipnet::IpNet = "10.20.0.0/16".parse().unwrap();
+    let parse = |payload: &[u8]| {
+        let _ = route::parse_neighbour(payload);
+        let _ = route::parse_link(payload);
+        let _ = route::parse_xdp_programs(payload);
+        let _ = (
+            generic::parse_family_id(payload),
+            generic::parse_xsk_features(payload),
+        );
+        if let Some(addr) = route::parse_address(payload, index) {
+            let on = u32::from_ne_bytes(payload[4..8].try_into().unwrap());
+            assert_eq!(on, index, "{addr} is on link {on}");
+        }
+        if let Some(via) = route::route_via(payload, index) {
+            assert!(route::route_matches(payload, via, index));
+        }
+        if route::route_matches(payload, dst, index) {
+            let found = route::parse_route(payload).unwrap();
+            assert_eq!((found.oif, found.dst_len), (Some(index), 16));
+        }
+    };
+    let _ = route::event_matters(rest, index);
+    let mut exchange = Exchange::new(1, flags);
+    let mut replies = 0;
+    for datagram in pieces(rest) {
+        let _ = route::event_matters(datagram, index);
+        let end = exchange.scan(datagram, &mut |_, payload| {
+            replies += 1;
+            parse(payload);
+        });
+        match end {
+            None => continue,
+            Some(Ok(())) => {
+                if flags == 0 {
+                    assert!(replies <= 1, "a get answered {replies} times");
+                }
+            }
+            Some(Err(failure)) => {
+                let line = failure
+                    .named("netlink: add route 10.20.0.0/16 via link 1")
+                    .to_string();
+                assert!(!line.contains('\n') && !line.contains('\r'), "{line:?}");
+            }
+        }
+        break;
+    }
+}
+
 /// A fuzz target's body.
 pub type Target = fn(&[u8]);
 
@@ -576,4 +638,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("framing", framing),
     ("aead_differential", aead_differential),
     ("records", records),
+    ("netlink", netlink),
 ];

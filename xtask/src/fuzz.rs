@@ -17,6 +17,7 @@ pub const TARGETS: &[&str] = &[
     "framing",
     "aead_differential",
     "records",
+    "netlink",
 ];
 
 /// `cargo xtask fuzz <target|all|list> [--time N]`.

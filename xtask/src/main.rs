@@ -11,6 +11,8 @@ mod kernel_wg;
 mod library_deps;
 #[cfg(test)]
 mod module_cycles;
+#[cfg(test)]
+mod one_netlink_parser;
 mod package;
 mod system;
 mod testbed;

@@ -8,6 +8,7 @@ pub mod batch;
 mod busy_poll;
 mod handoff;
 pub mod io;
+pub mod netlink;
 pub mod offload;
 pub mod sim;
 pub mod steering;

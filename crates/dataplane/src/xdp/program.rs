@@ -47,9 +47,10 @@
 //! attached the netlink way is replaced; anyone else's is not touched.
 
 use super::bpf::{self, Asm, Cond, Map, Size, R0, R1, R10, R2, R3, R4, R5, R6, R7, R8};
+use crate::netlink::{Failure, Netlink};
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 /// The program's name, as the kernel shows it (`bpftool prog`, `ip link`). A program of this
 /// name attached to an interface is taken to be tunneld's and is replaced by [`XdpProgram::attach`].
@@ -558,30 +559,14 @@ pub fn attached_program(ifindex: u32) -> io::Result<Option<AttachedProgram>> {
 /// Every XDP program attached to interface `ifindex`: none, one, or (with hardware offload)
 /// one offloaded and one not. From RTM_GETLINK's IFLA_XDP; names from the programs' info.
 pub fn attached_programs(ifindex: u32) -> io::Result<Vec<AttachedProgram>> {
-    let request = link_message(RTM_GETLINK, NLM_F_REQUEST, ifindex, &[]);
-    let reply = netlink_request(&request)?;
-    // struct ifinfomsg follows the header; then the link's attributes.
-    let attrs = reply.get(IFINFOMSG_LEN..).unwrap_or_default();
-    let Some(xdp) = find_attr(attrs, IFLA_XDP) else {
-        return Ok(Vec::new());
-    };
-    let u32_attr = |kind| {
-        find_attr(xdp, kind)
-            .and_then(|v| v.get(..4))
-            .map(|v| u32::from_ne_bytes([v[0], v[1], v[2], v[3]]))
-    };
-    let attached = find_attr(xdp, IFLA_XDP_ATTACHED).and_then(|v| v.first().copied());
-    let ids: Vec<(AttachedMode, Option<u32>)> = match attached {
-        Some(XDP_ATTACHED_DRV) => vec![(AttachedMode::Driver, u32_attr(IFLA_XDP_PROG_ID))],
-        Some(XDP_ATTACHED_SKB) => vec![(AttachedMode::Generic, u32_attr(IFLA_XDP_PROG_ID))],
-        Some(XDP_ATTACHED_HW) => vec![(AttachedMode::Offload, u32_attr(IFLA_XDP_PROG_ID))],
-        Some(XDP_ATTACHED_MULTI) => vec![
-            (AttachedMode::Driver, u32_attr(IFLA_XDP_DRV_PROG_ID)),
-            (AttachedMode::Generic, u32_attr(IFLA_XDP_SKB_PROG_ID)),
-            (AttachedMode::Offload, u32_attr(IFLA_XDP_HW_PROG_ID)),
-        ],
-        _ => Vec::new(),
-    };
+    let programs = rtnetlink()?
+        .xdp_programs(ifindex)
+        .map_err(Failure::into_io)?;
+    let ids = [
+        (AttachedMode::Driver, programs.driver),
+        (AttachedMode::Generic, programs.generic),
+        (AttachedMode::Offload, programs.offload),
+    ];
     let mut out = Vec::new();
     for (mode, id) in ids {
         let Some(id) = id.filter(|&id| id != 0) else {
@@ -597,86 +582,13 @@ pub fn attached_programs(ifindex: u32) -> io::Result<Vec<AttachedProgram>> {
     Ok(out)
 }
 
-// ---------------------------------------------------------------------------------------------
-// rtnetlink, the little of it needed: get a link, set its XDP program.
-
-const RTM_NEWLINK: u16 = 16;
-const RTM_GETLINK: u16 = 18;
-const RTM_SETLINK: u16 = 19;
-const NLMSG_ERROR: u16 = 2;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
-const NLM_F_CAPPED: u16 = 0x100;
-const NLMSG_HDR_LEN: usize = 16;
-const IFINFOMSG_LEN: usize = 16;
-const NLA_F_NESTED: u16 = 1 << 15;
-const NLA_TYPE_MASK: u16 = 0x3fff;
-const SOL_NETLINK: libc::c_int = 270;
-const NETLINK_CAP_ACK: libc::c_int = 10;
-const NETLINK_EXT_ACK: libc::c_int = 11;
-const NLMSGERR_ATTR_MSG: u16 = 1;
-const IFLA_XDP: u16 = 43;
-const IFLA_XDP_FD: u16 = 1;
-const IFLA_XDP_ATTACHED: u16 = 2;
-const IFLA_XDP_FLAGS: u16 = 3;
-const IFLA_XDP_PROG_ID: u16 = 4;
-const IFLA_XDP_DRV_PROG_ID: u16 = 5;
-const IFLA_XDP_SKB_PROG_ID: u16 = 6;
-const IFLA_XDP_HW_PROG_ID: u16 = 7;
-const IFLA_XDP_EXPECTED_FD: u16 = 8;
-const XDP_ATTACHED_DRV: u8 = 1;
-const XDP_ATTACHED_SKB: u8 = 2;
-const XDP_ATTACHED_HW: u8 = 3;
-const XDP_ATTACHED_MULTI: u8 = 4;
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
+/// An rtnetlink socket of this thread's network namespace, for one question or change.
+fn rtnetlink() -> io::Result<Netlink> {
+    Netlink::open_query()
 }
 
-/// One netlink attribute: header, payload, padding.
-fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
-    let len = 4 + payload.len();
-    let mut out = Vec::with_capacity(align4(len));
-    out.extend_from_slice(&(len as u16).to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(payload);
-    out.resize(align4(len), 0);
-    out
-}
-
-/// A link message: nlmsghdr, ifinfomsg for `ifindex`, `attrs`.
-fn link_message(kind: u16, flags: u16, ifindex: u32, attrs: &[u8]) -> Vec<u8> {
-    let len = NLMSG_HDR_LEN + IFINFOMSG_LEN + attrs.len();
-    let mut m = Vec::with_capacity(len);
-    m.extend_from_slice(&(len as u32).to_ne_bytes());
-    m.extend_from_slice(&kind.to_ne_bytes());
-    m.extend_from_slice(&flags.to_ne_bytes());
-    m.extend_from_slice(&1u32.to_ne_bytes()); // sequence number
-    m.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it in
-    m.extend_from_slice(&[libc::AF_UNSPEC as u8, 0, 0, 0]); // family, pad, type
-    m.extend_from_slice(&(ifindex as i32).to_ne_bytes());
-    m.extend_from_slice(&[0; 8]); // flags, change
-    m.extend_from_slice(attrs);
-    m
-}
-
-/// The payload of the first attribute of type `kind` in `attrs`.
-fn find_attr(mut attrs: &[u8], kind: u16) -> Option<&[u8]> {
-    while attrs.len() >= 4 {
-        let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
-        let this = u16::from_ne_bytes([attrs[2], attrs[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > attrs.len() {
-            return None;
-        }
-        if this == kind {
-            return Some(&attrs[4..len]);
-        }
-        attrs = attrs.get(align4(len)..)?;
-    }
-    None
-}
-
-/// Sets (or, with no `prog`, clears) the XDP program of `ifindex` over netlink.
+/// Sets (or, with no `prog`, clears) the XDP program of `ifindex` over netlink; a refusal
+/// reads `{errno text}[: {kernel's reason}]`.
 fn netlink_set_xdp(
     ifindex: u32,
     prog: Option<BorrowedFd<'_>>,
@@ -684,133 +596,14 @@ fn netlink_set_xdp(
     expected: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
     let fd = prog.map_or(-1, |p| p.as_raw_fd());
-    let mut xdp = attr(IFLA_XDP_FD, &fd.to_ne_bytes());
-    xdp.extend(attr(IFLA_XDP_FLAGS, &flags.to_ne_bytes()));
-    if let Some(expected) = expected {
-        xdp.extend(attr(
-            IFLA_XDP_EXPECTED_FD,
-            &expected.as_raw_fd().to_ne_bytes(),
-        ));
-    }
-    let msg = link_message(
-        RTM_SETLINK,
-        NLM_F_REQUEST | NLM_F_ACK,
-        ifindex,
-        &attr(IFLA_XDP | NLA_F_NESTED, &xdp),
-    );
-    netlink_request(&msg).map(drop)
-}
-
-/// Sends one request on a new rtnetlink socket and returns the reply's body (after its
-/// nlmsghdr; empty for an acknowledgement), or the error it carries with the kernel's
-/// extended-ack message.
-fn netlink_request(msg: &[u8]) -> io::Result<Vec<u8>> {
-    // SAFETY: plain socket creation; the result is checked and owned at once.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a new descriptor that nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-    for opt in [NETLINK_EXT_ACK, NETLINK_CAP_ACK] {
-        let one: libc::c_int = 1;
-        // SAFETY: a valid int option value, its size passed with it. Failure only loses the
-        // error's detail, so it is ignored.
-        unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                SOL_NETLINK,
-                opt,
-                std::ptr::addr_of!(one).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-    }
-    // SAFETY: `msg` is valid for its length during the call.
-    let sent = unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        // SAFETY: `buf` is valid for writes of its length during the call.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        let mut rest = &buf[..n as usize];
-        while rest.len() >= NLMSG_HDR_LEN {
-            let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            let kind = u16::from_ne_bytes([rest[4], rest[5]]);
-            let flags = u16::from_ne_bytes([rest[6], rest[7]]);
-            if len < NLMSG_HDR_LEN || len > rest.len() {
-                return Err(io::Error::other("malformed netlink reply"));
-            }
-            let body = &rest[NLMSG_HDR_LEN..len];
-            match kind {
-                NLMSG_ERROR => return netlink_error(body, flags, msg.len()),
-                RTM_NEWLINK => return Ok(body.to_vec()),
-                _ => {}
-            }
-            rest = rest.get(align4(len)..).unwrap_or_default();
-        }
-    }
-}
-
-/// An NLMSG_ERROR body: `Ok` for an acknowledgement, else the errno with the kernel's message.
-fn netlink_error(body: &[u8], flags: u16, request_len: usize) -> io::Result<Vec<u8>> {
-    let Some(code) = body.get(..4) else {
-        return Err(io::Error::other("short netlink error"));
-    };
-    let code = i32::from_ne_bytes([code[0], code[1], code[2], code[3]]);
-    if code == 0 {
-        return Ok(Vec::new());
-    }
-    let e = io::Error::from_raw_os_error(-code);
-    // After the code: the request's header (capped) or the whole request, then the TLVs.
-    let echoed = if flags & NLM_F_CAPPED != 0 {
-        NLMSG_HDR_LEN
-    } else {
-        request_len
-    };
-    let message = body
-        .get(4 + echoed..)
-        .and_then(|tlvs| find_attr(tlvs, NLMSGERR_ATTR_MSG))
-        .map(|m| String::from_utf8_lossy(m.split(|&b| b == 0).next().unwrap_or(m)).into_owned());
-    Err(match message {
-        Some(m) => io::Error::new(e.kind(), format!("{e}: {m}")),
-        None => e,
-    })
+    rtnetlink()?
+        .set_xdp(ifindex, fd, flags, expected.map(|e| e.as_raw_fd()))
+        .map_err(Failure::into_io)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn xdp_netlink_attributes_are_padded_and_found() {
-        let mut attrs = attr(3, &[1, 2, 3]);
-        assert_eq!(attrs.len(), 8);
-        attrs.extend(attr(
-            IFLA_XDP | NLA_F_NESTED,
-            &attr(IFLA_XDP_ATTACHED, &[2]),
-        ));
-        let xdp = find_attr(&attrs, IFLA_XDP).unwrap();
-        assert_eq!(find_attr(xdp, IFLA_XDP_ATTACHED), Some(&[2u8][..]));
-        assert_eq!(find_attr(&attrs, 3), Some(&[1u8, 2, 3][..]));
-        assert_eq!(find_attr(&attrs, 9), None);
-        assert_eq!(find_attr(&[8, 0, 1, 0], 1), None); // longer than what is there
-    }
 
     #[test]
     fn xdp_ipv4_addresses_are_keyed_as_mapped_ipv6() {
