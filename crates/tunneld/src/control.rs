@@ -411,10 +411,13 @@ fn stopped() -> UapiError {
 fn sync_routes(netlink: &mut Netlink, link: u32, before: &[IpNet], after: &[IpNet]) {
     let (before_set, after_set): (HashSet<&IpNet>, HashSet<&IpNet>) =
         (before.iter().collect(), after.iter().collect());
-    for net in after.iter().filter(|n| !before_set.contains(n)) {
-        if let Err(e) = netlink.add_route(link, *net) {
-            tracing::warn!("{e}");
-        }
+    let added: Vec<IpNet> = after
+        .iter()
+        .filter(|n| !before_set.contains(n))
+        .copied()
+        .collect();
+    if let Err(e) = netlink.add_routes(link, &added) {
+        tracing::warn!("{e}");
     }
     for net in before.iter().filter(|n| !after_set.contains(n)) {
         if let Err(e) = netlink.del_route(link, *net) {
