@@ -138,14 +138,18 @@ impl Tally {
 
 /// Whether the network-namespace parts can run (root and a working `ip netns`).
 fn netns_usable() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    root && std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    tunneld_testnet::netns_unusable().is_none()
+}
+
+/// A step of `cargo xtask test` that cannot run here: `SKIPPED` and why, or an error under
+/// `TUNNELD_REQUIRE_ALL=1`, the rule of a test's skip (`tunneld_testnet::skip`).
+pub fn skip_step(step: &str, why: &str) -> Result<(), String> {
+    if tunneld_testnet::skip::all_required() {
+        Err(format!("{why} ({}=1)", tunneld_testnet::skip::REQUIRE_ALL))
+    } else {
+        eprintln!("==> {step}: SKIPPED ({why})");
+        Ok(())
+    }
 }
 
 /// `cargo xtask test`. Runs every step even when one fails, then prints the failed steps and,
@@ -250,11 +254,9 @@ fn test() -> ExitCode {
                 failures.push("package".into());
             }
         }
-    } else if std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() == Ok("1") {
-        eprintln!("package: needs root and TUNNELD_REQUIRE_NETNS=1");
+    } else if let Err(e) = skip_step("package check", "needs root to install it") {
+        eprintln!("package: {e}");
         failures.push("package (not root)".into());
-    } else {
-        eprintln!("==> package check: SKIPPED (needs root to install it)");
     }
     // tlsfuzzer's record-layer scripts against a [[tls.listen]]; each script counts in the
     // summary as one test. Skipped (counted so) without the vendored copy or without root.
@@ -304,13 +306,12 @@ fn test() -> ExitCode {
             eprintln!("bench-embedded --quick --local: {e}");
             failures.push("bench-embedded --quick --local".into());
         }
-    } else if std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() == Ok("1") {
-        eprintln!(
-            "bench --quick: network namespaces unusable (not root?) and TUNNELD_REQUIRE_NETNS=1"
-        );
+    } else if let Err(e) = skip_step(
+        "benchmark harness smoke run",
+        "needs root for network namespaces",
+    ) {
+        eprintln!("bench --quick: {e}");
         failures.push("bench --quick (no network namespaces)".into());
-    } else {
-        eprintln!("==> benchmark harness smoke run: SKIPPED (needs root for network namespaces)");
     }
     if !failures.is_empty() {
         println!("failed steps: {}", failures.join(", "));

@@ -35,23 +35,21 @@ pub use tunneld_testnet::require_tool;
 
 /// The tunneld binary next to this test's executable (`target/<profile>/tunneld`), built by
 /// `cargo test --workspace`. Missing: `None` after saying why (a failure under
-/// `TUNNELD_REQUIRE_NETNS=1`).
+/// `TUNNELD_REQUIRE_ALL=1`).
 pub fn tunneld_binary(test: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let path = exe.parent()?.parent()?.join("tunneld");
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() != Ok("1"),
-        "{test}: {} is missing (TUNNELD_REQUIRE_NETNS=1); build it with `cargo build -p tunneld`",
+    let why = format!(
+        "{} is missing; build it with `cargo build -p tunneld` (cargo test --workspace does)",
         path.display()
     );
-    eprintln!(
-        "SKIPPED {test}: {} is missing; build it with `cargo build -p tunneld` (cargo test --workspace does)",
-        path.display()
-    );
-    None
+    tunneld_testnet::skip_unless(
+        test,
+        path.is_file(),
+        "the test against a tunneld gateway",
+        tunneld_testnet::Missing::Setup(&why),
+    )
+    .then_some(path)
 }
 
 /// The two sites. Fields drop in order: the peer process first, then the namespaces.
