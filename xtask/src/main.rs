@@ -10,6 +10,7 @@ mod kernel_wg;
 #[cfg(test)]
 mod module_cycles;
 mod package;
+mod report;
 mod system;
 mod testbed;
 mod tls_bench;
@@ -24,19 +25,24 @@ commands:
   demo [--compare] two sites joined by tunneld in namespaces: ping, TCP transfer, speed;
                    --compare adds wireguard-go in the same testbed
   bench [--quick] [--rounds N] [--seconds S] [--only NAME,NAME] [--tunneld-baseline BIN]
+        [--update-docs]
                    end-to-end comparison in namespaces: direct, tunneld, wireguard-go
                    (Debian; Go-module build), boringtun-cli, gotatun-cli, kernel WireGuard
                    where present;
                    interleaved rounds, medians; report in target/bench-report/;
                    --only keeps the rows whose name contains one of the NAMEs
                    (a comma followed by a space is part of a NAME);
-                   --tunneld-baseline adds each tunneld row for another tunneld build too
+                   --tunneld-baseline adds each tunneld row for another tunneld build too;
+                   --update-docs puts the report on docs/benchmarks.md's front page
+                   (every bench command takes it; never with --quick)
   bench-tls [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--tunneld-baseline BIN]
+        [--update-docs]
                    TCP forwarded over TLS in namespaces: direct, stunnel4, tunneld's
                    [[tls.forward]]/[[tls.listen]]; throughput, proxy CPU, echo latency,
                    64 connections at once; --tunneld-baseline adds each tunneld row for
                    another tunneld build too; report in target/bench-report/tls-report.md
   bench-embedded [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--local]
+        [--update-docs]
                    embedded TCP/IP stacks in a WireGuard tunnel (tunneld-userspace,
                    wireguard-go's netstack, onetun) against the kernel's TCP through
                    tunneld's TUN path: 1 stream, 64 connections' requests, CPU, memory;
