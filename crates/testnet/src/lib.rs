@@ -5,9 +5,13 @@
 //! Every skip in the workspace goes through [`skip_unless`] (module [`skip`]), which
 //! `TUNNELD_REQUIRE_ALL=1` turns into a failure unless what is missing is hardware.
 
+pub mod fixture;
 pub mod link;
 pub mod skip;
 
+pub use fixture::{
+    pattern, start_wireguard_go, stop_process, uapi_socket_path, wait_until, write_private, WAIT,
+};
 pub use skip::{skip_unless, Missing};
 
 use std::fs::File;
