@@ -525,7 +525,7 @@ fn markdown(contenders: &[Contender], o: &Options, measured: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{measured} {} round(s), {} s per iperf3 run, medians. Both gateways share this \
+        "{measured}\n\n{} round(s), {} s per iperf3 run, medians. Both gateways share this \
          machine's cores: Gbit per tunnel CPU-second is the comparable figure. {}.\n",
         o.rounds,
         o.seconds,

@@ -1226,7 +1226,7 @@ fn markdown(contenders: &[Contender], o: &Options, rr_rounds: usize, measured: &
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{measured} Embedded TCP/IP stacks inside a WireGuard tunnel (site A) against the kernel's TCP \
+        "{measured}\n\nEmbedded TCP/IP stacks inside a WireGuard tunnel (site A) against the kernel's TCP \
          through tunneld's TUN path, to tunneld at site B (one worker each), over a veth \
          between two namespaces. {} round(s), interleaved, medians. TCP 1 stream: {} s of \
          one connection writing as fast as it can, measured at B's sink. {RR_CONNS} conns: \

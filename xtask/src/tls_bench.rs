@@ -874,7 +874,7 @@ fn markdown(contenders: &[Contender], o: &Options, measured: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{measured} TCP forwarded over TLS 1.3 (stunnel: TLS_AES_256_GCM_SHA384; P-256 certificates) \
+        "{measured}\n\nTCP forwarded over TLS 1.3 (stunnel: TLS_AES_256_GCM_SHA384; P-256 certificates) \
          between two namespaces over a veth, and through tunneld's WireGuard tunnel for \
          comparison (its row's CPU is the two tunnelds'). {} round(s), {} s per iperf3 run, \
          medians. Both proxies and the traffic share this machine's cores: Gbit per proxy \
