@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::refuse_gso;
+use common::{bind, content, recv_n, refuse_gso, size, wait_readable};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
@@ -16,25 +16,6 @@ use tunneld_testnet::with_ipv6_loopback;
 const LOCAL4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const LOCAL6: IpAddr = IpAddr::V6(Ipv6Addr::LOCALHOST);
 
-/// Sizes from empty to the largest IPv4 UDP payload, most of them typical tunnel sizes.
-fn size(i: usize, max: usize) -> usize {
-    match i {
-        0 => 0,
-        1 => 1,
-        2 => max,
-        3 => 9000,
-        4 => 1420,
-        5 => 1500,
-        _ => (i * 97) % 1600 + 2,
-    }
-}
-
-fn content(i: usize, len: usize, tag: u8) -> Vec<u8> {
-    (0..len)
-        .map(|k| (k as u8).wrapping_mul(31) ^ (i as u8) ^ tag)
-        .collect()
-}
-
 fn fill(batch: &mut Batch, n: usize, to: SocketAddr, tag: u8, max: usize) {
     for i in 0..n {
         let data = content(i, size(i, max), tag);
@@ -44,31 +25,6 @@ fn fill(batch: &mut Batch, n: usize, to: SocketAddr, tag: u8, max: usize) {
     }
 }
 
-fn wait_readable(fd: RawFd, until: Instant) -> bool {
-    let left = until.saturating_duration_since(Instant::now());
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    let rc = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(10_000) as libc::c_int) };
-    rc > 0
-}
-
-/// Receives into `batch` until it holds `n` datagrams or five seconds pass.
-fn recv_n(sock: &mut UdpSocket, batch: &mut Batch, n: usize) {
-    let until = Instant::now() + Duration::from_secs(5);
-    while batch.len() < n {
-        sock.recv_batch(batch).expect("recv_batch");
-        if batch.len() >= n || Instant::now() >= until {
-            break;
-        }
-        wait_readable(sock.fd().unwrap(), until);
-    }
-    assert_eq!(batch.len(), n, "datagrams received");
-}
-
 fn check(batch: &Batch, n: usize, from: SocketAddr, tag: u8, max: usize) {
     for i in 0..n {
         let want = content(i, size(i, max), tag);
@@ -76,15 +32,6 @@ fn check(batch: &Batch, n: usize, from: SocketAddr, tag: u8, max: usize) {
         assert!(batch.payload(i) == want, "content of datagram {i}");
         assert_eq!(batch.addr(i), from, "source of datagram {i}");
     }
-}
-
-/// A socket on `ip` with GRO off (one datagram per frame). IPv6 tests run inside
-/// `with_ipv6_loopback`, so `::1` is there.
-fn bind(ip: IpAddr) -> UdpSocket {
-    let mut s =
-        UdpSocket::bind_addr(SocketAddr::new(ip, 0)).unwrap_or_else(|e| panic!("bind {ip}: {e}"));
-    s.set_gro(false);
-    s
 }
 
 fn addr_of(sock: &UdpSocket, ip: IpAddr) -> SocketAddr {

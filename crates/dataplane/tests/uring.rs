@@ -6,9 +6,8 @@
 
 mod common;
 
-use common::refuse_gso;
+use common::{bind, content, recv_n, refuse_gso, size, wait_readable};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 use tunneld_dataplane::tun::Tun;
 use tunneld_dataplane::udp::UdpSocket;
@@ -37,62 +36,9 @@ fn uring_usable(test: &str) -> bool {
     )
 }
 
-/// Sizes from empty to the largest UDP payload, most of them typical tunnel sizes.
-fn size(i: usize, max: usize) -> usize {
-    match i {
-        0 => 0,
-        1 => 1,
-        2 => max,
-        3 => 9000,
-        4 => 1420,
-        5 => 1500,
-        _ => (i * 97) % 1600 + 2,
-    }
-}
-
-fn content(i: usize, len: usize, tag: u8) -> Vec<u8> {
-    (0..len)
-        .map(|k| (k as u8).wrapping_mul(31) ^ (i as u8) ^ tag)
-        .collect()
-}
-
 fn push(batch: &mut Batch, data: &[u8], to: SocketAddr) {
     batch.next_free().expect("free frame")[..data.len()].copy_from_slice(data);
     batch.commit(data.len(), to);
-}
-
-fn wait_readable(fd: RawFd, until: Instant) -> bool {
-    let left = until.saturating_duration_since(Instant::now());
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    let rc = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(10_000) as libc::c_int) };
-    rc > 0 && pfd.revents & libc::POLLIN != 0
-}
-
-/// Receives into `batch` until it holds `n` frames or five seconds pass.
-fn recv_n(io: &mut impl DatagramIo, batch: &mut Batch, n: usize) {
-    let until = Instant::now() + Duration::from_secs(5);
-    while batch.len() < n {
-        io.recv_batch(batch).expect("recv_batch");
-        if batch.len() >= n || Instant::now() >= until {
-            break;
-        }
-        wait_readable(io.fd().unwrap(), until);
-    }
-    assert_eq!(batch.len(), n, "datagrams received");
-}
-
-/// A plain socket on `ip` with GRO off (one datagram per frame). IPv6 tests run inside
-/// `with_ipv6_loopback`, so `::1` is there.
-fn bind(ip: IpAddr) -> UdpSocket {
-    let mut s =
-        UdpSocket::bind_addr(SocketAddr::new(ip, 0)).unwrap_or_else(|e| panic!("bind {ip}: {e}"));
-    s.set_gro(false);
-    s
 }
 
 fn uring_on(ip: IpAddr) -> UringUdp {
