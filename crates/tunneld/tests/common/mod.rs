@@ -368,8 +368,6 @@ pub fn ping(ns: &NetNs, addr: &str) {
     );
 }
 
-/// A deterministic, non-repeating-looking byte pattern.
-
 /// Sends `len` bytes over TCP from `from` to `to_addr` (listening inside `to`) and checks
 /// that exactly those bytes arrive.
 pub fn tcp_transfer(from: &NetNs, to: &NetNs, to_addr: SocketAddr, len: usize) {
