@@ -52,6 +52,20 @@ pub fn tunneld_binary(test: &str) -> Option<PathBuf> {
     .then_some(path)
 }
 
+/// The two sites with wireguard-go on the far side (`Sites::start_wireguard_go`); `None`
+/// (a skip) without network namespaces, `wg` or wireguard-go.
+pub fn wireguard_go_sites(test: &str) -> Option<Sites> {
+    if !tunneld_testnet::require_netns(test)
+        || !require_tool(test, "wg")
+        || !require_tool(test, "wireguard-go")
+    {
+        return None;
+    }
+    let mut sites = sites();
+    sites.start_wireguard_go();
+    Some(sites)
+}
+
 /// The two sites. Fields drop in order: the peer process first, then the namespaces.
 pub struct Sites {
     pub peer: Option<FarPeer>,
