@@ -132,6 +132,27 @@ fn main() {
     frame.resize(len + 64, 0);
     peer.encapsulate(&mut frame, len, now, &mut out);
     let initiation = out.payload(0).to_vec();
+    // One datagram each: the real initiation; each other type at its length (patterned bytes
+    // behind a valid header: a response, a cookie reply, a keepalive's and a packet's data
+    // message); a header whose reserved bytes are not zero.
+    let shaped = |kind: u8, len: usize| {
+        let mut m: Vec<u8> = (0..len)
+            .map(|i| (i * 31 + usize::from(kind)) as u8)
+            .collect();
+        m[..4].copy_from_slice(&[kind, 0, 0, 0]);
+        m
+    };
+    all.push((
+        "wire",
+        vec![
+            initiation.clone(),
+            shaped(2, 92),
+            shaped(3, 64),
+            shaped(4, 32),
+            shaped(4, 96),
+            vec![4, 0, 1, 0, 9, 9, 9, 9],
+        ],
+    ));
     all.push((
         "decapsulate",
         vec![

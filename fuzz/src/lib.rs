@@ -15,7 +15,8 @@ use tunneld_dataplane::offload::{
 };
 use tunneld_dataplane::{Batch, BATCH_SIZE, FRAME_PAYLOAD};
 use tunneld_tunnel::uapi::{self, Request};
-use tunneld_tunnel::{Device, DeviceSettings, Environment, PeerSettings};
+use tunneld_tunnel::wire::{self, Message};
+use tunneld_tunnel::{Device, DeviceSettings, DropReason, Environment, PeerSettings};
 
 thread_local! {
     // Buffers reused across inputs: a fresh 64 KiB frame or 4 MiB batch per input would make
@@ -222,6 +223,41 @@ pub fn decapsulate(data: &[u8]) {
     });
 }
 
+/// One datagram through `wire::parse`, the core's only parser of what the network sends.
+/// What parses writes back as the same bytes and parses again to the same message, has the
+/// datagram's length, and names a receiver unless it is an initiation; what does not parse,
+/// a device counts as `malformed` and does nothing else with.
+pub fn wire(data: &[u8]) {
+    match wire::parse(data) {
+        Ok(message) => {
+            assert_eq!(message.len(), data.len());
+            let mut out = vec![0u8; data.len()];
+            assert_eq!(message.write(&mut out), Some(data.len()));
+            assert_eq!(out, data, "{message:?} did not write back as parsed");
+            assert_eq!(wire::parse(&out), Ok(message));
+            assert_eq!(
+                message.receiver().is_none(),
+                matches!(message, Message::Initiation(_))
+            );
+        }
+        Err(refused) => {
+            assert_eq!(DropReason::from(refused), DropReason::Malformed);
+            let now = Instant::now();
+            let mut device = fixed_device(now);
+            let from = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2)), 51820);
+            BATCHES.with_borrow_mut(|(tunnel, network)| {
+                tunnel.clear();
+                network.clear();
+                device.decapsulate(from, data, now, tunnel, network);
+                assert_eq!((tunnel.len(), network.len()), (0, 0));
+            });
+            let stats = device.stats();
+            assert_eq!(stats.drops(DropReason::Malformed), 1, "{refused}");
+            assert_eq!(stats.total_drops(), 1, "{refused}");
+        }
+    }
+}
+
 /// Text as a config file: parsed and validated; every error one line.
 pub fn config_parse(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
@@ -336,7 +372,7 @@ pub fn aead_differential(data: &[u8]) {
 /// RFC 8446 section 5 was crossed (then the server refuses), and what the server seals the
 /// client opens byte for byte.
 pub fn records(data: &[u8]) {
-    use tunneld::tls_records::{
+    use tunneld_tls::records::{
         Records, Suite, ALERT, APPLICATION_DATA, FULL_RECORD, HEADER, MAX_EMPTY_RECORDS,
         MAX_KEY_UPDATES, MAX_PLAINTEXT, MAX_RECORD, TAG,
     };
@@ -534,6 +570,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("offload_segment", offload_segment),
     ("offload_coalesce", offload_coalesce),
     ("decapsulate", decapsulate),
+    ("wire", wire),
     ("config_parse", config_parse),
     ("uapi_parse", uapi_parse),
     ("framing", framing),

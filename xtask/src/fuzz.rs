@@ -11,6 +11,7 @@ pub const TARGETS: &[&str] = &[
     "offload_segment",
     "offload_coalesce",
     "decapsulate",
+    "wire",
     "config_parse",
     "uapi_parse",
     "framing",

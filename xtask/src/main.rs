@@ -8,6 +8,8 @@ mod embedded_bench;
 mod fuzz;
 mod kernel_wg;
 #[cfg(test)]
+mod library_deps;
+#[cfg(test)]
 mod module_cycles;
 mod package;
 mod report;

@@ -19,9 +19,9 @@ pub fn build() -> Result<PathBuf, String> {
     let _ = fs::remove_dir_all(&assets);
     run(Command::new(&bin).arg("generate-assets").arg(&assets))?;
     install_cargo_deb()?;
-    eprintln!("==> cargo deb -p tunneld --no-build");
+    eprintln!("==> cargo deb -p tunneld-cli --no-build");
     let out = Command::new(system::cargo())
-        .args(["deb", "-p", "tunneld", "--no-build", "--no-strip"])
+        .args(["deb", "-p", "tunneld-cli", "--no-build", "--no-strip"])
         .current_dir(&root)
         .output()
         .map_err(|e| format!("cannot run cargo deb: {e}"))?;

@@ -68,12 +68,20 @@ pub fn target_dir(root: &Path) -> PathBuf {
     }
 }
 
-/// Builds tunneld in release mode and returns its path.
+/// Builds the tunneld binary (package tunneld-cli) in release mode and returns its path.
 pub fn build_tunneld() -> Result<PathBuf, String> {
     let root = repo_root()?;
     eprintln!("==> building tunneld (release)");
     run(Command::new(cargo())
-        .args(["build", "--release", "-q", "-p", "tunneld"])
+        .args([
+            "build",
+            "--release",
+            "-q",
+            "-p",
+            "tunneld-cli",
+            "--bin",
+            "tunneld",
+        ])
         .current_dir(&root))?;
     let bin = target_dir(&root).join("release/tunneld");
     bin.is_file()

@@ -24,7 +24,9 @@ pub const DEFAULT_MTU: u16 = 1420;
 const MIN_MTU: i64 = 576;
 const MIN_MTU_IPV6: i64 = 1280;
 const MAX_MTU: i64 = 65535;
-const MAX_WORKERS: i64 = 4096;
+/// The most workers an interface can have: each reads its own queue of the TUN device, and
+/// the kernel gives a TUN device at most 256 queues (`MAX_TAP_QUEUES`).
+pub const MAX_WORKERS: usize = 256;
 const MAX_CPU: i64 = 65535;
 
 const INTERFACE_FIELDS: &[&str] = &[
@@ -1080,13 +1082,13 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
     let workers = match t.get("workers") {
         None => Workers::Auto,
         Some(Value::String(s)) if s == "auto" => Workers::Auto,
-        Some(Value::Integer(n)) if (1..=MAX_WORKERS).contains(n) => {
+        Some(Value::Integer(n)) if (1..=MAX_WORKERS as i64).contains(n) => {
             Workers::Count(usize::try_from(*n).unwrap_or(1))
         }
         Some(Value::Integer(n)) => {
             c.error(
                 "dataplane.workers",
-                format!("{n} is out of range 1-{MAX_WORKERS} (or write \"auto\")"),
+                format!("{n} is out of range 1-{MAX_WORKERS}, the queues a TUN device has (or write \"auto\")"),
             );
             Workers::Auto
         }

@@ -145,7 +145,7 @@ fn each_bad_field_gives_one_line_naming_it() {
         ),
         (
             "[dataplane]\nworkers = 0\n",
-            "dataplane.workers: 0 is out of range 1-4096 (or write \"auto\")",
+            "dataplane.workers: 0 is out of range 1-256, the queues a TUN device has (or write \"auto\")",
         ),
         (
             "[dataplane]\nworkers = \"all\"\n",
@@ -372,7 +372,7 @@ public_key = "{p}"
         "interface.address[1]: `10.0.0.1/40` is not a CIDR (prefix length 40 > 32)",
         "interface.mtu: 1000 is below 1280, the minimum for IPv6, and an IPv6 address is configured",
         "dataplane.backend: `fast` is not a backend (expected one of: auto, xdp, uring, mmsg)",
-        "dataplane.workers: 0 is out of range 1-4096 (or write \"auto\")",
+        "dataplane.workers: 0 is out of range 1-256, the queues a TUN device has (or write \"auto\")",
         "peer[0].endpoint: `example.org` has no port (write host:port)",
         "peer[1].public_key: `AAAA` decodes to 3 bytes, a key is 32 bytes (44 base64 characters)",
         "peer[2].allowed_ips[2]: `bogus` is not a CIDR (write address/prefix, e.g. 10.0.0.0/24)",

@@ -10,27 +10,29 @@
 //! session of ours, and datagrams too short to name one) gets the kernel's usual hash of the
 //! source address: it lands on some worker, which hands initiations to the owner.
 //!
-//! [`owner_of`] is the same rule in Rust, for the workers and for tests.
+//! [`owner_of`] is the same rule in Rust, for tests. The layout (types, where the index
+//! sits) and the slot rule are the tunnel crate's (`wire`, [`worker_of_index`]): the
+//! program reads only the type byte and the index, so it sends well-formed messages where
+//! `Device` expects them and anything else to some worker, which drops it.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
+use tunneld_tunnel::wire::{self, MSG_COOKIE_REPLY, MSG_DATA, MSG_RESPONSE};
+use tunneld_tunnel::worker_of_index;
 
-/// WireGuard message types (the first byte; the next three are zero).
-const MSG_RESPONSE: u32 = 2;
-const MSG_COOKIE: u32 = 3;
-const MSG_DATA: u32 = 4;
+// The program sends data messages and cookie replies through one block.
+const _: () = assert!(wire::data::RECEIVER == wire::cookie_reply::RECEIVER);
+/// Where the index sits in a data message or cookie reply, and in a response.
+const DATA_INDEX_AT: u32 = wire::data::RECEIVER as u32;
+const RESPONSE_INDEX_AT: u32 = wire::response::RECEIVER as u32;
 
-/// The worker owning the session `datagram` names, or `None` when it names none (an
-/// initiation, garbage, too short). `workers` must be at least 1.
+/// The worker owning the session `datagram` names, as the program computes it: from the
+/// type byte and the receiver index alone (the rest is the worker's to check). `None` when
+/// it names none (an initiation, another type, too short). `workers` must be at least 1.
 pub fn owner_of(datagram: &[u8], workers: u32) -> Option<u32> {
-    let at = match u32::from(*datagram.first()?) {
-        MSG_DATA | MSG_COOKIE => 4,
-        MSG_RESPONSE => 8,
-        _ => return None,
-    };
-    let index = datagram.get(at..at + 4)?;
-    let slot = u32::from_le_bytes([index[1], index[2], index[3], 0]);
-    Some(slot % workers.max(1))
+    let at = wire::receiver_offset(*datagram.first()?)?;
+    let index = u32::from_le_bytes(*datagram.get(at..)?.first_chunk::<4>()?);
+    u32::try_from(worker_of_index(index, workers as usize)).ok()
 }
 
 // Classic BPF opcodes (linux/filter.h), as the kernel defines them.
@@ -82,14 +84,14 @@ pub fn program(workers: u32) -> Vec<libc::sock_filter> {
         op(JGE_K, 0, 30, 1),
         op(LD_B_ABS, 0, 0, 0),
         // Data and cookie replies: the block at 4; responses: the block after it.
-        op(JEQ_K, 2, 0, MSG_DATA),
-        op(JEQ_K, 1, 0, MSG_COOKIE),
-        op(JEQ_K, 13, 26, MSG_RESPONSE),
+        op(JEQ_K, 2, 0, u32::from(MSG_DATA)),
+        op(JEQ_K, 1, 0, u32::from(MSG_COOKIE_REPLY)),
+        op(JEQ_K, 13, 26, u32::from(MSG_RESPONSE)),
     ];
     // From each block's length check (its second instruction) to the final return: the
     // first block's 11 remaining instructions and the second's 13, then the return itself.
-    p.extend(owner_block(4, workers, 11 + 13));
-    p.extend(owner_block(8, workers, 11));
+    p.extend(owner_block(DATA_INDEX_AT, workers, 11 + 13));
+    p.extend(owner_block(RESPONSE_INDEX_AT, workers, 11));
     p.push(op(RET_K, 0, 0, u32::MAX));
     p
 }
@@ -176,6 +178,37 @@ mod tests {
                         Some(owner) => assert_eq!(got, owner, "{workers} workers, {d:?}"),
                         None => assert!(got >= workers, "{workers} workers, {d:?}: {got}"),
                     }
+                }
+            }
+        }
+    }
+
+    /// For every well-formed message that names a session, the program and `owner_of`
+    /// pick the worker `Device` gave the index to (the parsed message's receiver).
+    #[test]
+    fn the_program_agrees_with_the_parsed_receiver() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for workers in [1, 2, 3, 4, 7, 64] {
+            let p = program(workers);
+            for (kind, len) in [
+                (MSG_RESPONSE, wire::RESPONSE_LEN),
+                (MSG_COOKIE_REPLY, wire::COOKIE_REPLY_LEN),
+                (MSG_DATA, wire::DATA_MIN_LEN),
+                (MSG_DATA, 1452),
+            ] {
+                for _ in 0..50 {
+                    let mut d = vec![0u8; len];
+                    for b in d.iter_mut() {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        *b = x as u8;
+                    }
+                    d[..4].copy_from_slice(&[kind, 0, 0, 0]);
+                    let index = wire::parse(&d).unwrap().receiver().unwrap();
+                    let owner = worker_of_index(index, workers as usize) as u32;
+                    assert_eq!(owner_of(&d, workers), Some(owner));
+                    assert_eq!(run(&p, &d), owner, "{workers} workers, {d:?}");
                 }
             }
         }

@@ -7,12 +7,13 @@
 use crate::allowed_ips::AllowedIps;
 use crate::noise::cookie::CookieJar;
 use crate::noise::handshake::{consume_initiation, ReceivedInitiation};
-use crate::noise::{self, Local, Received, Sent, Timer, Tunnel};
+use crate::noise::{self, Local, Opened, Sent, Timer, Tunnel};
 use crate::packet::{self, flow_hash, padded_len};
 use crate::peer::Peer;
 use crate::sink::{DatagramSink, PacketSink};
 use crate::stats::{DropReason, Stats};
 use crate::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, SetRequest, UapiError};
+use crate::wire::{self, Handshake, Message};
 use ipnet::IpNet;
 use rand_core::{CryptoRngCore, SeedableRng};
 use std::collections::HashMap;
@@ -26,11 +27,6 @@ const HANDSHAKE_RATE_LIMIT: u64 = 100;
 /// Peer slots must fit in the 24 high bits of a receiver index (a session uses the low 8).
 const MAX_PEERS: usize = 1 << 24;
 const RATE_LIMIT_RESET: Duration = Duration::from_secs(1);
-
-const MSG_INITIATION: u8 = 1;
-const MSG_RESPONSE: u8 = 2;
-const MSG_COOKIE: u8 = 3;
-const MSG_DATA: u8 = 4;
 
 /// Settings of the interface itself.
 #[derive(Debug, Clone)]
@@ -476,7 +472,8 @@ impl Device {
     }
 
     /// Handles one datagram received from `from`: decrypted packets go to `tunnel`, replies
-    /// (handshake responses, cookies, queued packets) to `network`.
+    /// (handshake responses, cookies, queued packets) to `network`. The datagram is parsed
+    /// once, here ([`wire::parse`]); what does not parse is counted as `malformed`.
     pub fn decapsulate(
         &mut self,
         from: SocketAddr,
@@ -485,155 +482,208 @@ impl Device {
         tunnel: &mut impl PacketSink,
         network: &mut impl DatagramSink,
     ) -> Disposition {
-        if datagram.len() < 4 || datagram[1..4] != [0, 0, 0] {
-            self.stats.drop(DropReason::Malformed);
-            return Disposition::Done;
-        }
-        let kind = datagram[0];
+        let message = match wire::parse(datagram) {
+            Ok(message) => message,
+            Err(unparsed) => {
+                self.stats.drop(unparsed.into());
+                return Disposition::Done;
+            }
+        };
         // A message that names our receiver index belongs to the worker whose slot that is.
         // The steering program sends it there; one that landed here anyway (an AF_XDP queue,
         // whose hash knows no indices) goes on to it before any work is done on it here.
-        if let Some(owner) = self.index_owner(kind, datagram) {
+        if let Some(owner) = message.receiver().and_then(|index| self.index_owner(index)) {
             return Disposition::HandOff(owner);
         }
-        if matches!(kind, MSG_INITIATION | MSG_RESPONSE)
-            && !self.admit_handshake(from, datagram, now, network)
-        {
-            return Disposition::Done;
-        }
-        let mut initiation = None;
-        let slot = match kind {
-            MSG_INITIATION => match self.initiator_slot(datagram) {
-                Some((slot, received)) => {
-                    initiation = Some(received);
-                    slot
-                }
-                None => return Disposition::Done,
-            },
-            // The receiver index (ours) follows the type, except in a response, where the
-            // responder's own index comes first.
-            MSG_RESPONSE if datagram.len() >= 12 => self.local_slot(&datagram[8..12]),
-            MSG_COOKIE | MSG_DATA if datagram.len() >= 8 => self.local_slot(&datagram[4..8]),
-            _ => {
-                self.stats.drop(DropReason::Malformed);
-                return Disposition::Done;
+        let authenticated = match message {
+            Message::Initiation(initiation) => {
+                self.receive_initiation(from, initiation, now, network)
             }
+            Message::Response(response) => self.receive_response(from, response, now, network),
+            Message::CookieReply(reply) => self.receive_cookie(reply, now),
+            Message::Data(data) => self.receive_data(data, now, tunnel),
         };
-        if kind == MSG_INITIATION {
-            // Initiations arrive at any worker: the one carrying the session answers. A
-            // split peer's initiator names its sub-tunnel by its own index (`add_peer`).
-            let Some(Some(peer)) = self.peers.get(slot) else {
-                self.stats.drop(DropReason::UnknownPeer);
-                return Disposition::Done;
-            };
-            if let Some(worker) = self.elsewhere(peer, receiver_slot(&datagram[4..8])) {
-                return Disposition::HandOff(worker);
-            }
-        }
+        let slot = match authenticated {
+            Ok(slot) => slot,
+            Err(disposition) => return disposition,
+        };
+        // Each receive_* found the peer in this slot.
         let Some(Some(peer)) = self.peers.get_mut(slot) else {
-            self.stats.drop(DropReason::UnknownIndex);
             return Disposition::Done;
         };
-
-        match kind {
-            MSG_DATA => {
-                let Some(buf) = tunnel.slot() else {
-                    self.stats.drop(DropReason::TunnelBatchFull);
-                    return Disposition::Done;
-                };
-                match peer.tunnel.receive(&self.local, datagram, buf, now) {
-                    Received::Packet { len, source } => {
-                        if self.routes.lookup_cached(source) == Some(slot) {
-                            tunnel.push(len);
-                            self.stats.rx_packets += 1;
-                        } else {
-                            self.stats.drop(DropReason::SourceNotAllowed);
-                        }
-                    }
-                    Received::Keepalive | Received::Consumed => {}
-                    Received::Reply(_) => {
-                        self.stats.drop(DropReason::Other);
-                        return Disposition::Done;
-                    }
-                    Received::Dropped(reason) => {
-                        self.stats.drop(reason);
-                        return Disposition::Done;
-                    }
-                }
-            }
-            MSG_INITIATION => {
-                let (Some(received), Some(buf)) = (initiation.as_ref(), network.slot()) else {
-                    self.stats.drop(DropReason::NetworkBatchFull);
-                    return Disposition::Done;
-                };
-                match peer.tunnel.respond(&self.local, received, buf, now) {
-                    Ok(n) => {
-                        network.push(n, from);
-                        peer.last_sent = Some(now);
-                        peer.tx_bytes += n as u64;
-                        self.stats.tx_bytes += n as u64;
-                    }
-                    Err(reason) => {
-                        self.stats.drop(reason);
-                        return Disposition::Done;
-                    }
-                }
-            }
-            _ => {
-                let Some(buf) = network.slot() else {
-                    self.stats.drop(DropReason::NetworkBatchFull);
-                    return Disposition::Done;
-                };
-                match peer.tunnel.receive(&self.local, datagram, buf, now) {
-                    Received::Reply(n) => {
-                        network.push(n, from);
-                        peer.last_sent = Some(now);
-                        peer.tx_bytes += n as u64;
-                        self.stats.tx_bytes += n as u64;
-                    }
-                    Received::Consumed | Received::Keepalive => {}
-                    Received::Dropped(reason) => {
-                        // The usual cause: the other side does not split the peer the same way,
-                        // so it answers with another sub-tunnel's key. Said once per peer.
-                        if kind == MSG_RESPONSE && peer.sub > 0 && !peer.warned_sub_tunnel {
-                            peer.warned_sub_tunnel = true;
-                            tracing::warn!(
-                                peer = %peer.public_key,
-                                "sub-tunnel {} of {}: the handshake response does not authenticate; \
-                                 its flows go over sub-tunnel 0 until it does. Is `parallel = {}` set \
-                                 on the other side too?",
-                                peer.sub,
-                                peer.parallel,
-                                peer.parallel
-                            );
-                        }
-                        self.stats.drop(reason);
-                        return Disposition::Done;
-                    }
-                    Received::Packet { .. } => {
-                        self.stats.drop(DropReason::Other);
-                        return Disposition::Done;
-                    }
-                }
-                peer.maybe_queued = true;
-            }
-        }
 
         // Authenticated: the peer may have roamed to a new address.
         if peer.endpoint != Some(from) && peer.connected {
             tracing::info!(peer = %peer.public_key, endpoint = %from, "peer roamed");
         }
-        if !peer.connected && kind != MSG_COOKIE {
+        if !peer.connected && !matches!(message, Message::CookieReply(_)) {
             tracing::info!(peer = %peer.public_key, endpoint = %from, "session established");
             peer.connected = true;
         }
         peer.endpoint = Some(from);
-        peer.rx_bytes += datagram.len() as u64;
-        self.stats.rx_bytes += datagram.len() as u64;
+        peer.rx_bytes += message.len() as u64;
+        self.stats.rx_bytes += message.len() as u64;
         if peer.maybe_queued {
             Self::flush_queued(peer, now, network, &mut self.stats);
         }
         Disposition::Done
+    }
+
+    // The receive_* steps of `decapsulate`, one per message: `Ok(slot)` when the message
+    // authenticated as from the peer in `slot`, else what `decapsulate` returns (a drop is
+    // counted by then).
+
+    /// A handshake initiation: answered by the worker that carries the initiator's session.
+    fn receive_initiation(
+        &mut self,
+        from: SocketAddr,
+        initiation: wire::Initiation<'_>,
+        now: Instant,
+        network: &mut impl DatagramSink,
+    ) -> Result<usize, Disposition> {
+        if !self.admit_handshake(from, initiation.into(), now, network) {
+            return Err(Disposition::Done);
+        }
+        let Some((slot, received)) = self.initiator_slot(initiation) else {
+            return Err(Disposition::Done);
+        };
+        // Initiations arrive at any worker: the one carrying the session answers. A split
+        // peer's initiator names its sub-tunnel by its own index (`add_peer`).
+        let Some(Some(peer)) = self.peers.get(slot) else {
+            self.stats.drop(DropReason::UnknownPeer);
+            return Err(Disposition::Done);
+        };
+        if let Some(worker) = self.elsewhere(peer, index_slot(initiation.sender())) {
+            return Err(Disposition::HandOff(worker));
+        }
+        let Some(Some(peer)) = self.peers.get_mut(slot) else {
+            self.stats.drop(DropReason::UnknownIndex);
+            return Err(Disposition::Done);
+        };
+        let Some(buf) = network.slot() else {
+            self.stats.drop(DropReason::NetworkBatchFull);
+            return Err(Disposition::Done);
+        };
+        match peer.tunnel.respond(&self.local, &received, buf, now) {
+            Ok(n) => {
+                network.push(n, from);
+                peer.last_sent = Some(now);
+                peer.tx_bytes += n as u64;
+                self.stats.tx_bytes += n as u64;
+                Ok(slot)
+            }
+            Err(reason) => {
+                self.stats.drop(reason);
+                Err(Disposition::Done)
+            }
+        }
+    }
+
+    /// A handshake response to one of our initiations: it completes a session.
+    fn receive_response(
+        &mut self,
+        from: SocketAddr,
+        response: wire::Response<'_>,
+        now: Instant,
+        network: &mut impl DatagramSink,
+    ) -> Result<usize, Disposition> {
+        if !self.admit_handshake(from, response.into(), now, network) {
+            return Err(Disposition::Done);
+        }
+        let slot = self.local_slot(response.receiver());
+        let Some(Some(peer)) = self.peers.get_mut(slot) else {
+            self.stats.drop(DropReason::UnknownIndex);
+            return Err(Disposition::Done);
+        };
+        let Some(buf) = network.slot() else {
+            self.stats.drop(DropReason::NetworkBatchFull);
+            return Err(Disposition::Done);
+        };
+        match peer
+            .tunnel
+            .receive_response(&self.local, response, buf, now)
+        {
+            Ok(Some(n)) => {
+                network.push(n, from);
+                peer.last_sent = Some(now);
+                peer.tx_bytes += n as u64;
+                self.stats.tx_bytes += n as u64;
+            }
+            Ok(None) => {}
+            Err(reason) => {
+                // The usual cause: the other side does not split the peer the same way, so it
+                // answers with another sub-tunnel's key. Said once per peer.
+                if peer.sub > 0 && !peer.warned_sub_tunnel {
+                    peer.warned_sub_tunnel = true;
+                    tracing::warn!(
+                        peer = %peer.public_key,
+                        "sub-tunnel {} of {}: the handshake response does not authenticate; \
+                         its flows go over sub-tunnel 0 until it does. Is `parallel = {}` set \
+                         on the other side too?",
+                        peer.sub,
+                        peer.parallel,
+                        peer.parallel
+                    );
+                }
+                self.stats.drop(reason);
+                return Err(Disposition::Done);
+            }
+        }
+        peer.maybe_queued = true;
+        Ok(slot)
+    }
+
+    /// A cookie reply to one of our handshake messages: the peer is under load.
+    fn receive_cookie(
+        &mut self,
+        reply: wire::CookieReply<'_>,
+        now: Instant,
+    ) -> Result<usize, Disposition> {
+        let slot = self.local_slot(reply.receiver());
+        let Some(Some(peer)) = self.peers.get_mut(slot) else {
+            self.stats.drop(DropReason::UnknownIndex);
+            return Err(Disposition::Done);
+        };
+        if let Err(reason) = peer.tunnel.receive_cookie(reply, now) {
+            self.stats.drop(reason);
+            return Err(Disposition::Done);
+        }
+        peer.maybe_queued = true;
+        Ok(slot)
+    }
+
+    /// A data message: its packet goes to the overlay if its source is one the peer may use.
+    fn receive_data(
+        &mut self,
+        data: wire::Data<'_>,
+        now: Instant,
+        tunnel: &mut impl PacketSink,
+    ) -> Result<usize, Disposition> {
+        let slot = self.local_slot(data.receiver());
+        let Some(Some(peer)) = self.peers.get_mut(slot) else {
+            self.stats.drop(DropReason::UnknownIndex);
+            return Err(Disposition::Done);
+        };
+        let Some(buf) = tunnel.slot() else {
+            self.stats.drop(DropReason::TunnelBatchFull);
+            return Err(Disposition::Done);
+        };
+        match peer.tunnel.receive_data(data, buf, now) {
+            Ok(Opened::Packet { len, source }) => {
+                if self.routes.lookup_cached(source) == Some(slot) {
+                    tunnel.push(len);
+                    self.stats.rx_packets += 1;
+                } else {
+                    self.stats.drop(DropReason::SourceNotAllowed);
+                }
+            }
+            Ok(Opened::Keepalive) => {}
+            Err(reason) => {
+                self.stats.drop(reason);
+                return Err(Disposition::Done);
+            }
+        }
+        Ok(slot)
     }
 
     /// The first check of a handshake message (initiation or response): its mac1 must be
@@ -642,17 +692,17 @@ impl Device {
     fn admit_handshake(
         &mut self,
         from: SocketAddr,
-        datagram: &[u8],
+        message: Handshake<'_>,
         now: Instant,
         network: &mut impl DatagramSink,
     ) -> bool {
-        if !self.local.identity.verify_mac1(datagram) {
+        if !self.local.identity.verify_mac1(message) {
             self.stats.drop(DropReason::InvalidMac);
             return false;
         }
         self.handshakes_received += 1;
         if self.handshakes_received <= HANDSHAKE_RATE_LIMIT
-            || self.cookies.mac2_valid(datagram, from, now, &mut *self.rng)
+            || self.cookies.mac2_valid(message, from, now, &mut *self.rng)
         {
             return true;
         }
@@ -661,7 +711,7 @@ impl Device {
             return false;
         };
         let reply = buf
-            .get_mut(..noise::handshake::COOKIE_REPLY_LEN)
+            .get_mut(..wire::COOKIE_REPLY_LEN)
             .and_then(|b| b.try_into().ok());
         match reply {
             Some(reply) => {
@@ -669,7 +719,7 @@ impl Device {
                     .cookies
                     .write_reply(
                         &self.local.identity,
-                        datagram,
+                        message,
                         from,
                         now,
                         &mut *self.rng,
@@ -677,7 +727,7 @@ impl Device {
                     )
                     .is_ok()
                 {
-                    network.push(noise::handshake::COOKIE_REPLY_LEN, from);
+                    network.push(wire::COOKIE_REPLY_LEN, from);
                     self.stats.cookie_replies_sent += 1;
                 }
             }
@@ -689,11 +739,14 @@ impl Device {
 
     /// For a handshake initiation: the slot of the initiating peer, found by the static key
     /// it carries, and the initiation decrypted (a worker that hands it off wasted that).
-    fn initiator_slot(&mut self, datagram: &[u8]) -> Option<(usize, ReceivedInitiation)> {
+    fn initiator_slot(
+        &mut self,
+        initiation: wire::Initiation<'_>,
+    ) -> Option<(usize, ReceivedInitiation)> {
         let by_key = &self.by_key;
         let peers = &self.peers;
         let mut slot = None;
-        let found = consume_initiation(&self.local.identity, datagram, |key| {
+        let found = consume_initiation(&self.local.identity, initiation, |key| {
             let s = *by_key.get(&PublicKey::from_bytes(*key))?;
             slot = Some(s);
             peers.get(s)?.as_ref().map(|p| p.tunnel.identity())
@@ -1047,22 +1100,17 @@ impl Device {
         u32::try_from(local * self.slot_stride + self.slot_offset).unwrap_or(u32::MAX)
     }
 
-    /// The place in `peers` of the slot a receiver index names; out of range (unknown) when
-    /// the slot belongs to another worker.
-    /// The other worker whose slot the receiver index of a response, cookie reply or data
-    /// message names (`None`: this one's, or a message that names none).
-    fn index_owner(&self, kind: u8, datagram: &[u8]) -> Option<usize> {
-        let at = match kind {
-            MSG_RESPONSE => 8,
-            MSG_COOKIE | MSG_DATA => 4,
-            _ => return None,
-        };
-        let owner = receiver_slot(datagram.get(at..at + 4)?) % self.slot_stride;
+    /// The worker whose slot receiver index `index` names, when that is another worker than
+    /// this one (`None`: the index is this worker's, known or not).
+    fn index_owner(&self, index: u32) -> Option<usize> {
+        let owner = worker_of_index(index, self.slot_stride);
         (owner != self.slot_offset).then_some(owner)
     }
 
-    fn local_slot(&self, index: &[u8]) -> usize {
-        let slot = receiver_slot(index);
+    /// The place in `peers` of the slot receiver index `index` names; out of range (so
+    /// unknown) when the slot belongs to another worker.
+    fn local_slot(&self, index: u32) -> usize {
+        let slot = index_slot(index);
         if slot % self.slot_stride == self.slot_offset {
             slot / self.slot_stride
         } else {
@@ -1141,9 +1189,15 @@ fn low_order(key: &PublicKey) -> UapiError {
 }
 
 /// The peer slot a receiver index names: its high 24 bits (a session's index is in the low 8).
-fn receiver_slot(index: &[u8]) -> usize {
-    let index = u32::from_le_bytes([index[0], index[1], index[2], index[3]]);
+fn index_slot(index: u32) -> usize {
     (index >> 8) as usize
+}
+
+/// The worker of `workers` whose session receiver index `index` names: its slot modulo the
+/// workers, since [`Device::for_worker`] hands worker `w` only slots `s` with
+/// `s % workers == w`. The reuseport steering program computes the same in the kernel.
+pub fn worker_of_index(index: u32, workers: usize) -> usize {
+    index_slot(index) % workers.max(1)
 }
 
 /// The errno values UAPI replies use (Linux numbering, as `wg` expects).

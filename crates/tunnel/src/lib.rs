@@ -18,9 +18,11 @@ mod peer;
 pub mod sink;
 pub mod stats;
 pub mod uapi;
+pub mod wire;
 
 pub use device::{
-    owner_of, Device, DeviceSettings, Disposition, Environment, PeerSettings, SyncReport,
+    owner_of, worker_of_index, Device, DeviceSettings, Disposition, Environment, PeerSettings,
+    SyncReport,
 };
 pub use sink::{DatagramSink, PacketSink};
 pub use stats::{DropReason, Stats};

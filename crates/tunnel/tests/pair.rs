@@ -1080,16 +1080,11 @@ fn a_requested_handshake_reconnects_a_restarted_peer_at_the_next_tick() {
     );
 }
 
-/// The slot a datagram's receiver index names (data and cookie reply: bytes 4..8, handshake
-/// response: 8..12), as the reuseport steering program reads it; `None` for initiations.
+/// The slot a datagram's receiver index names (its high 24 bits), as the reuseport steering
+/// program reads it; `None` for initiations.
 fn named_slot(datagram: &[u8]) -> Option<u32> {
-    let at = match datagram[0] {
-        2 => 8,
-        3 | 4 => 4,
-        _ => return None,
-    };
-    let i = &datagram[at..at + 4];
-    Some(u32::from_le_bytes([i[1], i[2], i[3], 0]))
+    let index = tunneld_tunnel::wire::parse(datagram).ok()?.receiver()?;
+    Some(index >> 8)
 }
 
 #[test]

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey};
 use tunneld_tunnel::packet::MAX_DATAGRAM;
 use tunneld_tunnel::{
-    DatagramSink, Device, DeviceSettings, Disposition, Environment, PacketSink, PeerSettings,
-    SyncReport,
+    wire, worker_of_index, DatagramSink, Device, DeviceSettings, Disposition, Environment,
+    PacketSink, PeerSettings, SyncReport,
 };
 
 #[derive(Default)]
@@ -124,13 +124,10 @@ impl Gateway {
         if self.land_anywhere {
             return landing % self.workers.len();
         }
-        let at = match datagram[0] {
-            2 => 8,
-            3 | 4 => 4,
-            _ => return landing % self.workers.len(),
-        };
-        let index = u32::from_le_bytes(datagram[at..at + 4].try_into().unwrap());
-        (index >> 8) as usize % self.workers.len()
+        match wire::parse(datagram).ok().and_then(|m| m.receiver()) {
+            Some(index) => worker_of_index(index, self.workers.len()),
+            None => landing % self.workers.len(),
+        }
     }
 
     /// A packet read from the TUN queue of worker `first`: encrypted there or handed to the

@@ -12,11 +12,11 @@
 //! The port and mark cannot change after that (as for `up`; the UAPI says so).
 
 use crate::bring_up::{self, Opened, RunningWireGuard, StartOptions};
+use crate::control::lock;
 use crate::error::Error;
-use crate::uapi_server::lock;
+use crate::plan;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tunneld_config::DataplaneConfig;
 use tunneld_crypto::PrivateKey;
 use tunneld_tunnel::uapi::{self, DeviceSnapshot, Request, SetRequest, UapiError};
 use tunneld_tunnel::{Device, DeviceSettings};
@@ -79,7 +79,7 @@ struct Staged {
 /// How the dataplane starts once a key arrives.
 #[derive(Clone)]
 struct Start {
-    dataplane: DataplaneConfig,
+    dataplane: plan::Dataplane,
     options: StartOptions,
 }
 
@@ -91,15 +91,12 @@ impl BareInterface {
         tunneld_config::check_interface_name(name)
             .map_err(|e| Error::Invalid(tunneld_config::ConfigErrors(vec![e])))?;
         let dataplane = tunneld_config::parse_dataplane(dataplane).map_err(Error::Invalid)?;
-        // With no peers known, `auto` means a worker per CPU.
-        let workers = bring_up::worker_count(&dataplane, &[]);
-        bring_up::check_dataplane(&dataplane, tunneld_config::DEFAULT_MTU, workers, &[])
-            .map_err(|e| Error::invalid_lines(vec![e]))?;
-        let use_uring =
-            bring_up::choose_uring(dataplane.backend).map_err(|e| Error::invalid_lines(vec![e]))?;
         let mtu = tunneld_config::DEFAULT_MTU;
-        let mut opened = bring_up::open_interface(name, mtu, workers, &dataplane, true)
-            .map_err(Error::system)?;
+        // With no peers known, `auto` means a worker per CPU.
+        let dataplane = plan::plan_dataplane(&dataplane, mtu, &[]).map_err(Error::invalid_lines)?;
+        let workers = dataplane.workers;
+        let mut opened =
+            bring_up::open_interface(name, mtu, &dataplane, true).map_err(Error::system)?;
         let uapi = opened.uapi.take();
         let state = Arc::new(Mutex::new(State::Staged(Box::new(Staged {
             opened,
@@ -111,7 +108,6 @@ impl BareInterface {
         let start = Start {
             dataplane,
             options: StartOptions {
-                use_uring,
                 uapi: true,
                 // The UAPI thread is already running with every capability; dropping them
                 // now would leave it with them all the same.
@@ -181,9 +177,7 @@ fn stop(
     drop(lock(uapi).take());
     let was = std::mem::replace(&mut *lock(state), State::Stopped);
     if let State::Running(wg) = was {
-        wg.workers.shutdown();
-        let failed = wg.threads.into_iter().map(|t| t.join()).any(|r| r.is_err());
-        if failed {
+        if !wg.stop() {
             return Err(Error::System(
                 "a worker thread failed; the interface has been removed".into(),
             ));
@@ -195,12 +189,8 @@ fn stop(
 fn answer(state: &Mutex<State>, start: &Start, request: Request) -> String {
     let mut state = lock(state);
     match &mut *state {
-        State::Running(wg) => crate::uapi_server::answer_from_workers(
-            request,
-            &wg.workers,
-            None,
-            &mut lock(&wg.marks),
-        ),
+        // From here on, the interface's control handle, as for `up`.
+        State::Running(wg) => lock(&wg.control).answer(request),
         State::Stopped => uapi::format_errno(libc::ESHUTDOWN),
         State::Staged(staged) => match request {
             Request::Get => match staged.snapshot() {
@@ -333,22 +323,18 @@ fn run(staged: Staged, start: &Start) -> Result<RunningWireGuard, RunError> {
             "no private key".into(),
         ));
     };
-    let workers = staged.opened.tuns.len();
-    let sockets = match bring_up::bind_dataplane_sockets(
-        staged.listen_port,
-        staged.fwmark,
-        workers,
-        &start.dataplane,
-    ) {
-        Ok(sockets) => sockets,
-        Err(e) => {
-            let errno = e
-                .downcast_ref::<std::io::Error>()
-                .and_then(std::io::Error::raw_os_error)
-                .unwrap_or(libc::EADDRINUSE);
-            return Err(RunError::Staged(Box::new(staged), errno, format!("{e:#}")));
-        }
-    };
+    let sockets =
+        match bring_up::bind_dataplane_sockets(staged.listen_port, staged.fwmark, &start.dataplane)
+        {
+            Ok(sockets) => sockets,
+            Err(e) => {
+                let errno = e
+                    .downcast_ref::<std::io::Error>()
+                    .and_then(std::io::Error::raw_os_error)
+                    .unwrap_or(libc::EADDRINUSE);
+                return Err(RunError::Staged(Box::new(staged), errno, format!("{e:#}")));
+            }
+        };
     let settings = DeviceSettings {
         private_key,
         listen_port: staged.listen_port,
@@ -363,17 +349,17 @@ fn run(staged: Staged, start: &Start) -> Result<RunningWireGuard, RunError> {
         Vec::new(),
         &start.dataplane,
         start.options,
-        false,
+        None,
     )
     .map_err(|e| RunError::Lost(format!("{e:#}")))?;
     for request in requests {
-        let applied = running
-            .workers
-            .run_each(move |device, now| device.apply(request.clone(), now));
-        if applied.is_none() {
-            return Err(RunError::Lost(
-                "the workers stopped while being configured".into(),
-            ));
+        // Checked on the scratch device when it was accepted: only a stopped worker fails.
+        let applied = lock(&running.control).set(request);
+        if let Err(e) = applied {
+            let _ = running.stop();
+            return Err(RunError::Lost(format!(
+                "the workers stopped while being configured: {e}"
+            )));
         }
     }
     tracing::info!(

@@ -5,16 +5,17 @@
 //! its queues) are dropped the kernel removes the interface with its addresses and routes;
 //! the UAPI socket file is removed by a guard. Every exit path, error or stop, runs both.
 
-use crate::load;
+use crate::control::{lock, Control, ControlHandle, ReloadBase, SocketMarks};
 use crate::netlink::Netlink;
+use crate::plan;
 use crate::uapi_server::UapiServer;
 use anyhow::Context;
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tunneld_config::{self as config, Backend, DataplaneConfig};
+use tunneld_config::{Backend, Config, DataplaneConfig};
 use tunneld_dataplane::tun::Tun;
 use tunneld_dataplane::udp::UdpSocket;
-use tunneld_dataplane::uring::{self, UringTun, UringUdp};
+use tunneld_dataplane::uring::{UringTun, UringUdp};
 use tunneld_dataplane::worker::{Worker, Workers};
 use tunneld_dataplane::{DatagramIo, PacketIo};
 use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
@@ -24,40 +25,16 @@ pub(crate) struct RunningWireGuard {
     pub name: String,
     /// The UDP port the interface listens on.
     pub port: u16,
-    /// The interface's link index, for route changes.
-    pub link: u32,
     pub public_key: tunneld_crypto::PublicKey,
     pub workers: Workers,
     pub threads: Vec<std::thread::JoinHandle<()>>,
     /// Serving the UAPI socket, if asked for (dropping it removes the socket).
     pub uapi: Option<crate::uapi_server::Serving>,
-    /// The sockets' `fwmark`, for the UAPI server and reloads.
-    pub marks: Arc<Mutex<crate::uapi_server::SocketMarks>>,
+    /// The one lock every writer goes through: the UAPI socket, the library, reloads.
+    pub control: ControlHandle,
     /// `backend = "xdp"`: what keeps the XDP program's view of the interface current (its
     /// program is detached when the last worker's socket and this are dropped).
     pub _xdp: Option<Box<tunneld_dataplane::xdp::Underlay>>,
-}
-
-/// The kernel's limit on the queues of one TUN device.
-const MAX_WORKERS: usize = 256;
-
-/// How many workers: as configured, or for `auto` one per CPU tunneld may run on (`cpus` if
-/// given), except for a config whose only peer is a plain one: one worker carries all of a
-/// plain peer's sessions, so more could only add hand-offs (and wake-ups) to its packets.
-pub(crate) fn worker_count(
-    dataplane: &DataplaneConfig,
-    peers: &[tunneld_config::PeerConfig],
-) -> usize {
-    let one_plain_link = matches!(peers, [peer] if peer.parallel.is_plain());
-    match (dataplane.workers, &dataplane.cpus) {
-        (config::Workers::Count(n), _) => n,
-        (config::Workers::Auto, _) if one_plain_link => 1,
-        (config::Workers::Auto, Some(cpus)) => cpus.len(),
-        (config::Workers::Auto, None) => {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        }
-    }
-    .clamp(1, MAX_WORKERS)
 }
 
 /// The CPU each worker is pinned to: `cpus` in turn, or else the CPUs this process may use,
@@ -90,7 +67,6 @@ fn worker_cpus(
 /// What a start does beyond the interface itself.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StartOptions {
-    pub use_uring: bool,
     /// Serve `/var/run/wireguard/<name>.sock` for `wg`.
     pub uapi: bool,
     /// Drop every capability but `CAP_NET_ADMIN` before the worker threads start.
@@ -114,10 +90,10 @@ pub(crate) struct Opened {
 pub(crate) fn open_interface(
     name: &str,
     mtu: u16,
-    workers: usize,
-    dataplane: &DataplaneConfig,
+    plan: &plan::Dataplane,
     uapi: bool,
 ) -> anyhow::Result<Opened> {
+    let (workers, dataplane) = (plan.workers, &plan.config);
     let uapi = if uapi {
         Some(UapiServer::bind(name)?)
     } else {
@@ -148,10 +124,10 @@ pub(crate) fn open_interface(
 pub(crate) fn bind_dataplane_sockets(
     port: u16,
     fwmark: u32,
-    workers: usize,
-    dataplane: &DataplaneConfig,
+    plan: &plan::Dataplane,
 ) -> anyhow::Result<Vec<UdpSocket>> {
-    let mut sockets = bind_sockets(port, workers)?;
+    let dataplane = &plan.config;
+    let mut sockets = bind_sockets(port, plan.workers)?;
     for udp in &mut sockets {
         if fwmark != 0 {
             udp.set_mark(fwmark)?;
@@ -162,62 +138,74 @@ pub(crate) fn bind_dataplane_sockets(
     Ok(sockets)
 }
 
+/// Brings up an interface from settings (`tunneld up`, the library): the one start
+/// sequence, which the bare mode runs in two parts (the interface at once, the rest when a
+/// key arrives): [`open_interface`], [`bind_dataplane_sockets`], [`run_dataplane`].
 pub(crate) fn start_wireguard(
-    wg: load::WireGuard,
-    dataplane: &DataplaneConfig,
-    workers: usize,
+    wg: plan::WireGuard,
     options: StartOptions,
+    path: Option<PathBuf>,
+    config: Config,
 ) -> anyhow::Result<RunningWireGuard> {
-    let mut opened = open_interface(
+    let dataplane = &wg.dataplane;
+    let opened = open_interface(
         &wg.interface.name,
         wg.interface.mtu,
-        workers,
         dataplane,
         options.uapi,
     )?;
-    let sockets =
-        bind_dataplane_sockets(wg.device.listen_port, wg.device.fwmark, workers, dataplane)?;
-    for addr in &wg.interface.addresses {
-        opened.netlink.add_address(opened.index, *addr)?;
-    }
-    opened.netlink.set_up(opened.index)?;
-    let uapi = opened.uapi.take();
-    let mut running = run_dataplane(
-        opened, sockets, wg.device, wg.peers, dataplane, options, true,
-    )?;
-    if let Some(uapi) = uapi {
-        let routes = Netlink::open().context("cannot open a netlink socket")?;
-        running.uapi = Some(uapi.serve(crate::uapi_server::worker_answers(
-            running.workers.clone(),
-            Some((routes, running.link)),
-            running.marks.clone(),
-        ))?);
-    }
-    Ok(running)
+    let sockets = bind_dataplane_sockets(wg.device.listen_port, wg.device.fwmark, dataplane)?;
+    let from_settings = FromSettings { path, config };
+    run_dataplane(
+        opened,
+        sockets,
+        wg.device,
+        wg.peers,
+        dataplane,
+        options,
+        Some(from_settings),
+    )
+}
+
+/// An interface brought up from settings, not bare: it gets the settings' addresses and a
+/// route for each allowed IP, and it can be reloaded.
+pub(crate) struct FromSettings {
+    /// The config file, for one started from a file.
+    pub path: Option<PathBuf>,
+    pub config: Config,
 }
 
 /// Starts the dataplane of an opened interface on `sockets`: one device and worker per TUN
-/// queue, each with `peers`; with `routes`, a route for each allowed IP. The UAPI socket is
-/// the caller's to serve.
+/// queue, each with `peers`, and the control handle over them; `from_settings`, the
+/// addresses, the link set up and a route for each allowed IP. Serves the UAPI socket if the
+/// interface was opened with it (the bare mode serves its own from the start).
 pub(crate) fn run_dataplane(
     opened: Opened,
     sockets: Vec<UdpSocket>,
     device_settings: DeviceSettings,
     peers: Vec<PeerSettings>,
-    dataplane: &DataplaneConfig,
+    plan: &plan::Dataplane,
     options: StartOptions,
-    routes: bool,
+    from_settings: Option<FromSettings>,
 ) -> anyhow::Result<RunningWireGuard> {
+    let dataplane = &plan.config;
     let Opened {
         name,
         mtu,
         tuns,
         mut netlink,
         index,
-        ..
+        uapi,
     } = opened;
+    if let Some(settings) = &from_settings {
+        let addresses = settings.config.interface.iter().flat_map(|i| &i.addresses);
+        for addr in addresses {
+            netlink.add_address(index, *addr)?;
+        }
+        netlink.set_up(index)?;
+    }
     let workers = tuns.len();
-    let mut marks = crate::uapi_server::SocketMarks::new(&sockets, device_settings.fwmark)
+    let mut marks = SocketMarks::new(&sockets, device_settings.fwmark)
         .context("cannot keep the UDP sockets for fwmark changes")?;
     let (tun, udp) = (&tuns[0], &sockets[0]);
     let listen_port = udp.local_port();
@@ -239,7 +227,7 @@ pub(crate) fn run_dataplane(
         .collect();
     let device = &devices[0];
     let public_key = device.public_key();
-    if routes {
+    if from_settings.is_some() {
         for route in device.routes() {
             netlink.add_route(index, route)?;
         }
@@ -311,7 +299,7 @@ pub(crate) fn run_dataplane(
         marks = marks.with_nexthops(underlay.nexthops());
         xdp = Some(Box::new(underlay));
         started
-    } else if options.use_uring {
+    } else if plan.use_uring {
         let mut uring_parts = Vec::new();
         for ((device, tun), udp) in parts {
             // With offloads, TUN reads are up to 64 KiB each: reading them straight into the
@@ -338,21 +326,52 @@ pub(crate) fn run_dataplane(
         start_workers(parts, &settings)?
     };
     let workers = Workers::new(handles);
-    Ok(RunningWireGuard {
+    let routes = from_settings.map(|settings| {
+        let base = ReloadBase {
+            path: settings.path,
+            config: settings.config,
+            peers: peers.clone(),
+        };
+        (netlink, index, base)
+    });
+    let control = Control::new(workers.clone(), plan.workers, marks, routes);
+    let mut running = RunningWireGuard {
         name,
         port: listen_port,
-        link: index,
         public_key,
         workers,
         threads,
         uapi: None,
-        marks: Arc::new(Mutex::new(marks)),
+        control,
         _xdp: xdp,
-    })
+    };
+    if let Some(uapi) = uapi {
+        let control = running.control.clone();
+        match uapi.serve(move |request| lock(&control).answer(request)) {
+            Ok(serving) => running.uapi = Some(serving),
+            Err(e) => {
+                running.stop();
+                return Err(e);
+            }
+        }
+    }
+    Ok(running)
 }
 
-const NO_XDP_INTERFACE: &str =
-    "dataplane.xdp_interface: no peer has an endpoint to find the underlay interface by; name it";
+impl RunningWireGuard {
+    /// Stops the workers and waits for them; `false` if one had failed. The interface goes
+    /// with the last of its queues, and the UAPI socket with `uapi`.
+    pub(crate) fn stop(self) -> bool {
+        self.workers.shutdown();
+        let failed = self
+            .threads
+            .into_iter()
+            .map(|t| t.join())
+            .any(|r| r.is_err());
+        drop(self.uapi);
+        !failed
+    }
+}
 
 /// The underlay interface for `backend = "xdp"`: as configured, else the one the route to
 /// the first peer's endpoint leaves by.
@@ -367,7 +386,7 @@ fn xdp_interface(
             let endpoint = peers
                 .iter()
                 .find_map(|p| p.endpoint)
-                .ok_or_else(|| anyhow::anyhow!(NO_XDP_INTERFACE))?;
+                .ok_or_else(|| anyhow::anyhow!(plan::NO_XDP_INTERFACE))?;
             crate::topology::underlay_interface(endpoint).ok_or_else(|| {
                 anyhow::anyhow!(
                     "dataplane.xdp_interface: no interface has a route to {endpoint}; name it"
@@ -394,56 +413,6 @@ fn bind_sockets(port: u16, workers: usize) -> anyhow::Result<Vec<UdpSocket>> {
     drop(alone);
     let any = std::net::SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
     UdpSocket::bind_group(any, workers).with_context(context)
-}
-
-/// Refuses, before anything is created, the dataplane settings this build cannot honour, so
-/// that a config never silently runs differently from what it says.
-pub(crate) fn check_dataplane(
-    dataplane: &DataplaneConfig,
-    mtu: u16,
-    workers: usize,
-    peers: &[tunneld_tunnel::PeerSettings],
-) -> Result<(), String> {
-    if dataplane.backend == Backend::Xdp {
-        let max = tunneld_dataplane::xdp::backend::MAX_DATAGRAM - 32 - 15;
-        if usize::from(mtu) > max {
-            return Err(format!(
-                "interface.mtu: {mtu} is more than an AF_XDP frame holds with dataplane.backend = \"xdp\" (at most {max})"
-            ));
-        }
-        if dataplane.xdp_interface.is_none() && !peers.iter().any(|p| p.endpoint.is_some()) {
-            return Err(NO_XDP_INTERFACE.into());
-        }
-    }
-    if let config::Workers::Count(n) = dataplane.workers {
-        if n > MAX_WORKERS {
-            return Err(format!(
-                "dataplane.workers: {n} is more than a TUN device has queues ({MAX_WORKERS})"
-            ));
-        }
-    }
-    for (i, peer) in peers.iter().enumerate() {
-        if usize::from(peer.parallel) > workers {
-            return Err(format!(
-                "peer[{i}].parallel: {} sub-tunnels need as many workers, and this interface has {workers} (dataplane.workers)",
-                peer.parallel
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Whether the worker uses io_uring: for `uring` (an error when the kernel cannot), never
-/// for `mmsg`. `auto` takes recvmmsg/sendmmsg: side by side (docs/benchmarks.md) it carries
-/// bulk TCP at more Gbit per CPU-second and lower RTT than io_uring, which copies each
-/// received datagram out of its provided buffer; io_uring wins only on small-packet rate.
-pub(crate) fn choose_uring(backend: Backend) -> Result<bool, String> {
-    match backend {
-        Backend::Uring => uring::probe().map(|()| true).map_err(|e| {
-            format!("dataplane.backend = \"uring\": io_uring is not usable here: {e}")
-        }),
-        Backend::Auto | Backend::Mmsg | Backend::Xdp => Ok(false),
-    }
 }
 
 /// What the worker threads are started with, whatever their backends.

@@ -2,22 +2,20 @@
 //! read it and shut it down. `tunneld up` is this and a signal loop.
 
 use crate::bring_up::{self, RunningWireGuard, StartOptions};
+use crate::control::{lock, ControlHandle};
 use crate::error::Error;
-use crate::load::{self, Loaded, Resolve};
-use crate::netlink::Netlink;
-use crate::reload::{ReloadError, ReloadReport, Reloader};
-use crate::uapi_server::lock;
+use crate::plan::{self, Plan, Resolve};
+use crate::reload::{ReloadError, ReloadReport};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 use tunneld_config::Config;
 use tunneld_crypto::{PresharedKey, PublicKey};
-use tunneld_dataplane::worker::Workers;
-use tunneld_tunnel::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, SetRequest, WorkerStats};
+use tunneld_tunnel::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, WorkerStats};
 use tunneld_tunnel::PeerSettings;
 
-/// A gateway's settings, validated, with their key files read and endpoints resolved: from
-/// a config file ([`Settings::from_file`]) or its text ([`Settings::from_toml`]).
+/// A gateway's settings, validated, with their key files read, endpoints resolved and the
+/// dataplane decided (everything a start would refuse is refused here): from a config file
+/// ([`Settings::from_file`]) or its text ([`Settings::from_toml`]).
 ///
 /// ```no_run
 /// let settings = tunneld::Settings::from_file("site-a.toml")?;
@@ -25,7 +23,7 @@ use tunneld_tunnel::PeerSettings;
 /// ```
 #[derive(Debug)]
 pub struct Settings {
-    loaded: Loaded,
+    plan: Plan,
     /// The file they came from, which [`Gateway::reload_file`] reads again.
     file: Option<PathBuf>,
 }
@@ -36,20 +34,27 @@ impl Settings {
     /// the error, each naming its field.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Settings, Error> {
         let path = path.as_ref();
-        let loaded = load::load(path, Resolve::Everything).map_err(Error::invalid_lines)?;
+        let plan = plan::load(path, Resolve::Everything).map_err(Error::invalid_lines)?;
         Ok(Settings {
-            loaded,
+            plan,
             file: Some(path.to_path_buf()),
         })
     }
 
-    /// Validates a config file as [`Settings::from_file`] does, reading its key files but
-    /// resolving no host names (no network use): what `tunneld check` runs.
+    /// Validates a config file as [`Settings::from_file`] does — the same checks, including
+    /// the dataplane's (workers, sub-tunnels, AF_XDP's limits, io_uring and the AEAD on this
+    /// machine) — reading its key files but resolving no host names: what `tunneld check`
+    /// runs. What only a start can find out (it needs the network or privileges) is
+    /// [`Settings::NOT_CHECKED`].
     pub fn check_file(path: impl AsRef<Path>) -> Result<(), Error> {
-        load::load(path.as_ref(), Resolve::CheckOnly)
+        plan::load(path.as_ref(), Resolve::CheckOnly)
             .map(drop)
             .map_err(Error::invalid_lines)
     }
+
+    /// What [`Settings::check_file`] cannot check, since it needs the network or privileges:
+    /// a start may still refuse these.
+    pub const NOT_CHECKED: &'static str = plan::NOT_CHECKED;
 
     /// Settings from a config's text, with relative file names taken from `base_dir`.
     ///
@@ -65,23 +70,19 @@ impl Settings {
     /// # Ok::<(), tunneld::Error>(())
     /// ```
     pub fn from_toml(text: &str, base_dir: impl AsRef<Path>) -> Result<Settings, Error> {
-        let loaded = load::load_text(text, base_dir.as_ref(), Resolve::Everything)
+        let plan = plan::load_text(text, base_dir.as_ref(), Resolve::Everything)
             .map_err(Error::invalid_lines)?;
-        Ok(Settings { loaded, file: None })
+        Ok(Settings { plan, file: None })
     }
 
     /// The WireGuard interface's name, if the settings have an `[interface]`.
     pub fn interface_name(&self) -> Option<&str> {
-        self.loaded
-            .config
-            .interface
-            .as_ref()
-            .map(|i| i.name.as_str())
+        self.plan.config.interface.as_ref().map(|i| i.name.as_str())
     }
 
     /// The validated config these settings were made from.
     pub fn config(&self) -> &Config {
-        &self.loaded.config
+        &self.plan.config
     }
 }
 
@@ -165,21 +166,14 @@ struct Interface {
     name: String,
     listen_port: u16,
     public_key: PublicKey,
-    workers: Workers,
-    /// Route changes and reloads, one at a time.
-    control: Mutex<Control>,
-}
-
-struct Control {
-    netlink: Netlink,
-    link: u32,
-    reloader: Reloader,
+    /// The one lock every writer takes (shared with the UAPI socket).
+    control: ControlHandle,
 }
 
 /// What `shutdown` stops.
 struct Running {
     wireguard: Option<RunningWireGuard>,
-    tls: Option<crate::tls::TlsService>,
+    tls: Option<tunneld_tls::TlsService>,
     _metrics: Option<crate::metrics::MetricsServing>,
 }
 
@@ -229,15 +223,9 @@ impl Gateway {
 
     /// The interface as `wg show` sees it: its port and mark, and every peer.
     pub fn snapshot(&self) -> Result<DeviceSnapshot, Error> {
-        let interface = self.interface()?;
-        let unix_now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let parts = interface
-            .workers
-            .run_each(move |device, now| device.snapshot(now, unix_now))
+        let mut snapshot = lock(&self.interface()?.control)
+            .snapshot()
             .ok_or(Error::Stopped)?;
-        let mut snapshot = DeviceSnapshot::merge(parts);
         // Keys stay inside: a caller that wants them has them already.
         snapshot.private_key = None;
         for peer in &mut snapshot.peers {
@@ -249,42 +237,20 @@ impl Gateway {
     /// Each worker's counters (packets, drops by reason, hand-offs) and the peers it carries,
     /// as `tunneld show` prints them.
     pub fn worker_stats(&self) -> Result<Vec<WorkerStats>, Error> {
-        self.interface()?
-            .workers
-            .run_each(|device, _| WorkerStats {
-                stats: device.stats().clone(),
-                carries: device.carried(),
-            })
+        lock(&self.interface()?.control)
+            .worker_stats()
             .ok_or(Error::Stopped)
     }
 
     /// Adds a peer, with a route for each of its allowed IPs. A peer added this way is a
     /// plain one (`parallel` must be 1: sub-tunnels are set up at start).
     pub fn add_peer(&self, peer: PeerSettings) -> Result<(), Error> {
-        if peer.parallel > 1 {
-            return Err(Error::invalid(
-                "parallel",
-                "a peer added to a running gateway is carried by one session (parallel = 1); put it in the settings to split it",
-            ));
-        }
-        if self.has_peer(&peer.public_key)? {
-            return Err(Error::PeerExists(peer.public_key));
-        }
-        let mut update = PeerUpdate::new(peer.public_key);
-        update.preshared_key = Some(peer.preshared_key);
-        update.endpoint = peer.endpoint;
-        update.persistent_keepalive = Some(peer.persistent_keepalive);
-        update.replace_allowed_ips = true;
-        update.allowed_ips = peer.allowed_ips;
-        self.set(vec![update])
+        lock(&self.interface()?.control).add_peer(peer)
     }
 
     /// Changes what `change` names of an existing peer; its session is kept (a new preshared
     /// key starts a new one).
     pub fn update_peer(&self, change: PeerChange) -> Result<(), Error> {
-        if !self.has_peer(&change.public_key)? {
-            return Err(Error::UnknownPeer(change.public_key));
-        }
         let mut update = PeerUpdate::new(change.public_key);
         update.update_only = true;
         update.preshared_key = change.preshared_key;
@@ -294,49 +260,12 @@ impl Gateway {
             update.replace_allowed_ips = true;
             update.allowed_ips = allowed_ips;
         }
-        self.set(vec![update])
+        lock(&self.interface()?.control).update_peer(update)
     }
 
     /// Removes a peer, its sessions and its routes.
     pub fn remove_peer(&self, public_key: &PublicKey) -> Result<(), Error> {
-        if !self.has_peer(public_key)? {
-            return Err(Error::UnknownPeer(*public_key));
-        }
-        let mut update = PeerUpdate::new(*public_key);
-        update.remove = true;
-        self.set(vec![update])
-    }
-
-    fn has_peer(&self, key: &PublicKey) -> Result<bool, Error> {
-        Ok(self.snapshot()?.peers.iter().any(|p| p.public_key == *key))
-    }
-
-    /// Applies one change to every worker (each holds every peer, and they decide alike),
-    /// then makes the kernel's routes follow.
-    fn set(&self, peers: Vec<PeerUpdate>) -> Result<(), Error> {
-        let interface = self.interface()?;
-        let request = SetRequest {
-            private_key: None,
-            listen_port: None,
-            fwmark: None,
-            replace_peers: false,
-            peers,
-        };
-        let mut control = lock(&interface.control);
-        let outcome = interface.workers.run_each(move |device, now| {
-            let before = device.routes();
-            let result = device.apply(request.clone(), now);
-            (result, before, device.routes())
-        });
-        let (result, before, after) = outcome
-            .and_then(|o| o.into_iter().next())
-            .ok_or(Error::Stopped)?;
-        let link = control.link;
-        crate::uapi_server::sync_routes(&mut control.netlink, link, &before, &after);
-        result.map_err(|e| Error::Refused {
-            errno: e.errno,
-            message: e.to_string(),
-        })
+        lock(&self.interface()?.control).remove_peer(*public_key)
     }
 
     /// Applies new settings to the running gateway as a reload does (`SIGHUP`): peers gone
@@ -344,11 +273,8 @@ impl Gateway {
     /// interface's addresses follow. What cannot change while running (the interface's name,
     /// port, MTU, `[dataplane]`, …) is left as it runs and named in the report.
     pub fn reload(&self, settings: Settings) -> Result<ReloadReport, Error> {
-        let interface = self.interface()?;
-        let mut control = lock(&interface.control);
-        control
-            .reloader
-            .apply(settings.loaded, "reload")
+        lock(&self.interface()?.control)
+            .reload(settings.plan, "reload")
             .map_err(reload_error)
     }
 
@@ -357,9 +283,9 @@ impl Gateway {
     /// connections use them). `label` starts each log line (`tunneld up` passes "SIGHUP").
     pub fn reload_file(&self, label: &str) -> Result<ReloadReport, Error> {
         self.reload_tls_certificates(label);
-        let interface = self.interface()?;
-        let mut control = lock(&interface.control);
-        control.reloader.reload(label).map_err(reload_error)
+        lock(&self.interface()?.control)
+            .reload_file(label)
+            .map_err(reload_error)
     }
 
     /// Reads the TLS sections' certificates, keys and CAs again (all or none), logged.
@@ -450,10 +376,7 @@ fn stop(running: Running) -> Result<(), Error> {
     let Some(wg) = wireguard else {
         return Ok(());
     };
-    wg.workers.shutdown();
-    let failed = wg.threads.into_iter().map(|t| t.join()).any(|r| r.is_err());
-    drop(wg.uapi);
-    if failed {
+    if !wg.stop() {
         return Err(Error::System(
             "a worker thread failed; the interface has been removed".into(),
         ));
@@ -467,112 +390,53 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
         uapi,
         drop_privileges,
     } = builder;
-    let Settings { mut loaded, file } = settings;
-    if let Some(aead) = loaded.config.dataplane.aead {
-        if !aead.is_available() {
-            return Err(Error::invalid(
-                "dataplane.aead",
-                format!(
-                    "\"{}\": this CPU does not run it (it needs AVX-512 F, BW and VL); use \"auto\", \"ring\" or \"aws-lc\"",
-                    aead.name()
-                ),
-            ));
-        }
-    }
-    let workers = bring_up::worker_count(&loaded.config.dataplane, &loaded.config.peers);
-    if let Some(wg) = &mut loaded.wireguard {
-        // `load` keeps the config's peers in order, one settings entry each.
-        for (settings, peer) in wg.peers.iter_mut().zip(&loaded.config.peers) {
-            settings.parallel = peer.parallel.sub_tunnels(workers);
-        }
-    }
-    let use_uring = match &loaded.wireguard {
-        Some(wg) => {
-            bring_up::check_dataplane(
-                &loaded.config.dataplane,
-                wg.interface.mtu,
-                workers,
-                &wg.peers,
-            )
-            .map_err(|e| Error::invalid_lines(vec![e]))?;
-            bring_up::choose_uring(loaded.config.dataplane.backend)
-                .map_err(|e| Error::invalid_lines(vec![e]))?
-        }
-        None => false,
-    };
+    let Settings { plan, file } = settings;
     let wg_port = Arc::new(OnceLock::new());
     // Sockets are bound while tunneld still has its privileges; threads start only once
     // they are dropped, since a thread keeps the capabilities of the one that started it.
-    let mut tls = if loaded.config.tls.is_empty() {
+    let mut tls = if plan.config.tls.is_empty() {
         None
     } else {
         Some(
-            crate::tls::TlsService::bind(&loaded.config.tls, &loaded.base, wg_port.clone())
-                .map_err(Error::system)?,
+            tunneld_tls::TlsService::bind(
+                &plan.config.tls,
+                &plan.base,
+                wg_port.clone(),
+                crate::topology::allowed_cpus().len(),
+            )
+            .map_err(Error::system)?,
         )
     };
-    let metrics = match &loaded.config.metrics {
+    let metrics = match &plan.config.metrics {
         Some(m) => Some(crate::metrics::MetricsServer::bind(m.listen).map_err(Error::system)?),
         None => None,
     };
-    let (wireguard, interface, starters) = match loaded.wireguard {
+    let (wireguard, interface, starters) = match plan.wireguard {
         Some(mut wg) => {
             // Peers with transport = "tls" are reached through a loopback bridge each.
             let worker = Arc::new(OnceLock::new());
+            let tls_peers = Arc::new(crate::tls_peers::TlsPeers(worker.clone()));
             let (bridges, starters) =
-                crate::tls::prepare_peer_transports(&loaded.config, &loaded.base, worker.clone())
+                tunneld_tls::prepare_peer_transports(&plan.config, &plan.base, tls_peers)
                     .map_err(Error::system)?;
             for (i, bridge) in bridges {
                 if let Some(peer) = wg.peers.get_mut(i) {
                     peer.endpoint = Some(bridge);
                 }
             }
-            let peers_as_run = wg.peers.clone();
             let options = StartOptions {
-                use_uring,
                 uapi,
                 drop_privileges,
             };
-            let running = bring_up::start_wireguard(wg, &loaded.config.dataplane, workers, options)
+            let running = bring_up::start_wireguard(wg, options, file.clone(), plan.config.clone())
                 .map_err(Error::system)?;
             let _ = wg_port.set(running.port);
             let _ = worker.set(running.workers.clone());
-            let control = (|| {
-                let netlink = Netlink::open()?;
-                let reloader = Reloader::new(
-                    file.clone(),
-                    loaded.config.clone(),
-                    peers_as_run,
-                    running.workers.clone(),
-                    workers,
-                    running.link,
-                    running.marks.clone(),
-                )?;
-                anyhow::Ok(Control {
-                    netlink,
-                    link: running.link,
-                    reloader,
-                })
-            })();
-            let control = match control {
-                Ok(control) => control,
-                Err(e) => {
-                    let _ = stop(Running {
-                        wireguard: Some(running),
-                        tls,
-                        _metrics: None,
-                    });
-                    return Err(Error::System(format!(
-                        "cannot open a netlink socket: {e:#}"
-                    )));
-                }
-            };
             let interface = Interface {
                 name: running.name.clone(),
                 listen_port: running.port,
                 public_key: running.public_key,
-                workers: running.workers.clone(),
-                control: Mutex::new(control),
+                control: running.control.clone(),
             };
             (Some(running), Some(interface), starters)
         }
@@ -592,9 +456,10 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
     // workers).
     let serve = (|| {
         if let Some(metrics) = metrics {
-            let wg = interface
+            let wg = running
+                .wireguard
                 .as_ref()
-                .map(|i| (i.name.clone(), i.workers.clone()));
+                .map(|wg| (wg.name.clone(), wg.workers.clone()));
             running._metrics = Some(metrics.serve(wg, tls.as_ref().map(|t| t.stats()))?);
         }
         if let Some(tls) = tls.as_mut() {
@@ -616,4 +481,197 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
             running: Mutex::new(Some(running)),
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::io::{Read, Write};
+    use tunneld_crypto::PrivateKey;
+    use tunneld_testnet::{require_netns, unique_name, NetNs};
+
+    /// What an operation leaves a peer with: its one allowed IP, or nothing (removed).
+    type Effect = Option<ipnet::IpNet>;
+
+    /// A small deterministic generator, so a failure replays.
+    struct Draw(u64);
+    impl Draw {
+        fn next(&mut self, below: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % below
+        }
+    }
+
+    fn uapi_set(stream: &mut std::os::unix::net::UnixStream, text: &str) {
+        stream.write_all(text.as_bytes()).unwrap();
+        let mut reply = Vec::new();
+        let mut byte = [0u8; 1];
+        while !reply.ends_with(b"\n\n") {
+            assert_eq!(stream.read(&mut byte).unwrap(), 1, "the UAPI socket closed");
+            reply.push(byte[0]);
+        }
+        assert_eq!(String::from_utf8_lossy(&reply), "errno=0\n\n", "{text}");
+    }
+
+    /// The UAPI socket (`wg set`) and the library's peer operations, from two threads at
+    /// once on the same peers: afterwards every worker holds the same peers, each peer is as
+    /// the last operation on it left it (the last of one thread or the other: a serial
+    /// order), and the kernel's routes are exactly the peers' allowed IPs.
+    #[test]
+    fn concurrent_writers_end_as_a_serial_order_would() {
+        if !require_netns("concurrent_writers_end_as_a_serial_order_would") {
+            return;
+        }
+        let ns = NetNs::new();
+        let name = unique_name("wg");
+        let text = format!(
+            "[interface]\nname = \"{name}\"\nprivate_key = \"{}\"\nlisten_port = 0\n\
+             address = [\"10.9.255.1/32\"]\n[dataplane]\nworkers = 2\n",
+            *PrivateKey::generate().to_base64()
+        );
+        let gateway = ns
+            .in_ns(move || Gateway::builder(Settings::from_toml(&text, ".")?).start())
+            .unwrap();
+        const KEYS: u8 = 12;
+        const OPS: usize = 300;
+        let keys: Vec<PublicKey> = (0..KEYS)
+            .map(|_| PrivateKey::generate().public_key())
+            .collect();
+        let effect_of = |draw: &mut Draw, k: usize| -> Effect {
+            (draw.next(4) != 0).then(|| format!("10.9.{k}.{}/32", draw.next(250)).parse().unwrap())
+        };
+
+        // Each thread returns the effect of its last operation on each key.
+        let socket = format!("{}/{name}.sock", crate::uapi_server::SOCKET_DIR);
+        let uapi_keys = keys.clone();
+        let uapi = std::thread::spawn(move || {
+            let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+            let mut draw = Draw(0x9e37_79b9_7f4a_7c15);
+            let mut last: HashMap<usize, Effect> = HashMap::new();
+            for _ in 0..OPS {
+                let k = draw.next(u64::from(KEYS)) as usize;
+                let effect = effect_of(&mut draw, k);
+                let key = uapi_keys[k].to_hex();
+                match effect {
+                    Some(ip) => uapi_set(
+                        &mut stream,
+                        &format!("set=1\npublic_key={key}\nreplace_allowed_ips=true\nallowed_ip={ip}\n\n"),
+                    ),
+                    None => uapi_set(&mut stream, &format!("set=1\npublic_key={key}\nremove=true\n\n")),
+                }
+                last.insert(k, effect);
+            }
+            last
+        });
+        let library = {
+            let gateway = gateway.clone();
+            let keys = keys.clone();
+            std::thread::spawn(move || {
+                let mut draw = Draw(0x2545_f491_4f6c_dd1d);
+                let mut last: HashMap<usize, Effect> = HashMap::new();
+                for _ in 0..OPS {
+                    let k = draw.next(u64::from(KEYS)) as usize;
+                    let effect = effect_of(&mut draw, k);
+                    match effect {
+                        // Add, or change if it exists: the other thread may add or remove it
+                        // between the two, so try until one of them takes.
+                        Some(ip) => loop {
+                            let added = gateway.add_peer(PeerSettings {
+                                public_key: keys[k],
+                                preshared_key: None,
+                                endpoint: None,
+                                allowed_ips: vec![ip],
+                                persistent_keepalive: 0,
+                                parallel: 1,
+                            });
+                            match added {
+                                Ok(()) => break,
+                                Err(Error::PeerExists(_)) => {}
+                                Err(e) => panic!("add_peer: {e}"),
+                            }
+                            let mut change = PeerChange::new(keys[k]);
+                            change.allowed_ips = Some(vec![ip]);
+                            match gateway.update_peer(change) {
+                                Ok(()) => break,
+                                Err(Error::UnknownPeer(_)) => {}
+                                Err(e) => panic!("update_peer: {e}"),
+                            }
+                        },
+                        None => match gateway.remove_peer(&keys[k]) {
+                            Ok(()) | Err(Error::UnknownPeer(_)) => {}
+                            Err(e) => panic!("remove_peer: {e}"),
+                        },
+                    }
+                    last.insert(k, effect);
+                }
+                last
+            })
+        };
+        let (by_uapi, by_library) = (uapi.join().unwrap(), library.join().unwrap());
+
+        let interface = gateway.inner.interface.as_ref().unwrap();
+        let workers = lock(&interface.control)
+            .per_worker_view(keys.clone())
+            .unwrap();
+        assert_eq!(workers.len(), 2);
+        assert_eq!(workers[0], workers[1], "the workers hold different peers");
+        let held: HashMap<PublicKey, Vec<ipnet::IpNet>> = gateway
+            .peers()
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.public_key, p.allowed_ips))
+            .collect();
+        let (present, mut routed) = workers[0].clone();
+        for (k, key) in keys.iter().enumerate() {
+            assert_eq!(present[k], held.contains_key(key), "peer {k}");
+        }
+        let mut allowed: Vec<ipnet::IpNet> = held.values().flatten().copied().collect();
+        allowed.sort();
+        routed.sort();
+        assert_eq!(
+            routed, allowed,
+            "the workers route other IPs than their peers allow"
+        );
+        for (k, key) in keys.iter().enumerate() {
+            let now: Effect = held.get(key).map(|ips| {
+                assert_eq!(ips.len(), 1, "peer {k}: {ips:?}");
+                ips[0]
+            });
+            // A key no thread touched stays absent; else it is as one thread's last
+            // operation on it left it.
+            let candidates: Vec<Effect> = [by_uapi.get(&k), by_library.get(&k)]
+                .into_iter()
+                .flatten()
+                .copied()
+                .collect();
+            if candidates.is_empty() {
+                assert_eq!(now, None, "peer {k} was never added");
+            } else {
+                assert!(
+                    candidates.contains(&now),
+                    "peer {k} is {now:?}, which neither thread's last operation ({candidates:?}) left"
+                );
+            }
+        }
+        let mut routes: Vec<String> = ns
+            .run(&["ip", "-4", "route", "show", "dev", &name, "proto", "static"])
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect();
+        routes.sort();
+        let mut wanted: Vec<String> = held
+            .values()
+            .flatten()
+            .map(|ip| ip.to_string().trim_end_matches("/32").to_string())
+            .collect();
+        wanted.sort();
+        assert_eq!(
+            routes, wanted,
+            "the kernel's routes are not the peers' allowed IPs"
+        );
+        gateway.shutdown().unwrap();
+    }
 }

@@ -3,8 +3,8 @@
 //! [`Settings`] come from a config file or its text (the format `tunneld up` reads, see
 //! README.md), [`Gateway::builder`] starts them, and the [`Gateway`] handle changes peers,
 //! reads their state and per-worker counters, reloads and shuts down, with typed
-//! [`Error`]s that name the field at fault. The `tunneld` command line is this library and
-//! a signal loop.
+//! [`Error`]s that name the field at fault. The `tunneld` command line (the `tunneld-cli`
+//! crate) is this library and a signal loop.
 //!
 //! ```no_run
 //! use tunneld::{Gateway, Settings};
@@ -20,7 +20,8 @@
 //! root.
 //!
 //! The crates below it are usable on their own: `tunneld-tunnel` (the sans-IO WireGuard
-//! core), `tunneld-dataplane` (batches, backends, workers), `tunneld-config` (the file).
+//! core), `tunneld-dataplane` (batches, backends, workers), `tunneld-config` (the file),
+//! `tunneld-tls` (TLS forwarding and WireGuard over TLS, with its record layer).
 
 // Input from the network, config files and the UAPI socket must never panic: no unwrap or
 // expect outside tests.
@@ -29,29 +30,19 @@
 
 mod bare;
 mod bring_up;
+mod control;
 mod error;
 mod gateway;
-mod load;
 mod metrics;
 mod netlink;
+mod plan;
 mod privileges;
 mod reload;
-mod tls;
+mod tls_peers;
 mod topology;
 mod uapi_server;
 
 pub use bare::BareInterface;
-/// tunneld's TLS 1.3 record layer, for its fuzz target (`fuzz/`) only: **not a stable
-/// interface**; it changes with tunneld's internals, without notice.
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod tls_records {
-    pub use crate::tls::records::{
-        KeySchedule, Opened, RecordError, Records, Suite, Tls13Schedule, TrafficKeys, ALERT,
-        APPLICATION_DATA, FULL_RECORD, HANDSHAKE, HEADER, KEY_UPDATE, MAX_EMPTY_RECORDS,
-        MAX_KEY_UPDATES, MAX_PLAINTEXT, MAX_RECORD, TAG,
-    };
-}
 
 pub use error::Error;
 pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};

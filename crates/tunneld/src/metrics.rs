@@ -8,7 +8,6 @@
 //! batches, as `tunneld show` reads them; nothing on the data path waits for a scrape. The
 //! TLS counters are atomics that the connections add to.
 
-use crate::tls::{ListenerStats, TlsStats};
 use anyhow::Context;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
@@ -17,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tunneld_dataplane::worker::Workers;
+use tunneld_tls::{ListenerStats, TlsStats};
 use tunneld_tunnel::uapi::{DeviceSnapshot, WorkerStats};
 use tunneld_tunnel::DropReason;
 
@@ -88,7 +88,7 @@ pub struct MetricsServing {
 impl Drop for MetricsServing {
     fn drop(&mut self) {
         self.stopping.store(true, Ordering::SeqCst);
-        crate::tls::wake_listener(self.addr);
+        tunneld_tls::wake_listener(self.addr);
     }
 }
 

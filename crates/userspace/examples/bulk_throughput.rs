@@ -4,7 +4,7 @@
 //! not give). Needs root; run it in release, with a release `tunneld` beside it:
 //!
 //! ```text
-//! cargo build --release -p tunneld
+//! cargo build --release -p tunneld-cli
 //! TUNNELD_BULK_MIB=1024 cargo run --release -p tunneld-userspace --example bulk_throughput
 //! ```
 //!

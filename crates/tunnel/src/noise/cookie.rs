@@ -3,10 +3,8 @@
 //! Diffie-Hellman. The cookie is a MAC of the sender's address, so a sender must own the
 //! address it claims before it can make the responder work.
 
-use super::handshake::{
-    array, ct_eq, mac, HandshakeError, LocalIdentity, PeerIdentity, COOKIE_REPLY_LEN,
-    INITIATION_LEN, MSG_COOKIE_REPLY, MSG_INITIATION, MSG_RESPONSE, RESPONSE_LEN,
-};
+use super::handshake::{ct_eq, mac, HandshakeError, LocalIdentity, PeerIdentity};
+use crate::wire::{self, cookie_reply, CookieReply, Handshake, COOKIE_REPLY_LEN, MSG_COOKIE_REPLY};
 use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::{Key, KeyInit as _, Tag, XChaCha20Poly1305, XNonce};
 use rand_core::{CryptoRng, RngCore};
@@ -18,11 +16,9 @@ use zeroize::Zeroizing;
 /// How long the responder's cookie secret lives (the protocol's two minutes).
 const SECRET_LIFETIME: Duration = Duration::from_secs(120);
 
-/// Cookie reply fields.
-const RECEIVER: usize = 4;
-const NONCE: usize = 8;
-const COOKIE: usize = 32;
-const TAG: usize = 48;
+/// Cookie reply fields (`wire` has the layout); the cookie's tag follows the cookie.
+use cookie_reply::{COOKIE, NONCE, RECEIVER};
+const TAG: usize = COOKIE + 16;
 
 /// The responder's side of cookies: a random secret, renewed every two minutes, that cookies
 /// are made from. Time comes in as `now`.
@@ -42,57 +38,47 @@ impl CookieJar {
     /// Whether `msg`, an initiation or a response, carries a mac2 made with the cookie we
     /// would give `source` now. Check mac1 first ([`LocalIdentity::verify_mac1`]): mac2 only
     /// says that the sender owns its address.
-    pub fn mac2_valid(
+    pub fn mac2_valid<'a>(
         &mut self,
-        msg: &[u8],
+        msg: impl Into<Handshake<'a>>,
         source: SocketAddr,
         now: Instant,
         rng: &mut (impl RngCore + CryptoRng + ?Sized),
     ) -> bool {
-        if msg.len() != INITIATION_LEN && msg.len() != RESPONSE_LEN {
-            return false;
-        }
+        let msg = msg.into();
         let cookie = self.cookie(source, now, rng);
-        let (body, mac2) = msg.split_at(msg.len() - 16);
-        ct_eq(&mac(&cookie, &[body]), mac2)
+        ct_eq(&mac(&cookie, &[msg.before_mac2()]), msg.mac2())
     }
 
     /// Writes into `out` the cookie reply to `msg`, an initiation or a response sent to us
     /// (`local`) from `source`. Refuses messages whose mac1 is not ours, so that only someone
     /// who knows our public key can make us send replies.
-    pub fn write_reply(
+    pub fn write_reply<'a>(
         &mut self,
         local: &LocalIdentity,
-        msg: &[u8],
+        msg: impl Into<Handshake<'a>>,
         source: SocketAddr,
         now: Instant,
         rng: &mut (impl RngCore + CryptoRng + ?Sized),
         out: &mut [u8; COOKIE_REPLY_LEN],
     ) -> Result<(), HandshakeError> {
-        let kind = match msg.len() {
-            INITIATION_LEN => MSG_INITIATION,
-            RESPONSE_LEN => MSG_RESPONSE,
-            _ => return Err(HandshakeError::WrongLength),
-        };
-        if msg.get(..4) != Some(&[kind, 0, 0, 0][..]) {
-            return Err(HandshakeError::WrongType);
-        }
+        let msg = msg.into();
         if !local.verify_mac1(msg) {
             return Err(HandshakeError::BadMac1);
         }
-        let mac1: [u8; 16] = array(msg, msg.len() - 32);
+        let mac1 = msg.mac1();
         let cookie = self.cookie(source, now, rng);
 
-        out[..4].copy_from_slice(&[MSG_COOKIE_REPLY, 0, 0, 0]);
-        // Both handshake messages carry their sender index at 4: the reply names it.
-        out[RECEIVER..NONCE].copy_from_slice(&array::<4>(msg, 4));
+        wire::write_header(MSG_COOKIE_REPLY, out);
+        // The reply names the handshake message's sender.
+        out[RECEIVER..NONCE].copy_from_slice(&msg.sender().to_le_bytes());
         rng.fill_bytes(&mut out[NONCE..COOKIE]);
         let nonce = XNonce::clone_from_slice(&out[NONCE..COOKIE]);
         out[COOKIE..TAG].copy_from_slice(&cookie);
         // XChaCha20-Poly1305 refuses only plaintexts of more than 256 GiB; this is 16 bytes.
         #[allow(clippy::expect_used)]
         let tag = XChaCha20Poly1305::new(Key::from_slice(local.cookie_key()))
-            .encrypt_in_place_detached(&nonce, &mac1, &mut out[COOKIE..TAG])
+            .encrypt_in_place_detached(&nonce, mac1, &mut out[COOKIE..TAG])
             .expect("a cookie is 16 bytes");
         out[TAG..].copy_from_slice(&tag);
         Ok(())
@@ -134,23 +120,21 @@ impl fmt::Debug for CookieJar {
 
 /// Opens a cookie reply from `peer` to our last handshake message to it, whose mac1 was
 /// `last_mac1`. Returns the cookie, to make mac2 with for the next 120 seconds. The caller
-/// checks that the reply's receiver index (bytes 4..8) is that message's sender index.
+/// checks that the reply's receiver index is that message's sender index.
 pub fn consume_cookie_reply(
     peer: &PeerIdentity,
     last_mac1: &[u8; 16],
-    msg: &[u8],
+    msg: CookieReply<'_>,
 ) -> Result<[u8; 16], HandshakeError> {
-    let msg: &[u8; COOKIE_REPLY_LEN] = msg.try_into().map_err(|_| HandshakeError::WrongLength)?;
-    if msg[..4] != [MSG_COOKIE_REPLY, 0, 0, 0] {
-        return Err(HandshakeError::WrongType);
-    }
-    let mut cookie: [u8; 16] = array(msg, COOKIE);
+    let (sealed, tag) = msg.encrypted_cookie().split_at(16);
+    let mut cookie = [0u8; 16];
+    cookie.copy_from_slice(sealed);
     XChaCha20Poly1305::new(Key::from_slice(peer.cookie_key()))
         .decrypt_in_place_detached(
-            XNonce::from_slice(&msg[NONCE..COOKIE]),
+            XNonce::from_slice(msg.nonce()),
             last_mac1,
             &mut cookie,
-            Tag::from_slice(&msg[TAG..]),
+            Tag::from_slice(tag),
         )
         .map_err(|_| HandshakeError::Decryption)?;
     Ok(cookie)
@@ -159,10 +143,12 @@ pub fn consume_cookie_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::noise::handshake::tests::{boringtun, initiate_now, keys, to_network};
-    use crate::noise::handshake::{
-        consume_initiation, consume_response, create_response, InitiationState,
+    use crate::noise::handshake::tests::{
+        boringtun, consume_initiation, consume_response, handshake, initiate_now, keys, to_network,
+        Refused,
     };
+    use crate::noise::handshake::{create_response, InitiationState};
+    use crate::wire::{ParseError, INITIATION_LEN, MSG_INITIATION, RESPONSE_LEN};
     use boringtun::noise::rate_limiter::RateLimiter;
     use boringtun::noise::TunnResult;
     use rand_core::OsRng;
@@ -195,6 +181,16 @@ mod tests {
         )
     }
 
+    /// `super::consume_cookie_reply` of a reply given as bytes, parsed first as the device does.
+    fn consume_cookie_reply(
+        peer: &PeerIdentity,
+        last_mac1: &[u8; 16],
+        msg: &[u8],
+    ) -> Result<[u8; 16], Refused> {
+        let msg = CookieReply::parse(msg).map_err(Refused::Parse)?;
+        super::consume_cookie_reply(peer, last_mac1, msg).map_err(Refused::Handshake)
+    }
+
     fn initiate(a: &Side, cookie: Option<&[u8; 16]>) -> (InitiationState, [u8; INITIATION_LEN]) {
         initiate_now(&a.local, &a.peer, &[0; 32], 0x0102_0304, cookie)
     }
@@ -208,13 +204,20 @@ mod tests {
 
         let (state, first) = initiate(&a, None);
         assert!(
-            !jar.mac2_valid(&first, source, now, &mut OsRng),
+            !jar.mac2_valid(handshake(&first).unwrap(), source, now, &mut OsRng),
             "no cookie yet"
         );
 
         let mut reply = [0u8; COOKIE_REPLY_LEN];
-        jar.write_reply(&b.local, &first, source, now, &mut OsRng, &mut reply)
-            .unwrap();
+        jar.write_reply(
+            &b.local,
+            handshake(&first).unwrap(),
+            source,
+            now,
+            &mut OsRng,
+            &mut reply,
+        )
+        .unwrap();
         assert_eq!(reply[..4], [3, 0, 0, 0]);
         assert_eq!(
             reply[4..8],
@@ -224,21 +227,21 @@ mod tests {
         let cookie = consume_cookie_reply(&a.peer, &state.mac1(), &reply).unwrap();
 
         let (_, second) = initiate(&a, Some(&cookie));
-        assert!(jar.mac2_valid(&second, source, now, &mut OsRng));
+        assert!(jar.mac2_valid(handshake(&second).unwrap(), source, now, &mut OsRng));
         // A mac2 does not stop the message from being an ordinary initiation.
         assert!(consume_initiation(&b.local, &second, |_| Some(&b.peer)).is_ok());
 
         // Another address or port, or a later secret, does not own this cookie.
         let other_ip: SocketAddr = (Ipv4Addr::new(192, 0, 2, 2), 51820).into();
         let other_port: SocketAddr = (Ipv4Addr::new(192, 0, 2, 1), 51821).into();
-        assert!(!jar.mac2_valid(&second, other_ip, now, &mut OsRng));
-        assert!(!jar.mac2_valid(&second, other_port, now, &mut OsRng));
+        assert!(!jar.mac2_valid(handshake(&second).unwrap(), other_ip, now, &mut OsRng));
+        assert!(!jar.mac2_valid(handshake(&second).unwrap(), other_port, now, &mut OsRng));
         let mapped: SocketAddr = (Ipv4Addr::new(192, 0, 2, 1).to_ipv6_mapped(), 51820).into();
-        assert!(jar.mac2_valid(&second, mapped, now, &mut OsRng));
+        assert!(jar.mac2_valid(handshake(&second).unwrap(), mapped, now, &mut OsRng));
         let later = now + Duration::from_secs(119);
-        assert!(jar.mac2_valid(&second, source, later, &mut OsRng));
+        assert!(jar.mac2_valid(handshake(&second).unwrap(), source, later, &mut OsRng));
         let renewed = now + Duration::from_secs(120);
-        assert!(!jar.mac2_valid(&second, source, renewed, &mut OsRng));
+        assert!(!jar.mac2_valid(handshake(&second).unwrap(), source, renewed, &mut OsRng));
 
         // The reply opens only for the message it answers and from the peer that sent it.
         assert_eq!(
@@ -254,10 +257,26 @@ mod tests {
             bad[i] ^= 0x04;
             let err = consume_cookie_reply(&a.peer, &state.mac1(), &bad);
             match i {
-                0..4 => assert_eq!(err, Err(HandshakeError::WrongType), "byte {i}"),
+                0 => assert_eq!(
+                    err,
+                    Err(Refused::Parse(ParseError::WrongType {
+                        expected: MSG_COOKIE_REPLY,
+                        found: MSG_COOKIE_REPLY ^ 0x04
+                    })),
+                    "byte {i}"
+                ),
+                1..4 => assert_eq!(
+                    err,
+                    Err(Refused::Parse(ParseError::ReservedNotZero)),
+                    "byte {i}"
+                ),
                 // The receiver index is for the caller to match; it is not sealed.
                 4..8 => assert_eq!(err, Ok(cookie), "byte {i}"),
-                _ => assert_eq!(err, Err(HandshakeError::Decryption), "byte {i}"),
+                _ => assert_eq!(
+                    err,
+                    Err(Refused::Handshake(HandshakeError::Decryption)),
+                    "byte {i}"
+                ),
             }
         }
     }
@@ -285,8 +304,15 @@ mod tests {
         )
         .unwrap();
         let mut reply = [0u8; COOKIE_REPLY_LEN];
-        jar.write_reply(&a.local, &response, source, now, &mut OsRng, &mut reply)
-            .unwrap();
+        jar.write_reply(
+            &a.local,
+            handshake(&response).unwrap(),
+            source,
+            now,
+            &mut OsRng,
+            &mut reply,
+        )
+        .unwrap();
         assert_eq!(reply[4..8], 77u32.to_le_bytes());
         let cookie = consume_cookie_reply(&b.peer, &mac1, &reply).unwrap();
 
@@ -302,7 +328,7 @@ mod tests {
             &mut again,
         )
         .unwrap();
-        assert!(jar.mac2_valid(&again, source, now, &mut OsRng));
+        assert!(jar.mac2_valid(handshake(&again).unwrap(), source, now, &mut OsRng));
         assert!(consume_response(&state, &a.local, &a.peer, &[0; 32], &again).is_ok());
     }
 
@@ -318,25 +344,48 @@ mod tests {
         long.extend_from_slice(&good);
         for n in 0..long.len() {
             let msg = &long[..n];
+            // Only a whole handshake message can be checked for mac2 or answered: the rest
+            // (a response's length with an initiation's type too) does not parse as one.
+            let wrong = |kind| match n {
+                0..4 => ParseError::TooShort,
+                _ => ParseError::WrongLength { kind, len: n },
+            };
             if n != INITIATION_LEN {
-                assert!(!jar.mac2_valid(msg, source, now, &mut OsRng));
-                let err = jar.write_reply(&b.local, msg, source, now, &mut OsRng, &mut reply);
-                if n == RESPONSE_LEN {
-                    assert_eq!(err, Err(HandshakeError::WrongType));
-                } else {
-                    assert_eq!(err, Err(HandshakeError::WrongLength), "length {n}");
-                }
+                assert_eq!(handshake(msg), Err(wrong(MSG_INITIATION)), "length {n}");
+            }
+            let mut as_reply = msg.to_vec();
+            if let Some(t) = as_reply.first_mut() {
+                *t = MSG_COOKIE_REPLY;
             }
             if n != COOKIE_REPLY_LEN {
                 assert_eq!(
-                    consume_cookie_reply(&a.peer, &[0; 16], msg),
-                    Err(HandshakeError::WrongLength)
+                    consume_cookie_reply(&a.peer, &[0; 16], &as_reply),
+                    Err(Refused::Parse(wrong(MSG_COOKIE_REPLY)))
                 );
             }
         }
+        // The whole initiation is answered by the one it is for, and by no one else.
+        assert_eq!(
+            jar.write_reply(
+                &b.local,
+                handshake(&good).unwrap(),
+                source,
+                now,
+                &mut OsRng,
+                &mut reply
+            ),
+            Ok(())
+        );
         // An initiation meant for someone else gets no reply from us.
         assert_eq!(
-            jar.write_reply(&a.local, &good, source, now, &mut OsRng, &mut reply),
+            jar.write_reply(
+                &a.local,
+                handshake(&good).unwrap(),
+                source,
+                now,
+                &mut OsRng,
+                &mut reply
+            ),
             Err(HandshakeError::BadMac1)
         );
     }
@@ -383,16 +432,23 @@ mod tests {
         let source: SocketAddr = (Ipv4Addr::new(203, 0, 113, 5), 9999).into();
 
         let first = to_network(tunn.format_handshake_initiation(&mut buf, false));
-        assert!(!jar.mac2_valid(&first, source, now, &mut OsRng));
+        assert!(!jar.mac2_valid(handshake(&first).unwrap(), source, now, &mut OsRng));
         let mut reply = [0u8; COOKIE_REPLY_LEN];
-        jar.write_reply(&local, &first, source, now, &mut OsRng, &mut reply)
-            .unwrap();
+        jar.write_reply(
+            &local,
+            handshake(&first).unwrap(),
+            source,
+            now,
+            &mut OsRng,
+            &mut reply,
+        )
+        .unwrap();
         assert!(matches!(
             tunn.decapsulate(Some(source.ip()), &reply, &mut buf),
             TunnResult::Done
         ));
 
         let second = to_network(tunn.format_handshake_initiation(&mut buf, true));
-        assert!(jar.mac2_valid(&second, source, now, &mut OsRng));
+        assert!(jar.mac2_valid(handshake(&second).unwrap(), source, now, &mut OsRng));
     }
 }

@@ -16,16 +16,11 @@ use std::time::Duration;
 use x25519_dalek::{PublicKey, StaticSecret};
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
-/// Handshake initiation: type, reserved, sender, ephemeral, static, timestamp, mac1, mac2.
-pub const INITIATION_LEN: usize = 148;
-/// Handshake response: type, reserved, sender, receiver, ephemeral, empty, mac1, mac2.
-pub const RESPONSE_LEN: usize = 92;
-/// Cookie reply: type, reserved, receiver, nonce, cookie.
-pub const COOKIE_REPLY_LEN: usize = 64;
-
-pub const MSG_INITIATION: u8 = 1;
-pub const MSG_RESPONSE: u8 = 2;
-pub const MSG_COOKIE_REPLY: u8 = 3;
+// The messages' layout is `wire`'s; these are here too because the handshake is their user.
+use crate::wire::{self, initiation as init, response as resp, Handshake, MACS_LEN, TAG_LEN};
+pub use crate::wire::{
+    COOKIE_REPLY_LEN, INITIATION_LEN, MSG_COOKIE_REPLY, MSG_INITIATION, MSG_RESPONSE, RESPONSE_LEN,
+};
 
 const CONSTRUCTION: &[u8] = b"Noise_IKpsk2_25519_ChaChaPoly_BLAKE2s";
 const IDENTIFIER: &[u8] = b"WireGuard v1 zx2c4 Jason@zx2c4.com";
@@ -35,34 +30,8 @@ const LABEL_COOKIE: &[u8] = b"cookie--";
 /// A 32-byte key or DH result, wiped when dropped.
 type Secret = Zeroizing<[u8; 32]>;
 
-const TAG_LEN: usize = 16;
-/// mac1 and mac2 end every handshake message.
-const MACS_LEN: usize = 32;
-
-/// Field offsets of the initiation.
-mod init {
-    pub const SENDER: usize = 4;
-    pub const EPHEMERAL: usize = 8;
-    pub const STATIC: usize = 40;
-    pub const TIMESTAMP: usize = 88;
-    pub const MAC1: usize = 116;
-}
-
-/// Field offsets of the response.
-mod resp {
-    pub const SENDER: usize = 4;
-    pub const RECEIVER: usize = 8;
-    pub const EPHEMERAL: usize = 12;
-    pub const EMPTY: usize = 44;
-    pub const MAC1: usize = 60;
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum HandshakeError {
-    #[error("handshake message has the wrong length")]
-    WrongLength,
-    #[error("handshake message has the wrong type")]
-    WrongType,
     #[error("handshake message's mac1 is not for our public key")]
     BadMac1,
     #[error("handshake message does not decrypt")]
@@ -104,14 +73,11 @@ impl LocalIdentity {
         self.public
     }
 
-    /// Whether `msg`, an initiation or a response, carries a mac1 made for our public key.
-    /// Costs one BLAKE2s, so the caller can drop junk before any Diffie-Hellman.
-    pub fn verify_mac1(&self, msg: &[u8]) -> bool {
-        if msg.len() != INITIATION_LEN && msg.len() != RESPONSE_LEN {
-            return false;
-        }
-        let (body, macs) = msg.split_at(msg.len() - MACS_LEN);
-        ct_eq(&mac(&self.mac1_key, &[body]), &macs[..16])
+    /// Whether `msg` carries a mac1 made for our public key. Costs one BLAKE2s, so the
+    /// caller can drop junk before any Diffie-Hellman.
+    pub fn verify_mac1<'a>(&self, msg: impl Into<Handshake<'a>>) -> bool {
+        let msg = msg.into();
+        ct_eq(&mac(&self.mac1_key, &[msg.before_mac1()]), msg.mac1())
     }
 
     pub(super) fn cookie_key(&self) -> &[u8; 32] {
@@ -233,7 +199,7 @@ pub fn create_initiation(
     let ephemeral = StaticSecret::random_from_rng(&mut *rng);
     let ephemeral_public = PublicKey::from(&ephemeral).to_bytes();
 
-    out[..4].copy_from_slice(&[MSG_INITIATION, 0, 0, 0]);
+    wire::write_header(MSG_INITIATION, out);
     out[init::SENDER..init::EPHEMERAL].copy_from_slice(&local_index.to_le_bytes());
     out[init::EPHEMERAL..init::STATIC].copy_from_slice(&ephemeral_public);
     t.mix_hash(&ephemeral_public);
@@ -270,30 +236,26 @@ pub fn consume_response(
     local: &LocalIdentity,
     peer: &PeerIdentity,
     psk: &[u8; 32],
-    msg: &[u8],
+    msg: wire::Response<'_>,
 ) -> Result<Response, HandshakeError> {
-    let msg: &[u8; RESPONSE_LEN] = msg.try_into().map_err(|_| HandshakeError::WrongLength)?;
-    if msg[..4] != [MSG_RESPONSE, 0, 0, 0] {
-        return Err(HandshakeError::WrongType);
-    }
     if !local.verify_mac1(msg) {
         return Err(HandshakeError::BadMac1);
     }
-    if u32::from_le_bytes(array(msg, resp::RECEIVER)) != state.local_index {
+    if msg.receiver() != state.local_index {
         return Err(HandshakeError::WrongIndex);
     }
     if !ct_eq(&state.peer_public, &peer.public) {
         return Err(HandshakeError::UnknownPeer);
     }
-    let peer_ephemeral: [u8; 32] = array(msg, resp::EPHEMERAL);
+    let peer_ephemeral = msg.ephemeral();
 
     let mut t = state.transcript.clone();
-    t.mix_hash(&peer_ephemeral);
-    t.mix_key(&peer_ephemeral);
-    t.mix_key(&*dh(&state.ephemeral, &peer_ephemeral)?);
-    t.mix_key(&*dh(&local.private, &peer_ephemeral)?);
+    t.mix_hash(peer_ephemeral);
+    t.mix_key(peer_ephemeral);
+    t.mix_key(&*dh(&state.ephemeral, peer_ephemeral)?);
+    t.mix_key(&*dh(&local.private, peer_ephemeral)?);
     let key = t.mix_psk(psk);
-    t.decrypt(&key, &msg[resp::EMPTY..resp::MAC1], &mut [])?;
+    t.decrypt(&key, msg.encrypted_empty(), &mut [])?;
 
     let (sending, receiving) = t.split();
     Ok(Response {
@@ -301,7 +263,7 @@ pub fn consume_response(
             sending: *sending,
             receiving: *receiving,
         },
-        peer_index: u32::from_le_bytes(array(msg, resp::SENDER)),
+        peer_index: msg.sender(),
     })
 }
 
@@ -345,17 +307,13 @@ impl fmt::Debug for ReceivedInitiation {
 /// Diffie-Hellman; mac2 is the caller's business ([`super::cookie::CookieJar`]).
 pub fn consume_initiation<'p>(
     local: &LocalIdentity,
-    msg: &[u8],
+    msg: wire::Initiation<'_>,
     peer_of: impl FnOnce(&[u8; 32]) -> Option<&'p PeerIdentity>,
 ) -> Result<ReceivedInitiation, HandshakeError> {
-    let msg: &[u8; INITIATION_LEN] = msg.try_into().map_err(|_| HandshakeError::WrongLength)?;
-    if msg[..4] != [MSG_INITIATION, 0, 0, 0] {
-        return Err(HandshakeError::WrongType);
-    }
     if !local.verify_mac1(msg) {
         return Err(HandshakeError::BadMac1);
     }
-    let peer_ephemeral: [u8; 32] = array(msg, init::EPHEMERAL);
+    let peer_ephemeral: [u8; 32] = *msg.ephemeral();
 
     let mut t = local.start.clone();
     t.mix_hash(&peer_ephemeral);
@@ -363,7 +321,7 @@ pub fn consume_initiation<'p>(
 
     let key = t.mix_key_with_key(&*dh(&local.private, &peer_ephemeral)?);
     let mut peer_public = [0u8; 32];
-    t.decrypt(&key, &msg[init::STATIC..init::TIMESTAMP], &mut peer_public)?;
+    t.decrypt(&key, msg.encrypted_static(), &mut peer_public)?;
     let peer = peer_of(&peer_public).ok_or(HandshakeError::UnknownPeer)?;
     // The static-static secret below is the found peer's: it must be the peer that was named.
     if !ct_eq(&peer.public, &peer_public) {
@@ -372,11 +330,11 @@ pub fn consume_initiation<'p>(
 
     let key = t.mix_key_with_key(&*peer.static_shared);
     let mut timestamp = [0u8; 12];
-    t.decrypt(&key, &msg[init::TIMESTAMP..init::MAC1], &mut timestamp)?;
+    t.decrypt(&key, msg.encrypted_timestamp(), &mut timestamp)?;
 
     Ok(ReceivedInitiation {
         peer_public,
-        peer_index: u32::from_le_bytes(array(msg, init::SENDER)),
+        peer_index: msg.sender(),
         timestamp,
         peer_ephemeral,
         transcript: t,
@@ -405,7 +363,7 @@ pub fn create_response(
     let ephemeral = StaticSecret::random_from_rng(&mut *rng);
     let ephemeral_public = PublicKey::from(&ephemeral).to_bytes();
 
-    out[..4].copy_from_slice(&[MSG_RESPONSE, 0, 0, 0]);
+    wire::write_header(MSG_RESPONSE, out);
     out[resp::SENDER..resp::RECEIVER].copy_from_slice(&local_index.to_le_bytes());
     out[resp::RECEIVER..resp::EPHEMERAL].copy_from_slice(&received.peer_index.to_le_bytes());
     out[resp::EPHEMERAL..resp::EMPTY].copy_from_slice(&ephemeral_public);
@@ -626,16 +584,6 @@ pub(super) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// The N bytes at `at`. Callers read fixed fields of a message whose length they checked, so
-/// the range is always inside it; were it not, zeros come back rather than a panic.
-pub(super) fn array<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
-    let mut out = [0u8; N];
-    if let Some(field) = at.checked_add(N).and_then(|end| bytes.get(at..end)) {
-        out.copy_from_slice(field);
-    }
-    out
-}
-
 /// Shows public bytes (keys, never secrets) as hex in `Debug`.
 struct Hex<'a>(&'a [u8]);
 
@@ -654,6 +602,56 @@ pub(crate) mod tests {
     use rand_core::OsRng;
     use std::net::Ipv4Addr;
     use std::time::{SystemTime, UNIX_EPOCH};
+    use wire::{Message, ParseError};
+
+    /// Why a handshake message given as bytes was refused: by the parser (the device parses
+    /// every datagram before the handshake sees it) or by the handshake.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Refused {
+        Parse(ParseError),
+        Handshake(HandshakeError),
+    }
+
+    impl PartialEq<HandshakeError> for Refused {
+        fn eq(&self, other: &HandshakeError) -> bool {
+            *self == Refused::Handshake(*other)
+        }
+    }
+
+    // The tests hand the handshake bytes, as they arrive: these parse them first, as the
+    // device does, then call the function of the same name.
+
+    pub(crate) fn consume_initiation<'p>(
+        local: &LocalIdentity,
+        msg: &[u8],
+        peer_of: impl FnOnce(&[u8; 32]) -> Option<&'p PeerIdentity>,
+    ) -> Result<ReceivedInitiation, Refused> {
+        let msg = wire::Initiation::parse(msg).map_err(Refused::Parse)?;
+        super::consume_initiation(local, msg, peer_of).map_err(Refused::Handshake)
+    }
+
+    pub(crate) fn consume_response(
+        state: &InitiationState,
+        local: &LocalIdentity,
+        peer: &PeerIdentity,
+        psk: &[u8; 32],
+        msg: &[u8],
+    ) -> Result<Response, Refused> {
+        let msg = wire::Response::parse(msg).map_err(Refused::Parse)?;
+        super::consume_response(state, local, peer, psk, msg).map_err(Refused::Handshake)
+    }
+
+    /// A handshake message (initiation or response) from its bytes.
+    pub(crate) fn handshake(msg: &[u8]) -> Result<Handshake<'_>, ParseError> {
+        match wire::parse(msg)? {
+            Message::Initiation(m) => Ok(m.into()),
+            Message::Response(m) => Ok(m.into()),
+            Message::CookieReply(_) | Message::Data(_) => Err(ParseError::WrongType {
+                expected: MSG_INITIATION,
+                found: msg[0],
+            }),
+        }
+    }
 
     pub(crate) struct Keys {
         pub(crate) private: [u8; 32],
@@ -923,8 +921,8 @@ pub(crate) mod tests {
         let ts = tai64n(Duration::new(1_700_000_000, 5));
         let state = create_initiation(&la, &b_at_a, &psk, 1, ts, None, &mut OsRng, &mut initiation)
             .unwrap();
-        assert!(lb.verify_mac1(&initiation));
-        assert!(!la.verify_mac1(&initiation));
+        assert!(lb.verify_mac1(handshake(&initiation).unwrap()));
+        assert!(!la.verify_mac1(handshake(&initiation).unwrap()));
         let received = consume_initiation(&lb, &initiation, |_| Some(&a_at_b)).unwrap();
         assert_eq!(received.timestamp(), ts);
         assert_eq!(received.peer_index(), 1);
@@ -1101,7 +1099,7 @@ pub(crate) mod tests {
             initiate_now(&self.la, &self.b_at_a, &[0; 32], 11, None)
         }
 
-        fn consume(&self, msg: &[u8]) -> Result<ReceivedInitiation, HandshakeError> {
+        fn consume(&self, msg: &[u8]) -> Result<ReceivedInitiation, Refused> {
             consume_initiation(&self.lb, msg, |_| Some(&self.a_at_b))
         }
 
@@ -1134,8 +1132,12 @@ pub(crate) mod tests {
             msg[i] ^= 0x01;
             let plain = pair.consume(&msg).map(|_| ());
             let expected = match i {
-                0..4 => Err(HandshakeError::WrongType),
-                4..132 => Err(HandshakeError::BadMac1),
+                0 => Err(Refused::Parse(ParseError::WrongType {
+                    expected: MSG_INITIATION,
+                    found: MSG_INITIATION ^ 0x01,
+                })),
+                1..4 => Err(Refused::Parse(ParseError::ReservedNotZero)),
+                4..132 => Err(Refused::Handshake(HandshakeError::BadMac1)),
                 // mac2 is the cookie jar's to check.
                 _ => Ok(()),
             };
@@ -1148,7 +1150,9 @@ pub(crate) mod tests {
                 assert!(
                     matches!(
                         err,
-                        HandshakeError::Decryption | HandshakeError::LowOrderKey
+                        Refused::Handshake(
+                            HandshakeError::Decryption | HandshakeError::LowOrderKey
+                        )
                     ),
                     "byte {i}: {err:?}"
                 );
@@ -1169,8 +1173,12 @@ pub(crate) mod tests {
             let mut msg = good;
             msg[i] ^= 0x80;
             let expected = match i {
-                0..4 => Err(HandshakeError::WrongType),
-                4..76 => Err(HandshakeError::BadMac1),
+                0 => Err(Refused::Parse(ParseError::WrongType {
+                    expected: MSG_RESPONSE,
+                    found: MSG_RESPONSE ^ 0x80,
+                })),
+                1..4 => Err(Refused::Parse(ParseError::ReservedNotZero)),
+                4..76 => Err(Refused::Handshake(HandshakeError::BadMac1)),
                 _ => Ok(22),
             };
             assert_eq!(consume(&msg), expected, "byte {i}");
@@ -1181,11 +1189,17 @@ pub(crate) mod tests {
                 match i {
                     // The sender index is not in the transcript: it only changes who we name.
                     4..8 => assert_eq!(got, Ok(22 ^ (0x80 << (8 * (i - 4)))), "byte {i}"),
-                    8..12 => assert_eq!(got, Err(HandshakeError::WrongIndex), "byte {i}"),
+                    8..12 => assert_eq!(
+                        got,
+                        Err(Refused::Handshake(HandshakeError::WrongIndex)),
+                        "byte {i}"
+                    ),
                     _ => assert!(
                         matches!(
                             got,
-                            Err(HandshakeError::Decryption | HandshakeError::LowOrderKey)
+                            Err(Refused::Handshake(
+                                HandshakeError::Decryption | HandshakeError::LowOrderKey
+                            ))
                         ),
                         "byte {i}: {got:?}"
                     ),
@@ -1203,11 +1217,16 @@ pub(crate) mod tests {
         long.extend_from_slice(&response);
         for n in 0..long.len() {
             let msg = &long[..n];
+            let wrong = |kind| match n {
+                0..4 => Refused::Parse(ParseError::TooShort),
+                _ => Refused::Parse(ParseError::WrongLength { kind, len: n }),
+            };
             if n != INITIATION_LEN {
-                assert_eq!(pair.consume(msg).unwrap_err(), HandshakeError::WrongLength);
+                assert_eq!(pair.consume(msg).unwrap_err(), wrong(MSG_INITIATION));
             }
+            // Only a message of a handshake's length reaches the mac1 check.
             if n != INITIATION_LEN && n != RESPONSE_LEN {
-                assert!(!pair.lb.verify_mac1(msg));
+                assert!(handshake(msg).is_err());
             }
             let mut as_response = msg.to_vec();
             if let Some(t) = as_response.first_mut() {
@@ -1217,7 +1236,7 @@ pub(crate) mod tests {
                 assert_eq!(
                     consume_response(&state, &pair.la, &pair.b_at_a, &[0; 32], &as_response)
                         .unwrap_err(),
-                    HandshakeError::WrongLength
+                    wrong(MSG_RESPONSE)
                 );
             }
         }
@@ -1226,7 +1245,10 @@ pub(crate) mod tests {
         swapped.copy_from_slice(&initiation[..RESPONSE_LEN]);
         assert_eq!(
             consume_response(&state, &pair.la, &pair.b_at_a, &[0; 32], &swapped).unwrap_err(),
-            HandshakeError::WrongType
+            Refused::Parse(ParseError::WrongType {
+                expected: MSG_RESPONSE,
+                found: MSG_INITIATION
+            })
         );
     }
 

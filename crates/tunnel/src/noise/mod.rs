@@ -8,7 +8,7 @@ pub mod replay;
 pub mod session;
 pub mod tunnel;
 
-pub use tunnel::{Local, Received, Sent, Timer, Tunnel};
+pub use tunnel::{Local, Opened, Sent, Timer, Tunnel};
 
 use crate::stats::DropReason;
 use handshake::HandshakeError;
@@ -16,7 +16,6 @@ use handshake::HandshakeError;
 /// The drop counter a failed handshake message counts under.
 pub(crate) fn drop_reason(e: &HandshakeError) -> DropReason {
     match e {
-        HandshakeError::WrongLength | HandshakeError::WrongType => DropReason::Malformed,
         HandshakeError::BadMac1 => DropReason::InvalidMac,
         HandshakeError::UnknownPeer => DropReason::UnknownPeer,
         HandshakeError::WrongIndex => DropReason::UnknownIndex,

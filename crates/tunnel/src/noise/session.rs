@@ -3,13 +3,9 @@
 
 use super::replay::{ReplayWindow, REJECT_AFTER_MESSAGES};
 use crate::stats::DropReason;
+use crate::wire::{self, Data, DATA_HEADER_LEN};
 use std::time::Instant;
 use tunneld_crypto::aead::{TransportKey, TAG_LEN};
-
-/// The data message's type byte.
-pub const MSG_DATA: u8 = 4;
-/// Type (1), reserved (3), receiver index (4), counter (8).
-pub const DATA_HEADER: usize = 16;
 
 #[derive(Debug)]
 pub struct Session {
@@ -57,33 +53,27 @@ impl Session {
     /// `packet.len() + 32` bytes. `None` when the counter is used up (the session must end)
     /// or `out` is too small.
     pub fn seal(&mut self, packet: &[u8], out: &mut [u8]) -> Option<usize> {
-        let len = DATA_HEADER + packet.len() + TAG_LEN;
-        if self.next_counter >= REJECT_AFTER_MESSAGES || out.len() < len {
+        let len = DATA_HEADER_LEN + packet.len() + TAG_LEN;
+        if self.next_counter >= REJECT_AFTER_MESSAGES {
             return None;
         }
+        let (header, sealed) = out.get_mut(..len)?.split_first_chunk_mut()?;
         let counter = self.next_counter;
         self.next_counter += 1;
-        out[..4].copy_from_slice(&[MSG_DATA, 0, 0, 0]);
-        out[4..8].copy_from_slice(&self.peer_index.to_le_bytes());
-        out[8..16].copy_from_slice(&counter.to_le_bytes());
-        let (body, tag) = out[DATA_HEADER..len].split_at_mut(packet.len());
+        wire::write_data_header(self.peer_index, counter, header);
+        let (body, tag) = sealed.split_at_mut(packet.len());
         tag.copy_from_slice(&self.sending.seal_into(counter, packet, body));
         Some(len)
     }
 
-    /// Opens data message `datagram` (addressed to this session) into `out`: the plaintext's
+    /// Opens data message `data` (addressed to this session) into `out`: the plaintext's
     /// length, or why it was dropped. Nothing changes unless it authenticates.
-    pub fn open(&mut self, datagram: &[u8], out: &mut [u8]) -> Result<usize, DropReason> {
-        if datagram.len() < DATA_HEADER + TAG_LEN {
-            return Err(DropReason::Malformed);
-        }
-        let mut counter = [0u8; 8];
-        counter.copy_from_slice(&datagram[8..16]);
-        let counter = u64::from_le_bytes(counter);
+    pub fn open(&mut self, data: Data<'_>, out: &mut [u8]) -> Result<usize, DropReason> {
+        let counter = data.counter();
         if !self.replay.fresh(counter) {
             return Err(DropReason::Replay);
         }
-        let sealed = &datagram[DATA_HEADER..];
+        let sealed = data.sealed();
         let Some(buf) = out.get_mut(..sealed.len()) else {
             return Err(DropReason::Other);
         };

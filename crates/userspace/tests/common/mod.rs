@@ -40,7 +40,7 @@ pub fn tunneld_binary(test: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let path = exe.parent()?.parent()?.join("tunneld");
     let why = format!(
-        "{} is missing; build it with `cargo build -p tunneld` (cargo test --workspace does)",
+        "{} is missing; build it with `cargo build -p tunneld-cli` (cargo test --workspace does)",
         path.display()
     );
     tunneld_testnet::skip_unless(

@@ -455,7 +455,7 @@ mod tests {
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         let key =
             rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
-        let mut server = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
+        let mut server = rustls::ServerConfig::builder_with_provider(crate::provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
             .with_no_client_auth()
@@ -467,7 +467,7 @@ mod tests {
 
     /// A rustls client's ClientHello record, whole.
     fn client_hello() -> Vec<u8> {
-        let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        let config = rustls::ClientConfig::builder_with_provider(crate::provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
             .with_root_certificates(rustls::RootCertStore::empty())

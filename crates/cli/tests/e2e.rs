@@ -403,8 +403,9 @@ fn second_tunneld_for_the_same_interface_is_refused() {
 /// the field first, then the problem). `KEY` is replaced by a valid private key, `PUB` by a
 /// public key. Files next to the config: `loose.key` (a valid key, mode 0644), `garbage.key`
 /// (not base64, mode 0600), `dir.key` (a directory, mode 0700: cannot be read as a file).
-/// Valid configs (`check` accepts them) asking for what this build cannot do yet: `up` must
-/// refuse them, never run differently from what they say.
+/// Configs the file's grammar allows asking for what this build or machine cannot run: the
+/// plan refuses them, so `check` and `up` alike (never running differently from what they
+/// say).
 const UNSUPPORTED: &[(&str, &str, &[&str])] = &[
     (
         "an MTU too large for an AF_XDP frame",
@@ -566,7 +567,9 @@ fn assert_error_line(
 
 #[test]
 fn broken_configs_are_refused_by_check_with_the_field_named() {
-    for (what, body, expected) in BROKEN {
+    // The same corpus as `broken_configs_make_up_fail_and_leave_nothing_behind`: `check`
+    // refuses what `up` refuses, with the same line.
+    for (what, body, expected) in BROKEN.iter().chain(UNSUPPORTED) {
         step(what);
         let dir = tempfile::tempdir().unwrap();
         let (path, secrets) = broken_config(dir.path(), "wgbroken", body);

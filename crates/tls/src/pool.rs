@@ -52,14 +52,12 @@ pub struct RelayPool {
 static POOL: OnceLock<anyhow::Result<RelayPool, String>> = OnceLock::new();
 
 impl RelayPool {
-    /// The pool, started on first use with one worker per CPU this process may use.
-    pub fn get() -> anyhow::Result<&'static RelayPool> {
-        POOL.get_or_init(|| {
-            let cpus = crate::topology::allowed_cpus().len().max(1);
-            RelayPool::start(cpus).map_err(|e| format!("{e:#}"))
-        })
-        .as_ref()
-        .map_err(|e| anyhow::anyhow!("{e}"))
+    /// The pool, started on first use with `workers` workers (at least one; the caller's
+    /// CPU count): the process has one pool, so later callers' counts do not change it.
+    pub fn get(workers: usize) -> anyhow::Result<&'static RelayPool> {
+        POOL.get_or_init(|| RelayPool::start(workers.max(1)).map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e}"))
     }
 
     fn start(count: usize) -> anyhow::Result<RelayPool> {

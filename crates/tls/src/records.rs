@@ -909,7 +909,7 @@ impl Records {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::handshake::{handshake_for_records, Unbuffered};
+    use crate::handshake::{handshake_for_records, Unbuffered};
     use std::io::Read;
     use std::net::{TcpListener, TcpStream};
     use std::sync::Arc;
@@ -918,7 +918,7 @@ mod tests {
     /// A server config with a fresh self-signed certificate and a client config that
     /// trusts it, both for tunneld's record layer.
     fn configs() -> (rustls::ServerConfig, rustls::ClientConfig) {
-        configs_with(crate::tls::provider())
+        configs_with(crate::provider())
     }
 
     fn configs_with(
@@ -951,7 +951,7 @@ mod tests {
     fn handshake(
         server: rustls::ServerConfig,
         client: rustls::ClientConfig,
-    ) -> (Records, crate::tls::handshake::Established) {
+    ) -> (Records, crate::handshake::Established) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
@@ -1340,8 +1340,8 @@ mod tests {
         let plain = TcpStream::connect(service.local_addr().unwrap()).unwrap();
         let _service_side = service.accept().unwrap();
         tls.set_nonblocking(true).unwrap();
-        let stats = Arc::new(crate::tls::ListenerStats::default());
-        let mut relay = crate::tls::relay::Relay::new(plain, tls, established, stats).unwrap();
+        let stats = Arc::new(crate::ListenerStats::default());
+        let mut relay = crate::relay::Relay::new(plain, tls, established, stats).unwrap();
         // Nothing to move yet: the plaintext side is found empty (and marked so).
         relay.step().unwrap();
         std::io::Write::write_all(&mut conn.writer(), b"GET").unwrap();

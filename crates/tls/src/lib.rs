@@ -1,18 +1,28 @@
-//! TCP forwarding over TLS: `[[tls.forward]]` accepts plaintext TCP and carries it over TLS to
-//! another tunneld, whose `[[tls.listen]]` accepts the TLS and forwards the plaintext on.
+//! tunneld's TLS tunnels: TCP forwarding over TLS 1.3 (`[[tls.forward]]` accepts plaintext
+//! TCP and carries it over TLS to another tunneld, whose `[[tls.listen]]` accepts the TLS and
+//! forwards the plaintext on) and WireGuard over TLS (a peer's datagrams on a TLS stream).
 //!
 //! A thread per listener accepts; a short-lived thread per connection connects and runs the
 //! handshake, then hands the connection to the relay workers, one event loop per CPU, which
 //! relay both directions with non-blocking sockets (`pool.rs`, `relay.rs`), records sealed and
-//! opened in place by tunneld's own record layer once rustls's handshake is done
-//! (`stream.rs`, `records.rs`). The TLS settings of
-//! each listener sit behind a lock taken once per accepted connection, so SIGHUP can swap in
-//! re-read certificates while live connections keep the ones they started with.
+//! opened in place by tunneld's own record layer ([`records`]) once rustls's handshake is
+//! done (`stream.rs`). The TLS settings of each listener sit behind a lock taken once per
+//! accepted connection, so SIGHUP can swap in re-read certificates while live connections
+//! keep the ones they started with.
+//!
+//! The crate knows nothing of the gateway that runs it: [`TlsService`] takes the TLS
+//! sections of a config (`tunneld-config`), and WireGuard over TLS reaches the WireGuard
+//! side only through the [`WireGuardPeers`] a caller passes in.
+
+// Input from the network and from certificate and key files must never panic: no unwrap or
+// expect outside tests.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![deny(missing_docs)]
 
 mod datagrams;
 mod handshake;
 mod pool;
-pub(crate) mod records;
+pub mod records;
 mod relay;
 mod stream;
 
@@ -33,7 +43,7 @@ use std::time::Duration;
 use tunneld_config::{
     CertKey, Config, Endpoint, PeerTls, TlsConfig, TlsForward, TlsListen, TlsTarget,
 };
-use tunneld_dataplane::worker::Workers;
+use tunneld_crypto::PublicKey;
 
 /// Connections one listener relays at once; more are accepted and closed at once, with a
 /// warning, so a flood cannot exhaust threads or memory.
@@ -57,8 +67,9 @@ pub struct ListenerStats {
     pub failed: AtomicU64,
     /// Connections closed at once because `MAX_CONNECTIONS` were open.
     pub refused: AtomicU64,
-    /// Plaintext bytes that went into TLS, and that came out of it.
+    /// Plaintext bytes that went into TLS.
     pub to_tls_bytes: AtomicU64,
+    /// Plaintext bytes that came out of TLS.
     pub from_tls_bytes: AtomicU64,
 }
 
@@ -66,6 +77,7 @@ pub struct ListenerStats {
 /// workers' loads, for `[metrics]`.
 #[derive(Debug, Clone, Default)]
 pub struct TlsStats {
+    /// Each listener's name and counters, in the config's order (forwards, then listens).
     pub listeners: Vec<(String, Arc<ListenerStats>)>,
 }
 
@@ -89,6 +101,8 @@ pub struct TlsService {
     stopping: Arc<std::sync::atomic::AtomicBool>,
     /// Where the started listeners listen, to wake them for `stop`.
     listening: Vec<SocketAddr>,
+    /// How many relay workers to start with the process's first relayed connection.
+    relay_workers: usize,
 }
 
 impl std::fmt::Debug for TlsService {
@@ -106,6 +120,35 @@ pub type PeerTransports = (Vec<(usize, SocketAddr)>, Vec<Starter>);
 /// Work that starts a thread, held until privileges are dropped: threads inherit the
 /// capabilities of the thread that starts them.
 pub type Starter = Box<dyn FnOnce() -> anyhow::Result<()> + Send>;
+
+/// What WireGuard over TLS asks of the WireGuard side whose peers it carries (the gateway's
+/// workers), passed in so that this crate needs no gateway. Before the WireGuard side has
+/// started, requests are dropped and traffic reads [`PeerTraffic::NotStarted`].
+pub trait WireGuardPeers: Send + Sync {
+    /// Asks for a handshake with `peer` at the next timer tick: its TLS stream has just
+    /// (re)connected, and WireGuard should not wait for its own retry.
+    fn request_handshake(&self, peer: &PublicKey);
+    /// The bytes sent to and received from `peer` so far, over every worker.
+    fn peer_traffic(&self, peer: &PublicKey) -> PeerTraffic;
+    /// Sends `peer`'s datagrams to `endpoint` from now on (a TLS bridge's loopback socket).
+    fn move_peer(&self, peer: &PublicKey, endpoint: SocketAddr);
+}
+
+/// One peer's WireGuard byte counters, as [`WireGuardPeers::peer_traffic`] reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerTraffic {
+    /// The WireGuard side has not started yet: ask again later.
+    NotStarted,
+    /// The WireGuard side has stopped: nothing more will move.
+    Stopped,
+    /// Bytes sent to the peer and received from it (zero for a peer no worker knows).
+    Counted {
+        /// Bytes sent to the peer.
+        sent: u64,
+        /// Bytes received from it.
+        received: u64,
+    },
+}
 
 /// The crypto every TLS connection uses: aws-lc-rs, whose default key exchange groups lead
 /// with the post-quantum hybrid X25519MLKEM768 (classic X25519 and P-256 stay as fallbacks),
@@ -301,11 +344,13 @@ impl TlsService {
     /// Binds every listener (all or none: an address in use fails the start); `serve` starts
     /// accepting. `wg_port` is this tunneld's WireGuard port, for `forward_to = "wireguard"` (set once
     /// the interface is up; streams that arrive before wait for nothing: their datagrams
-    /// are dropped, and WireGuard retries).
+    /// are dropped, and WireGuard retries). `relay_workers` is how many relay event loops
+    /// to start with the process's first forwarded connection (one per CPU it may use).
     pub fn bind(
         tls: &TlsConfig,
         base: &Path,
         wg_port: Arc<OnceLock<u16>>,
+        relay_workers: usize,
     ) -> anyhow::Result<TlsService> {
         let mut forwards = Vec::new();
         let mut bound = Vec::new();
@@ -363,6 +408,7 @@ impl TlsService {
             },
             stopping: Arc::default(),
             listening: Vec::new(),
+            relay_workers,
         })
     }
 
@@ -374,6 +420,7 @@ impl TlsService {
                 self.listening.push(addr);
             }
             let stopping = self.stopping.clone();
+            let relay_workers = self.relay_workers;
             match &side {
                 Side::Client { forward, .. } => tracing::info!(
                     "{name}: accepting plaintext on {} for TLS to {} ({})",
@@ -394,7 +441,7 @@ impl TlsService {
             }
             std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || accept_loop(listener, side, name, stats, stopping))
+                .spawn(move || accept_loop(listener, side, name, stats, stopping, relay_workers))
                 .context("cannot start a TLS listener thread")?;
         }
         Ok(())
@@ -464,6 +511,7 @@ fn accept_loop(
     name: String,
     stats: Arc<ListenerStats>,
     stopping: Arc<std::sync::atomic::AtomicBool>,
+    relay_workers: usize,
 ) {
     let side = Arc::new(side);
     loop {
@@ -520,7 +568,7 @@ fn accept_loop(
         let spawned = std::thread::Builder::new()
             .name(format!("{name}-conn"))
             .spawn(move || match connection(&side, stream, peer, relay_stats) {
-                Ok(Some((relay, what))) => match pool::RelayPool::get() {
+                Ok(Some((relay, what))) => match pool::RelayPool::get(relay_workers) {
                     Ok(pool) => pool.relay(relay, Box::new(move |r| end(r.context(what)))),
                     Err(e) => end(Err(e)),
                 },
@@ -609,7 +657,7 @@ fn connection(
 pub fn prepare_peer_transports(
     config: &Config,
     base: &Path,
-    worker: Arc<OnceLock<Workers>>,
+    peers: Arc<dyn WireGuardPeers>,
 ) -> anyhow::Result<PeerTransports> {
     let mut endpoints = Vec::new();
     let mut starters: Vec<Starter> = Vec::new();
@@ -626,7 +674,7 @@ pub fn prepare_peer_transports(
             tls: tls.clone(),
             client,
             key: peer.public_key,
-            worker: worker.clone(),
+            peers: peers.clone(),
         };
         if tls.fallback.is_some() {
             tracing::info!(
@@ -668,8 +716,8 @@ struct TlsTransport {
     remote: Endpoint,
     tls: PeerTls,
     client: Arc<ClientConfig>,
-    key: tunneld_crypto::PublicKey,
-    worker: Arc<OnceLock<Workers>>,
+    key: PublicKey,
+    peers: Arc<dyn WireGuardPeers>,
 }
 
 impl TlsTransport {
@@ -681,13 +729,9 @@ impl TlsTransport {
             tls,
             client,
             key,
-            worker,
+            peers,
         } = self;
-        let connected = move || {
-            if let Some(handle) = worker.get() {
-                handle.run_each(move |device, _| device.request_handshake(&key));
-            }
-        };
+        let connected = move || peers.request_handshake(&key);
         let connect = move || -> anyhow::Result<(TcpStream, handshake::Established)> {
             let stream = connect(&remote)?;
             let server = ServerName::try_from(tls.server_name.clone())
@@ -721,17 +765,11 @@ fn watch_udp(transport: TlsTransport) {
     let mut sent_since_answer = 0u64;
     loop {
         std::thread::sleep(Duration::from_secs(1));
-        let Some(handle) = transport.worker.get().cloned() else {
-            continue;
+        let (tx, rx) = match transport.peers.peer_traffic(&key) {
+            PeerTraffic::NotStarted => continue,
+            PeerTraffic::Stopped => return,
+            PeerTraffic::Counted { sent, received } => (sent, received),
         };
-        // Summed over the workers: only those carrying the peer's sessions count anything.
-        let Some(traffic) = handle.run_each(move |device, _| device.peer_traffic(&key)) else {
-            return;
-        };
-        let (tx, rx) = traffic
-            .into_iter()
-            .flatten()
-            .fold((0, 0), |(tx, rx), (t, r)| (tx + t, rx + r));
         match last {
             Some((_, last_rx)) if rx != last_rx => {
                 answered_at = std::time::Instant::now();
@@ -758,11 +796,12 @@ fn watch_udp(transport: TlsTransport) {
             transport.remote
         );
         let (addr, udp) = bridge;
+        let peers = transport.peers.clone();
         if let Err(e) = transport.start(udp) {
             tracing::error!("{name}: {e:#}");
             return;
         }
-        handle.run_each(move |device, _| device.move_peer(&key, addr));
+        peers.move_peer(&key, addr);
         return;
     }
 }
@@ -794,7 +833,7 @@ fn connect(to: &Endpoint) -> anyhow::Result<TcpStream> {
 
 /// Wakes a thread blocked in `accept` on `addr` (one listening on every address is reached
 /// through loopback) by connecting once; the connection is closed at once.
-pub(crate) fn wake_listener(addr: SocketAddr) {
+pub fn wake_listener(addr: SocketAddr) {
     let mut target = addr;
     if target.ip().is_unspecified() {
         target.set_ip(match addr {

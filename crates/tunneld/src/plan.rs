@@ -1,0 +1,333 @@
+//! From settings to a plan: the config parsed and validated, key files read, endpoints
+//! resolved, and the dataplane decided (workers, sub-tunnels, backend), with everything a
+//! start would refuse refused here. `tunneld up`, `tunneld check`, the library, reloads and
+//! the bare mode all go through it, so `check` says what `up` will do; what needs the network
+//! or privileges (and so only a start can find) is named in [`NOT_CHECKED`]. Every problem
+//! found is reported, one line each naming its field.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use tunneld_config::{
+    self as config, Backend, Config, DataplaneConfig, Endpoint, InterfaceConfig, KeySource,
+    PeerConfig,
+};
+use tunneld_crypto::{read_key_file, PresharedKey, PrivateKey};
+use tunneld_tunnel::{DeviceSettings, PeerSettings};
+
+/// What `tunneld check` cannot find out without the network or privileges: a start may still
+/// refuse these.
+pub const NOT_CHECKED: &str = "host-name endpoints resolving, the UDP port and the interface name being free, TLS and metrics addresses being bindable, the privileges to create the interface (CAP_NET_ADMIN) and attach an XDP program (CAP_BPF), and the route to the first endpoint for backend = \"xdp\"";
+
+/// A config ready to run.
+#[derive(Debug)]
+pub struct Plan {
+    pub config: Config,
+    /// The WireGuard interface's settings; `None` for a TLS-forwarding-only config.
+    pub wireguard: Option<WireGuard>,
+    /// Where relative file names in the config are taken from (the config's directory).
+    pub base: PathBuf,
+}
+
+#[derive(Debug)]
+pub struct WireGuard {
+    pub interface: InterfaceConfig,
+    pub device: DeviceSettings,
+    /// One per `[[peer]]`, in the file's order, with `parallel` resolved for the workers.
+    pub peers: Vec<PeerSettings>,
+    pub dataplane: Dataplane,
+}
+
+/// The dataplane as it will run: decided once, from `[dataplane]`, the MTU and the peers.
+#[derive(Debug, Clone)]
+pub struct Dataplane {
+    pub config: DataplaneConfig,
+    /// How many workers (TUN queues, sockets, devices).
+    pub workers: usize,
+    /// Whether the workers use io_uring.
+    pub use_uring: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolve {
+    /// `check`: read key files, but do not look hostnames up (no network use).
+    CheckOnly,
+    /// `up`: everything, including DNS for hostname endpoints.
+    Everything,
+}
+
+pub fn load(path: &Path, resolve: Resolve) -> Result<Plan, Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| vec![format!("cannot read the config file: {e}")])?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    load_text(&text, base, resolve)
+}
+
+/// A config's text, with relative file names taken from `base`.
+pub fn load_text(text: &str, base: &Path, resolve: Resolve) -> Result<Plan, Vec<String>> {
+    let config = config::parse(text).map_err(|errors| {
+        let mut lines: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+        // Key files are read only for a valid config; check them anyway so every problem is
+        // reported in one go.
+        lines.extend(key_file_problems(text, base));
+        lines
+    })?;
+    let mut errors = Vec::new();
+    let dataplane = match &config.interface {
+        Some(interface) => match plan_dataplane(&config.dataplane, interface.mtu, &config.peers) {
+            Ok(dataplane) => Some(dataplane),
+            Err(problems) => {
+                errors.extend(problems);
+                None
+            }
+        },
+        None => None,
+    };
+    let workers = dataplane.as_ref().map_or(1, |d| d.workers);
+
+    let private_key = match config.interface.as_ref().map(|i| &i.private_key) {
+        None => None,
+        Some(KeySource::Inline(key)) => Some(key.clone()),
+        Some(KeySource::File(file)) => {
+            read_key(base, file, "interface.private_key_file", &mut errors).and_then(|text| {
+                match PrivateKey::from_base64(&text) {
+                    Ok(key) => Some(key),
+                    Err(e) => {
+                        errors.push(format!(
+                            "interface.private_key_file: {}: the key {e}",
+                            file.display()
+                        ));
+                        None
+                    }
+                }
+            })
+        }
+    };
+
+    let mut peers = Vec::new();
+    for (i, peer) in config.peers.iter().enumerate() {
+        let preshared_key = match &peer.preshared_key {
+            None => None,
+            Some(KeySource::Inline(key)) => Some(key.clone()),
+            Some(KeySource::File(file)) => {
+                let field = format!("peer[{i}].preshared_key_file");
+                read_key(base, file, &field, &mut errors).and_then(|text| {
+                    match PresharedKey::from_base64(&text) {
+                        Ok(key) => Some(key),
+                        Err(e) => {
+                            errors.push(format!("{field}: {}: the key {e}", file.display()));
+                            None
+                        }
+                    }
+                })
+            }
+        };
+        let endpoint = match (&peer.endpoint, resolve) {
+            (None, _) => None,
+            (Some(Endpoint::Addr(addr)), _) => Some(*addr),
+            (Some(Endpoint::Host { .. }), Resolve::CheckOnly) => None,
+            (Some(Endpoint::Host { host, port }), Resolve::Everything) => {
+                match resolve_host(host, *port) {
+                    Ok(addr) => Some(addr),
+                    Err(e) => {
+                        errors.push(format!("peer[{i}].endpoint: cannot resolve {host}: {e}"));
+                        None
+                    }
+                }
+            }
+        };
+        peers.push(PeerSettings {
+            public_key: peer.public_key,
+            preshared_key,
+            endpoint,
+            allowed_ips: peer.allowed_ips.clone(),
+            persistent_keepalive: peer.persistent_keepalive,
+            parallel: peer.parallel.sub_tunnels(workers),
+        });
+    }
+
+    if let Some(key) = &private_key {
+        let own = key.public_key();
+        for (i, peer) in config.peers.iter().enumerate() {
+            if peer.public_key == own {
+                errors.push(format!(
+                    "peer[{i}].public_key: is the interface's own public key"
+                ));
+            }
+        }
+    }
+
+    errors.extend(tunneld_tls::check_files(&config, base));
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let wireguard = match (&config.interface, private_key, dataplane) {
+        (Some(interface), Some(private_key), Some(dataplane)) => Some(WireGuard {
+            device: DeviceSettings {
+                private_key,
+                listen_port: interface.listen_port,
+                mtu: interface.mtu,
+                fwmark: interface.fwmark,
+            },
+            interface: interface.clone(),
+            peers,
+            dataplane,
+        }),
+        (None, _, _) => None,
+        // A key that could not be read, or a dataplane refused, was reported above.
+        (Some(_), _, _) => return Err(vec!["interface.private_key: missing".into()]),
+    };
+    Ok(Plan {
+        config,
+        wireguard,
+        base: base.to_path_buf(),
+    })
+}
+
+fn read_key(
+    base: &Path,
+    file: &Path,
+    field: &str,
+    errors: &mut Vec<String>,
+) -> Option<zeroize::Zeroizing<String>> {
+    let path: PathBuf = base.join(file);
+    match read_key_file(&path) {
+        Ok(text) => Some(text),
+        Err(e) => {
+            errors.push(format!("{field}: {e}"));
+            None
+        }
+    }
+}
+
+/// Problems with the key files a config names, found from the raw TOML (the config itself
+/// may be invalid): unreadable, or readable by others.
+fn key_file_problems(text: &str, base: &Path) -> Vec<String> {
+    let Ok(root) = text.parse::<toml::Table>() else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    if let Some(file) = root
+        .get("interface")
+        .and_then(|i| i.get("private_key_file"))
+        .and_then(|f| f.as_str())
+    {
+        files.push(("interface.private_key_file".to_string(), file));
+    }
+    if let Some(peers) = root.get("peer").and_then(|p| p.as_array()) {
+        for (i, peer) in peers.iter().enumerate() {
+            if let Some(file) = peer.get("preshared_key_file").and_then(|f| f.as_str()) {
+                files.push((format!("peer[{i}].preshared_key_file"), file));
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for (field, file) in files {
+        if let Err(e) = read_key_file(&base.join(file)) {
+            problems.push(format!("{field}: {e}"));
+        }
+    }
+    problems
+}
+
+fn resolve_host(host: &str, port: u16) -> std::io::Result<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address found"))
+}
+
+/// Decides the dataplane, refusing before anything is created what this build or machine
+/// cannot honour, so that a config never silently runs differently from what it says.
+/// `peers` are the config's (the bare mode has none yet).
+pub fn plan_dataplane(
+    dataplane: &DataplaneConfig,
+    mtu: u16,
+    peers: &[PeerConfig],
+) -> Result<Dataplane, Vec<String>> {
+    let mut problems = Vec::new();
+    if let Some(aead) = dataplane.aead {
+        if !aead.is_available() {
+            problems.push(format!(
+                "dataplane.aead: \"{}\": this CPU does not run it (it needs AVX-512 F, BW and VL); use \"auto\", \"ring\" or \"aws-lc\"",
+                aead.name()
+            ));
+        }
+    }
+    let workers = worker_count(dataplane, peers);
+    if dataplane.backend == Backend::Xdp {
+        let max = tunneld_dataplane::xdp::backend::MAX_DATAGRAM - 32 - 15;
+        if usize::from(mtu) > max {
+            problems.push(format!(
+                "interface.mtu: {mtu} is more than an AF_XDP frame holds with dataplane.backend = \"xdp\" (at most {max})"
+            ));
+        }
+        if dataplane.xdp_interface.is_none() && !peers.iter().any(|p| p.endpoint.is_some()) {
+            problems.push(NO_XDP_INTERFACE.into());
+        }
+    }
+    for (i, peer) in peers.iter().enumerate() {
+        if let Err(e) = check_sub_tunnels(i, peer.parallel.sub_tunnels(workers), workers) {
+            problems.push(e);
+        }
+    }
+    let use_uring = match choose_uring(dataplane.backend) {
+        Ok(use_uring) => use_uring,
+        Err(e) => {
+            problems.push(e);
+            false
+        }
+    };
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    Ok(Dataplane {
+        config: dataplane.clone(),
+        workers,
+        use_uring,
+    })
+}
+
+/// The rule for sub-tunnels, wherever peers are set (a start, a reload): each of a peer's
+/// `parallel` sub-tunnels is carried by its own worker.
+pub fn check_sub_tunnels(peer: usize, sub_tunnels: u8, workers: usize) -> Result<(), String> {
+    if usize::from(sub_tunnels) > workers {
+        return Err(format!(
+            "peer[{peer}].parallel: {sub_tunnels} sub-tunnels need as many workers, and this interface has {workers} (dataplane.workers)"
+        ));
+    }
+    Ok(())
+}
+
+pub const NO_XDP_INTERFACE: &str =
+    "dataplane.xdp_interface: no peer has an endpoint to find the underlay interface by; name it";
+
+/// How many workers: as configured, or for `auto` one per CPU tunneld may run on (`cpus` if
+/// given), except for a config whose only peer is a plain one: one worker carries all of a
+/// plain peer's sessions, so more could only add hand-offs (and wake-ups) to its packets.
+fn worker_count(dataplane: &DataplaneConfig, peers: &[PeerConfig]) -> usize {
+    let one_plain_link = matches!(peers, [peer] if peer.parallel.is_plain());
+    match (dataplane.workers, &dataplane.cpus) {
+        (config::Workers::Count(n), _) => n,
+        (config::Workers::Auto, _) if one_plain_link => 1,
+        (config::Workers::Auto, Some(cpus)) => cpus.len(),
+        (config::Workers::Auto, None) => {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
+    }
+    .clamp(1, config::MAX_WORKERS)
+}
+
+/// Whether the worker uses io_uring: for `uring` (an error when the kernel cannot), never
+/// for `mmsg`. `auto` takes recvmmsg/sendmmsg: side by side (docs/benchmarks.md) it carries
+/// bulk TCP at more Gbit per CPU-second and lower RTT than io_uring, which copies each
+/// received datagram out of its provided buffer; io_uring wins only on small-packet rate.
+fn choose_uring(backend: Backend) -> Result<bool, String> {
+    match backend {
+        Backend::Uring => tunneld_dataplane::uring::probe()
+            .map(|()| true)
+            .map_err(|e| {
+                format!("dataplane.backend = \"uring\": io_uring is not usable here: {e}")
+            }),
+        Backend::Auto | Backend::Mmsg | Backend::Xdp => Ok(false),
+    }
+}
