@@ -2,6 +2,7 @@
 //! same accounting, interleaved over rounds (A B C A B C ...), medians reported. Writes a
 //! Markdown table, a CSV and an SVG chart under target/bench-report/.
 
+use crate::report::{self, cell, median, spread, Table};
 use crate::system;
 use crate::testbed::{kernel_has_wireguard, Impl, Testbed};
 use std::fmt::Write as _;
@@ -30,6 +31,8 @@ pub(crate) struct Options {
     /// Fixed rather than inherited because a namespace takes the host's default, and the
     /// host's choice moves every row (see docs/benchmarks.md, 2026-11-26, fourth session).
     pub tcp_cc: String,
+    /// Put the report on docs/benchmarks.md's front page (`report::update_front_page`).
+    pub update_docs: bool,
 }
 
 impl Options {
@@ -47,6 +50,7 @@ pub(crate) fn parse_options(args: &[String]) -> Result<Options, String> {
         seconds: 5,
         only: Vec::new(),
         tcp_cc: DEFAULT_TCP_CC.into(),
+        update_docs: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -58,6 +62,7 @@ pub(crate) fn parse_options(args: &[String]) -> Result<Options, String> {
         };
         match arg.as_str() {
             "--quick" => o.quick = true,
+            "--update-docs" => o.update_docs = true,
             "--rounds" => o.rounds = value("--rounds")?,
             "--seconds" => o.seconds = value("--seconds")? as u32,
             "--only" => {
@@ -75,10 +80,15 @@ pub(crate) fn parse_options(args: &[String]) -> Result<Options, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown bench option {other} (--quick, --rounds N, --seconds S, --only A,B, --tcp-cc NAME)"
+                    "unknown bench option {other} (--quick, --rounds N, --seconds S, --only A,B, --tcp-cc NAME, --update-docs)"
                 ))
             }
         }
+    }
+    if o.quick && o.update_docs {
+        return Err(
+            "--update-docs takes a full run: a --quick one is a smoke test, not a figure".into(),
+        );
     }
     if o.quick {
         o.rounds = 1;
@@ -104,20 +114,16 @@ fn is_congestion_control_name(name: &str) -> bool {
 /// host restricts to its `tcp_allowed_congestion_control` (the connections a proxy opens
 /// itself run the namespaces' default).
 pub(crate) fn congestion_control_note(tcp_cc: &str) -> String {
-    let allowed = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
-        .unwrap_or_default();
-    let host = crate::system::host_tcp_cc();
-    if tcp_cc == host || allowed.split_whitespace().any(|a| a == tcp_cc) {
-        format!(
-            "TCP congestion control: {tcp_cc}, both sites' default (the host's default: {host})"
-        )
-    } else {
-        format!(
+    match report::namespaces_congestion_control(tcp_cc) {
+        Ok(()) => format!(
+            "TCP congestion control: {tcp_cc}, both sites' default (the host's default: {})",
+            system::host_tcp_cc()
+        ),
+        Err((host, allowed)) => format!(
             "TCP congestion control: {tcp_cc} on iperf3's connections, which ask for it \
-             (`-C`); this host lets a namespace default only to {}, so other connections \
-             ran the host's default, {host}",
-            allowed.split_whitespace().collect::<Vec<_>>().join(" or ")
-        )
+             (`-C`); this host lets a namespace default only to {allowed}, so other \
+             connections ran the host's default, {host}"
+        ),
     }
 }
 
@@ -179,6 +185,16 @@ struct Sample {
 /// Takes `--tunneld-baseline PATH` out of `args` (an option of `bench` and `bench-tls`),
 /// leaving the options every bench shares to [`parse_options`]. The path comes back absolute
 /// (tunneld starts from `ip netns exec`), and a typo fails here, not in every round.
+/// The command line as a report shows it: a baseline build is named as such, not by this
+/// machine's path to it.
+pub(crate) fn shown_args(args: &[String], baseline: bool) -> Vec<String> {
+    let mut shown = args.to_vec();
+    if baseline {
+        shown.extend(["--tunneld-baseline".into(), "<baseline build>".into()]);
+    }
+    shown
+}
+
 pub(crate) fn take_baseline(args: &[String]) -> Result<(Option<PathBuf>, Vec<String>), String> {
     let mut baseline = None;
     let mut rest = Vec::new();
@@ -416,14 +432,19 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     let report_dir = root.join("target/bench-report");
-    fs::create_dir_all(&report_dir)
-        .map_err(|e| format!("cannot create {}: {e}", report_dir.display()))?;
-    let markdown = markdown(&contenders, &options);
-    fs::write(report_dir.join("report.md"), &markdown).map_err(|e| e.to_string())?;
+    let shown = shown_args(&args, baseline.is_some());
+    let markdown = markdown(
+        &contenders,
+        &options,
+        &report::measured_line("bench", &shown),
+    );
+    report::write(&report_dir, "report.md", &markdown)?;
     fs::write(report_dir.join("results.csv"), csv(&contenders)).map_err(|e| e.to_string())?;
     chart(&contenders, &report_dir.join("chart.svg"))?;
-    println!("{markdown}");
     println!("Written: target/bench-report/report.md, results.csv, chart.svg");
+    if options.update_docs {
+        report::update_front_page(&root, "wireguard", &markdown)?;
+    }
     if contenders
         .iter()
         .any(|c| c.which.is_ok() && c.samples.is_empty())
@@ -468,20 +489,6 @@ fn measure(which: &Impl, tunneld: &Path, o: &Options) -> Result<Sample, String> 
     })
 }
 
-pub(crate) fn median(mut values: Vec<f64>) -> f64 {
-    values.retain(|v| v.is_finite());
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 /// Medians of one contender: (tcp1, per tunnel CPU-s, machine CPU-s, tcp4, p50, p99, pps, rss MiB).
 struct Medians {
     tcp1: f64,
@@ -514,46 +521,41 @@ fn medians(c: &Contender, seconds: f64) -> Medians {
     }
 }
 
-pub(crate) fn cell(v: f64, decimals: usize, unit: &str) -> String {
-    if v.is_finite() {
-        format!("{v:.decimals$}{unit}")
-    } else {
-        "–".into()
-    }
-}
-
-fn markdown(contenders: &[Contender], o: &Options) -> String {
+fn markdown(contenders: &[Contender], o: &Options, measured: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{} round(s), {} s per iperf3 run, medians. Both gateways share this machine's cores: \
-         Gbit per tunnel CPU-second is the comparable figure. {}.\n",
+        "{measured}\n\n{} round(s), {} s per iperf3 run, medians. Both gateways share this \
+         machine's cores: Gbit per tunnel CPU-second is the comparable figure. {}.\n",
         o.rounds,
         o.seconds,
         congestion_control_note(&o.tcp_cc)
     );
-    let _ = writeln!(
-        out,
-        "| path | TCP 1 stream | Gbit per tunnel CPU-s | machine CPU-s (1 stream) | TCP 4 streams | Gbit per tunnel CPU-s (4 streams) | UDP RTT p50 | p99 | 64 B UDP rate | 64 B packets per tunnel CPU-s | peak RSS (both) |"
-    );
-    let _ = writeln!(
-        out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
+    let mut table = Table::new(&[
+        "path",
+        "TCP 1 stream",
+        "Gbit per tunnel CPU-s",
+        "machine CPU-s (1 stream)",
+        "TCP 4 streams",
+        "Gbit per tunnel CPU-s (4 streams)",
+        "UDP RTT p50",
+        "p99",
+        "64 B UDP rate",
+        "64 B packets per tunnel CPU-s",
+        "peak RSS (both)",
+    ]);
     for c in contenders {
         if let Err(why) = &c.which {
-            let _ = writeln!(out, "| {} | {why} | | | | | | | | | |", c.name);
+            table.note(&c.name, why);
             continue;
         }
         if c.samples.is_empty() {
-            let _ = writeln!(out, "| {} | failed (see log) | | | | | | | | | |", c.name);
+            table.note(&c.name, "failed (see log)");
             continue;
         }
         let m = medians(c, o.seconds as f64);
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            c.name,
+        table.row(&[
+            c.name.clone(),
             cell(m.tcp1, 2, " Gbit/s"),
             cell(m.per_cpu, 2, ""),
             cell(m.machine_cpu, 2, ""),
@@ -564,8 +566,9 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
             cell(m.pps / 1000.0, 0, " kpps"),
             cell(m.pps_per_cpu / 1000.0, 0, " k"),
             cell(m.rss_mib, 1, " MiB"),
-        );
+        ]);
     }
+    out.push_str(table.render());
     let pairs = comparisons(contenders);
     if !pairs.is_empty() {
         let _ = writeln!(
@@ -575,26 +578,28 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
              The machine's slower and faster spells, which move the medians above, mostly \
              cancel in these.\n"
         );
-        let _ = writeln!(
-            out,
-            "| rows | TCP 1 stream | Gbit per tunnel CPU-s | TCP 4 streams | Gbit per tunnel CPU-s (4 streams) | UDP RTT p50 | 64 B packets per tunnel CPU-s |"
-        );
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+        let mut table = Table::new(&[
+            "rows",
+            "TCP 1 stream",
+            "Gbit per tunnel CPU-s",
+            "TCP 4 streams",
+            "Gbit per tunnel CPU-s (4 streams)",
+            "UDP RTT p50",
+            "64 B packets per tunnel CPU-s",
+        ]);
         for (a, b) in pairs {
             let (a, b) = (&contenders[a], &contenders[b]);
-            let _ = writeln!(
-                out,
-                "| {} against {} | {} | {} | {} | {} | {} | {} |",
-                a.name,
-                b.name,
+            table.row(&[
+                format!("{} against {}", a.name, b.name),
                 spread(&per_round(a, b, |s| s.tcp1_gbits, ratio), "×", 2),
                 spread(&per_round(a, b, per_cpu1, ratio), "×", 2),
                 spread(&per_round(a, b, |s| s.tcp4_gbits, ratio), "×", 2),
                 spread(&per_round(a, b, per_cpu4, ratio), "×", 2),
                 spread(&per_round(a, b, |s| s.rtt_p50_us, difference), " µs", 0),
                 spread(&per_round(a, b, small_per_cpu, ratio), "×", 2),
-            );
+            ]);
         }
+        out.push_str(table.render());
     }
     out
 }
@@ -676,30 +681,6 @@ fn per_round(
             v.is_finite().then_some(v)
         })
         .collect()
-}
-
-/// "2.04× (1.86–2.21)": the median of per-round values and their range.
-pub(crate) fn spread(values: &[f64], unit: &str, decimals: usize) -> String {
-    let (Some(low), Some(high)) = (
-        values.iter().copied().reduce(f64::min),
-        values.iter().copied().reduce(f64::max),
-    ) else {
-        return "–".into();
-    };
-    let sign = if unit == "×" { "" } else { "+" };
-    let show = |v: f64| {
-        if v >= 0.0 {
-            format!("{sign}{v:.decimals$}")
-        } else {
-            format!("{v:.decimals$}")
-        }
-    };
-    format!(
-        "{}{unit} ({}–{})",
-        show(median(values.to_vec())),
-        show(low),
-        show(high)
-    )
 }
 
 fn csv(contenders: &[Contender]) -> String {
@@ -828,6 +809,26 @@ fn install_crate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_docs_are_updated_only_when_asked_and_never_by_a_quick_run() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(
+            parse_options(&args(&["--update-docs"]))
+                .unwrap()
+                .update_docs
+        );
+        assert!(
+            !parse_options(&args(&["--rounds", "3"]))
+                .unwrap()
+                .update_docs
+        );
+        assert!(!parse_options(&args(&["--quick"])).unwrap().update_docs);
+        let err = parse_options(&args(&["--quick", "--update-docs"]))
+            .err()
+            .unwrap();
+        assert!(err.contains("--update-docs takes a full run"), "{err}");
+    }
 
     #[test]
     fn medians_of_odd_even_and_missing() {

@@ -80,8 +80,9 @@
 //! received over those CPU seconds. Peak memory: VmHWM of side A's tunnel process (the
 //! client's `ru_maxrss`, the larger of its two runs, for an in-process stack).
 
-use crate::bench::{cell, median, parse_options, spread, Options};
+use crate::bench::{parse_options, Options};
 use crate::closed_loop::{self, read_echo, request, MESSAGE_BYTES};
+use crate::report::{self, cell, median, percentile, spread, Table};
 use crate::system;
 use crate::testbed::{cpu_seconds, peak_rss_kib, Guard, Impl, Testbed};
 use crate::tls_bench::{listening, readable, EchoServer};
@@ -321,14 +322,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
     system::check_interrupted()?;
 
     let report_dir = system::target_dir(&root).join("bench-report");
-    fs::create_dir_all(&report_dir)
-        .map_err(|e| format!("cannot create {}: {e}", report_dir.display()))?;
-    let markdown = markdown(&contenders, &options, rr_rounds);
-    fs::write(report_dir.join("embedded-report.md"), &markdown).map_err(|e| e.to_string())?;
+    let measured = report::measured_line("bench-embedded", args);
+    let markdown = markdown(&contenders, &options, rr_rounds, &measured);
+    report::write(&report_dir, "embedded-report.md", &markdown)?;
     fs::write(report_dir.join("embedded-results.csv"), csv(&contenders))
         .map_err(|e| e.to_string())?;
-    println!("{markdown}");
     println!("Written: target/bench-report/embedded-report.md, embedded-results.csv");
+    if options.update_docs {
+        report::update_front_page(&root, "embedded", &markdown)?;
+    }
     if contenders
         .iter()
         .any(|c| c.which.is_ok() && c.samples.is_empty())
@@ -1041,14 +1043,6 @@ fn reference_rr(echo: SocketAddr, conns: usize, rounds: usize, cc: &str) -> Resu
     })
 }
 
-/// The value at quantile `q` of `sorted` (nearest rank, the contract's), NaN when empty.
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
-
 /// One round trip on a new connection, retried until it works or 15 s pass (the first
 /// waits for the tunnel's handshake).
 fn echo_check(addr: SocketAddr) -> Result<(), String> {
@@ -1228,11 +1222,11 @@ const TARGETS: [(&str, Kind, Metric, f64); 4] = [
     ),
 ];
 
-fn markdown(contenders: &[Contender], o: &Options, rr_rounds: usize) -> String {
+fn markdown(contenders: &[Contender], o: &Options, rr_rounds: usize, measured: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Embedded TCP/IP stacks inside a WireGuard tunnel (site A) against the kernel's TCP \
+        "{measured}\n\nEmbedded TCP/IP stacks inside a WireGuard tunnel (site A) against the kernel's TCP \
          through tunneld's TUN path, to tunneld at site B (one worker each), over a veth \
          between two namespaces. {} round(s), interleaved, medians. TCP 1 stream: {} s of \
          one connection writing as fast as it can, measured at B's sink. {RR_CONNS} conns: \
@@ -1250,15 +1244,21 @@ fn markdown(contenders: &[Contender], o: &Options, rr_rounds: usize) -> String {
         congestion_control_note(&o.tcp_cc),
         BULK_WINDOW >> 20,
     );
-    let _ = writeln!(
-        out,
-        "| side A | rounds measured | TCP 1 stream | tunnel CPU-s (A + B) | Gbit per tunnel CPU-s | \
-         {RR_CONNS} conns: requests/s | p50 | p99 | peak RSS (side A) |"
-    );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let concurrent_requests = format!("{RR_CONNS} conns: requests/s");
+    let mut table = Table::new(&[
+        "side A",
+        "rounds measured",
+        "TCP 1 stream",
+        "tunnel CPU-s (A + B)",
+        "Gbit per tunnel CPU-s",
+        &concurrent_requests,
+        "p50",
+        "p99",
+        "peak RSS (side A)",
+    ]);
     for c in contenders {
         if let Err(why) = &c.which {
-            let _ = writeln!(out, "| {} | {why} | | | | | | | |", c.name);
+            table.note(&c.name, why);
             continue;
         }
         let rounds = format!(
@@ -1267,18 +1267,15 @@ fn markdown(contenders: &[Contender], o: &Options, rr_rounds: usize) -> String {
             c.samples.len() + c.failures.len()
         );
         if c.samples.is_empty() {
-            let _ = writeln!(
-                out,
-                "| {} | {rounds} | failed (below) | | | | | | |",
-                c.name
-            );
+            let mut cells = vec![c.name.clone(), rounds, "failed (below)".into()];
+            cells.resize(9, String::new());
+            table.row(&cells);
             continue;
         }
         let m = |f: fn(&Sample) -> f64| median(c.samples.iter().map(f).collect());
-        let _ = writeln!(
-            out,
-            "| {} | {rounds} | {} | {} | {} | {} | {} | {} | {} |",
-            c.name,
+        table.row(&[
+            c.name.clone(),
+            rounds,
             cell(m(Sample::gbits), 2, " Gbit/s"),
             cell(m(|s| s.bulk_cpu), 2, ""),
             cell(m(Sample::gbit_per_cpu), 2, ""),
@@ -1286,8 +1283,9 @@ fn markdown(contenders: &[Contender], o: &Options, rr_rounds: usize) -> String {
             cell(m(|s| s.rr_p50_us), 0, " µs"),
             cell(m(|s| s.rr_p99_us), 0, " µs"),
             cell(m(|s| s.peak_rss_kib) / 1024.0, 1, " MiB"),
-        );
+        ]);
     }
+    out.push_str(table.render());
     let failures: Vec<String> = contenders
         .iter()
         .flat_map(|c| {
@@ -1320,21 +1318,21 @@ fn markdown(contenders: &[Contender], o: &Options, rr_rounds: usize) -> String {
                 "\nAgainst the kernel path, round by round (each ratio within one round, then \
                  the median over the rounds and their range):\n"
             );
-            let _ = writeln!(
-                out,
-                "| side A | TCP 1 stream | {RR_CONNS} conns: requests/s | Gbit per tunnel CPU-s |"
-            );
-            let _ = writeln!(out, "|---|---:|---:|---:|");
+            let mut table = Table::new(&[
+                "side A",
+                "TCP 1 stream",
+                &concurrent_requests,
+                "Gbit per tunnel CPU-s",
+            ]);
             for c in others {
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {} | {} |",
-                    c.name,
+                table.row(&[
+                    c.name.clone(),
                     spread(&per_round(c, kernel, Sample::gbits), "×", 2),
                     spread(&per_round(c, kernel, |s| s.rr_rps), "×", 2),
                     spread(&per_round(c, kernel, Sample::gbit_per_cpu), "×", 2),
-                );
+                ]);
             }
+            out.push_str(table.render());
         }
     }
 
@@ -1375,16 +1373,11 @@ fn markdown(contenders: &[Contender], o: &Options, rr_rounds: usize) -> String {
 /// `cc` on each of its sockets; the namespaces (and so the far side's sockets) default to
 /// it where the host allows, else to the host's default; the in-process stacks have their own.
 fn congestion_control_note(cc: &str) -> String {
-    let allowed =
-        fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control").unwrap_or_default();
-    let host = system::host_tcp_cc();
-    let namespaces = if cc == host || allowed.split_whitespace().any(|a| a == cc) {
-        cc.to_string()
-    } else {
-        format!(
-            "{host} (the host's: it lets a namespace default only to {})",
-            allowed.split_whitespace().collect::<Vec<_>>().join(" or ")
-        )
+    let namespaces = match report::namespaces_congestion_control(cc) {
+        Ok(()) => cc.to_string(),
+        Err((host, allowed)) => {
+            format!("{host} (the host's: it lets a namespace default only to {allowed})")
+        }
     };
     format!(
         "TCP congestion control: {cc} on the std client's sockets (asked for on each), \
@@ -1535,7 +1528,7 @@ mod tests {
             [3.0, 2.0]
         );
         let o = parse_options(&["--quick".into()]).unwrap();
-        let text = markdown(&[kernel, userspace, netstack, onetun], &o, 100);
+        let text = markdown(&[kernel, userspace, netstack, onetun], &o, 100, "Measured.");
         let line = |start: &str| {
             text.lines()
                 .find(|l| l.starts_with(start))
@@ -1551,7 +1544,7 @@ mod tests {
         kernel
             .failures
             .push((2, "connection 63: no echo | within 10 s".into()));
-        let text = markdown(&[kernel, pending], &o, 100);
+        let text = markdown(&[kernel, pending], &o, 100, "Measured.");
         assert_eq!(text.matches("pending: not built").count(), 4, "{text}");
         assert!(text.contains("| u | not built in this tree |"));
         assert!(text.contains("| Kernel | 1 of 2 | 4.00 Gbit/s |"), "{text}");

@@ -19,7 +19,7 @@
 //! apt-get when missing. Emulation is 25–40 times slower than the machine: the step proves
 //! interoperability, never speed.
 //!
-//! Needs root. Without it the step is skipped, or fails under `TUNNELD_REQUIRE_NETNS=1`, as
+//! Needs root. Without it the step is skipped, or fails under `TUNNELD_REQUIRE_ALL=1`, as
 //! the other privileged steps. The script and the guest are bounded in time; on a time-out or
 //! Ctrl-C the whole process group (vng, QEMU) is stopped.
 
@@ -90,7 +90,7 @@ pub fn check_count() -> u64 {
 }
 
 /// The step of `cargo xtask test`. `Ok(None)` when skipped (not root, without
-/// `TUNNELD_REQUIRE_NETNS=1`); `Err` when it could not be set up.
+/// `TUNNELD_REQUIRE_ALL=1`); `Err` when it could not be set up.
 pub fn step() -> Result<Option<Counts>, String> {
     if !crate::netns_usable() {
         return skip(
@@ -176,14 +176,9 @@ fn is_pass(line: &str) -> bool {
     line.starts_with("check: ") && line.contains(": ok") && !line.contains(": FAILED: ")
 }
 
-/// A skip, or a failure under `TUNNELD_REQUIRE_NETNS=1` (as the other privileged steps).
+/// A skip, or a failure under `TUNNELD_REQUIRE_ALL=1` ([`crate::skip_step`]).
 fn skip(why: &str) -> Result<Option<Counts>, String> {
-    if std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() == Ok("1") {
-        Err(format!("{why} (TUNNELD_REQUIRE_NETNS=1)"))
-    } else {
-        eprintln!("==> kernel WireGuard: SKIPPED ({why})");
-        Ok(None)
-    }
+    crate::skip_step("kernel WireGuard", why).map(|()| None)
 }
 
 /// Whether `ip link add … type wireguard` works here, tried in a namespace of its own.

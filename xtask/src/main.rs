@@ -14,6 +14,7 @@ mod module_cycles;
 #[cfg(test)]
 mod one_netlink_parser;
 mod package;
+mod report;
 mod system;
 mod testbed;
 mod tls_bench;
@@ -28,19 +29,24 @@ commands:
   demo [--compare] two sites joined by tunneld in namespaces: ping, TCP transfer, speed;
                    --compare adds wireguard-go in the same testbed
   bench [--quick] [--rounds N] [--seconds S] [--only NAME,NAME] [--tunneld-baseline BIN]
+        [--update-docs]
                    end-to-end comparison in namespaces: direct, tunneld, wireguard-go
                    (Debian; Go-module build), boringtun-cli, gotatun-cli, kernel WireGuard
                    where present;
                    interleaved rounds, medians; report in target/bench-report/;
                    --only keeps the rows whose name contains one of the NAMEs
                    (a comma followed by a space is part of a NAME);
-                   --tunneld-baseline adds each tunneld row for another tunneld build too
+                   --tunneld-baseline adds each tunneld row for another tunneld build too;
+                   --update-docs puts the report on docs/benchmarks.md's front page
+                   (every bench command takes it; never with --quick)
   bench-tls [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--tunneld-baseline BIN]
+        [--update-docs]
                    TCP forwarded over TLS in namespaces: direct, stunnel4, tunneld's
                    [[tls.forward]]/[[tls.listen]]; throughput, proxy CPU, echo latency,
                    64 connections at once; --tunneld-baseline adds each tunneld row for
                    another tunneld build too; report in target/bench-report/tls-report.md
   bench-embedded [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--local]
+        [--update-docs]
                    embedded TCP/IP stacks in a WireGuard tunnel (tunneld-userspace,
                    wireguard-go's netstack, onetun) against the kernel's TCP through
                    tunneld's TUN path: 1 stream, 64 connections' requests, CPU, memory;
@@ -142,14 +148,18 @@ impl Tally {
 
 /// Whether the network-namespace parts can run (root and a working `ip netns`).
 fn netns_usable() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    root && std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    tunneld_testnet::netns_unusable().is_none()
+}
+
+/// A step of `cargo xtask test` that cannot run here: `SKIPPED` and why, or an error under
+/// `TUNNELD_REQUIRE_ALL=1`, the rule of a test's skip (`tunneld_testnet::skip`).
+pub fn skip_step(step: &str, why: &str) -> Result<(), String> {
+    if tunneld_testnet::skip::all_required() {
+        Err(format!("{why} ({}=1)", tunneld_testnet::skip::REQUIRE_ALL))
+    } else {
+        eprintln!("==> {step}: SKIPPED ({why})");
+        Ok(())
+    }
 }
 
 /// `cargo xtask test`. Runs every step even when one fails, then prints the failed steps and,
@@ -254,11 +264,9 @@ fn test() -> ExitCode {
                 failures.push("package".into());
             }
         }
-    } else if std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() == Ok("1") {
-        eprintln!("package: needs root and TUNNELD_REQUIRE_NETNS=1");
+    } else if let Err(e) = skip_step("package check", "needs root to install it") {
+        eprintln!("package: {e}");
         failures.push("package (not root)".into());
-    } else {
-        eprintln!("==> package check: SKIPPED (needs root to install it)");
     }
     // tlsfuzzer's record-layer scripts against a [[tls.listen]]; each script counts in the
     // summary as one test. Skipped (counted so) without the vendored copy or without root.
@@ -308,13 +316,12 @@ fn test() -> ExitCode {
             eprintln!("bench-embedded --quick --local: {e}");
             failures.push("bench-embedded --quick --local".into());
         }
-    } else if std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() == Ok("1") {
-        eprintln!(
-            "bench --quick: network namespaces unusable (not root?) and TUNNELD_REQUIRE_NETNS=1"
-        );
+    } else if let Err(e) = skip_step(
+        "benchmark harness smoke run",
+        "needs root for network namespaces",
+    ) {
+        eprintln!("bench --quick: {e}");
         failures.push("bench --quick (no network namespaces)".into());
-    } else {
-        eprintln!("==> benchmark harness smoke run: SKIPPED (needs root for network namespaces)");
     }
     if !failures.is_empty() {
         println!("failed steps: {}", failures.join(", "));

@@ -18,8 +18,9 @@
 //! build (say, the previous commit's, copied out of target/ so a rebuild does not replace
 //! it), so the two alternate within each round.
 
-use crate::bench::{parse_options, take_baseline, Options};
+use crate::bench::{parse_options, shown_args, take_baseline, Options};
 use crate::closed_loop::{self, read_echo, request, MESSAGE_BYTES};
+use crate::report::{self, cell, median, percentile, Table};
 use crate::system;
 use crate::testbed::{
     check_congestion_control, cpu_seconds, json_number_after, peak_rss_kib, Guard, Impl, Testbed,
@@ -200,13 +201,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     system::check_interrupted()?;
 
-    let report_dir = root.join("target/bench-report");
-    fs::create_dir_all(&report_dir)
-        .map_err(|e| format!("cannot create {}: {e}", report_dir.display()))?;
-    let markdown = markdown(&contenders, &options);
-    fs::write(report_dir.join("tls-report.md"), &markdown).map_err(|e| e.to_string())?;
-    println!("{markdown}");
+    let shown = shown_args(&args, baseline.is_some());
+    let markdown = markdown(
+        &contenders,
+        &options,
+        &report::measured_line("bench-tls", &shown),
+    );
+    report::write(
+        &root.join("target/bench-report"),
+        "tls-report.md",
+        &markdown,
+    )?;
     println!("Written: target/bench-report/tls-report.md");
+    if options.update_docs {
+        report::update_front_page(&root, "tls", &markdown)?;
+    }
     if contenders.iter().any(|c| c.samples.is_empty()) {
         return Err("some rows produced no measurement (see the table)".into());
     }
@@ -341,16 +350,6 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
 fn sock(text: &str) -> Result<SocketAddr, String> {
     text.parse()
         .map_err(|e| format!("bad socket address {text}: {e}"))
-}
-
-/// `samples` sorted or not; the value at quantile `q` (nearest rank), NaN when empty.
-fn percentile(samples: &[f64], q: f64) -> f64 {
-    if samples.is_empty() {
-        return f64::NAN;
-    }
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 // ----------------------------------------------------------------------------------------
@@ -871,33 +870,11 @@ fn many_connections(ns: &NetNs, addr: SocketAddr, pids: Vec<u32>) -> Result<Many
 // ----------------------------------------------------------------------------------------
 // The report
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.retain(|v| v.is_finite());
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
-fn cell(v: f64, decimals: usize, unit: &str) -> String {
-    if v.is_finite() {
-        format!("{v:.decimals$}{unit}")
-    } else {
-        "–".into()
-    }
-}
-
-fn markdown(contenders: &[Contender], o: &Options) -> String {
+fn markdown(contenders: &[Contender], o: &Options, measured: &str) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "TCP forwarded over TLS 1.3 (stunnel: TLS_AES_256_GCM_SHA384; P-256 certificates) \
+        "{measured}\n\nTCP forwarded over TLS 1.3 (stunnel: TLS_AES_256_GCM_SHA384; P-256 certificates) \
          between two namespaces over a veth, and through tunneld's WireGuard tunnel for \
          comparison (its row's CPU is the two tunnelds'). {} round(s), {} s per iperf3 run, \
          medians. Both proxies and the traffic share this machine's cores: Gbit per proxy \
@@ -911,29 +888,30 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
         o.seconds,
         crate::bench::congestion_control_note(&o.tcp_cc)
     );
-    let _ = writeln!(
-        out,
-        "| path | TCP 1 stream | Gbit per proxy CPU-s | proxy CPU-s | keep-alive p50 | p99 | \
-         new connection p50 | {CONCURRENT} conns: requests/s | requests per proxy CPU-ms | \
-         {CONCURRENT} conns p50 | p99 | peak RSS (both) |"
-    );
-    let _ = writeln!(
-        out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
+    let concurrent_requests = format!("{CONCURRENT} conns: requests/s");
+    let concurrent_p50 = format!("{CONCURRENT} conns p50");
+    let mut table = Table::new(&[
+        "path",
+        "TCP 1 stream",
+        "Gbit per proxy CPU-s",
+        "proxy CPU-s",
+        "keep-alive p50",
+        "p99",
+        "new connection p50",
+        &concurrent_requests,
+        "requests per proxy CPU-ms",
+        &concurrent_p50,
+        "p99",
+        "peak RSS (both)",
+    ]);
     for c in contenders {
         if let Err(why) = &c.which {
-            let _ = writeln!(out, "| {} | {why} | | | | | | | | | | |", c.name);
+            table.note(&c.name, why);
             continue;
         }
         if c.samples.is_empty() {
             let why = c.last_error.as_deref().unwrap_or("no measurement");
-            let _ = writeln!(
-                out,
-                "| {} | failed: {} | | | | | | | | | | |",
-                c.name,
-                why.replace('|', "\\|")
-            );
+            table.note(&c.name, &format!("failed: {why}"));
             continue;
         }
         let m = |f: fn(&Sample) -> f64| median(c.samples.iter().map(f).collect());
@@ -952,10 +930,8 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
                 .map(|s| s.many_requests / (s.many_cpu * 1000.0))
                 .collect(),
         );
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            c.name,
+        table.row(&[
+            c.name.clone(),
             cell(m(|s| s.tcp1_gbits), 2, " Gbit/s"),
             cell(per_cpu, 2, ""),
             cell(m(|s| s.proxy_cpu), 2, ""),
@@ -967,8 +943,9 @@ fn markdown(contenders: &[Contender], o: &Options) -> String {
             cell(m(|s| s.many_p50_us), 0, " µs"),
             cell(m(|s| s.many_p99_us), 0, " µs"),
             cell(m(|s| s.peak_rss_kib) / 1024.0, 1, " MiB"),
-        );
+        ]);
     }
+    out.push_str(table.render());
     out
 }
 

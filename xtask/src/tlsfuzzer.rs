@@ -232,7 +232,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 }
 
 /// The `tlsfuzzer` step of `cargo xtask test`: every script. `Ok(None)` when it was skipped
-/// (no vendored tlsfuzzer, or no network namespaces, without `TUNNELD_REQUIRE_NETNS=1`).
+/// (no vendored tlsfuzzer, or no network namespaces, without `TUNNELD_REQUIRE_ALL=1`).
 pub fn step() -> Result<Option<Counts>, String> {
     run_scripts(&SCRIPTS.iter().collect::<Vec<_>>())
 }
@@ -263,14 +263,9 @@ fn select(names: &[String]) -> Result<Vec<&'static Script>, String> {
         .collect()
 }
 
-/// A skip, or a failure under `TUNNELD_REQUIRE_NETNS=1` (as the other privileged steps).
+/// A skip, or a failure under `TUNNELD_REQUIRE_ALL=1` ([`crate::skip_step`]).
 fn skip(why: &str) -> Result<Option<Counts>, String> {
-    if std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() == Ok("1") {
-        Err(format!("{why} (TUNNELD_REQUIRE_NETNS=1)"))
-    } else {
-        eprintln!("==> tlsfuzzer: SKIPPED ({why})");
-        Ok(None)
-    }
+    crate::skip_step("tlsfuzzer", why).map(|()| None)
 }
 
 fn vendored_dir() -> Result<PathBuf, String> {

@@ -1,6 +1,6 @@
 //! End to end, in network namespaces this test creates: tunneld against tunneld and against
 //! wireguard-go, live changes through `wg`, signals, and broken configs. Without root these
-//! tests skip (and fail when TUNNELD_REQUIRE_NETNS=1).
+//! tests skip (and fail when TUNNELD_REQUIRE_ALL=1).
 
 mod common;
 

@@ -2,7 +2,7 @@
 //! `[[tls.forward]]` (plaintext in on 127.0.0.1) to site B's `[[tls.listen]]` on the veth
 //! underlay, forwarding to a service on B's loopback. Certificates come from the `openssl` CLI
 //! into a temporary directory. Privileged: skipped without root unless
-//! TUNNELD_REQUIRE_NETNS=1.
+//! TUNNELD_REQUIRE_ALL=1.
 
 mod common;
 

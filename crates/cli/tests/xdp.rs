@@ -2,7 +2,7 @@
 //! against itself, against wireguard-go, over an IPv6 underlay, beside the kernel's own
 //! traffic on the same interface, with fragments, a neighbour whose MAC changes, signals and
 //! kill -9, and a veth with two queues. Without root these tests skip (and fail when
-//! TUNNELD_REQUIRE_NETNS=1). The floods of e2e.rs run against an `xdp` gateway there.
+//! TUNNELD_REQUIRE_ALL=1). The floods of e2e.rs run against an `xdp` gateway there.
 
 mod common;
 

@@ -518,31 +518,10 @@ mod tests {
         std::array::from_fn(|i| 0xa0 ^ (i as u8))
     }
 
-    /// Says that this CPU cannot run `what` and why ("SKIPPED"), or fails the test when
-    /// `TUNNELD_REQUIRE_AVX512=1` asks for every AVX-512 path to run (as
-    /// `TUNNELD_REQUIRE_NETNS=1` does for the privileged tests).
+    /// Says that this CPU cannot run `what` and why: a skip of hardware the test checked
+    /// itself, the one kind `TUNNELD_REQUIRE_ALL=1` allows (`tunneld_testnet::skip`).
     pub(super) fn cannot_run(test: &str, what: &str, why: &str) {
-        skip_or_fail(
-            std::env::var("TUNNELD_REQUIRE_AVX512").as_deref() == Ok("1"),
-            test,
-            what,
-            why,
-        );
-    }
-
-    fn skip_or_fail(required: bool, test: &str, what: &str, why: &str) {
-        assert!(
-            !required,
-            "{test}: cannot run {what}: {why} (TUNNELD_REQUIRE_AVX512=1)"
-        );
-        eprintln!("SKIPPED {test}: {what}: {why}");
-    }
-
-    #[test]
-    #[should_panic(expected = "cannot run the 44-bit lanes: no IFMA (TUNNELD_REQUIRE_AVX512=1)")]
-    fn a_path_this_cpu_cannot_run_fails_when_required() {
-        skip_or_fail(false, "t", "the 44-bit lanes", "no IFMA");
-        skip_or_fail(true, "t", "the 44-bit lanes", "no IFMA");
+        tunneld_testnet::skip_unless(test, false, what, tunneld_testnet::Missing::Hardware(why));
     }
 
     /// ring reproduces RFC 8439 §2.8.2 (its own nonce and associated data), and the keys here

@@ -1,5 +1,5 @@
 //! The TUN backend inside network namespaces the tests create (privileged; skipped without
-//! root unless TUNNELD_REQUIRE_NETNS=1). Each namespace, and with it every interface and
+//! root unless TUNNELD_REQUIRE_ALL=1). Each namespace, and with it every interface and
 //! socket inside, is removed when the test ends, also when it fails.
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};

@@ -3,7 +3,7 @@
 //! super-packets read from one TUN are cut into segments, and segments are written to the other
 //! TUN coalesced. Real TCP (IPv4, IPv6) and UDP GSO traffic crosses it; the bytes must arrive
 //! intact, and the relay must have seen super-packets both ways (so the offload paths ran).
-//! Privileged: skipped without root unless TUNNELD_REQUIRE_NETNS=1.
+//! Privileged: skipped without root unless TUNNELD_REQUIRE_ALL=1.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};

@@ -5,34 +5,16 @@
 
 mod common;
 
-use common::refuse_gso;
+use common::{bind, content, recv_n, refuse_gso, size, wait_readable};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::{Batch, DatagramIo, BATCH_SIZE};
+use tunneld_testnet::with_ipv6_loopback;
 
 const LOCAL4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const LOCAL6: IpAddr = IpAddr::V6(Ipv6Addr::LOCALHOST);
-
-/// Sizes from empty to the largest IPv4 UDP payload, most of them typical tunnel sizes.
-fn size(i: usize, max: usize) -> usize {
-    match i {
-        0 => 0,
-        1 => 1,
-        2 => max,
-        3 => 9000,
-        4 => 1420,
-        5 => 1500,
-        _ => (i * 97) % 1600 + 2,
-    }
-}
-
-fn content(i: usize, len: usize, tag: u8) -> Vec<u8> {
-    (0..len)
-        .map(|k| (k as u8).wrapping_mul(31) ^ (i as u8) ^ tag)
-        .collect()
-}
 
 fn fill(batch: &mut Batch, n: usize, to: SocketAddr, tag: u8, max: usize) {
     for i in 0..n {
@@ -43,52 +25,12 @@ fn fill(batch: &mut Batch, n: usize, to: SocketAddr, tag: u8, max: usize) {
     }
 }
 
-fn wait_readable(fd: RawFd, until: Instant) -> bool {
-    let left = until.saturating_duration_since(Instant::now());
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    let rc = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(10_000) as libc::c_int) };
-    rc > 0
-}
-
-/// Receives into `batch` until it holds `n` datagrams or five seconds pass.
-fn recv_n(sock: &mut UdpSocket, batch: &mut Batch, n: usize) {
-    let until = Instant::now() + Duration::from_secs(5);
-    while batch.len() < n {
-        sock.recv_batch(batch).expect("recv_batch");
-        if batch.len() >= n || Instant::now() >= until {
-            break;
-        }
-        wait_readable(sock.fd().unwrap(), until);
-    }
-    assert_eq!(batch.len(), n, "datagrams received");
-}
-
 fn check(batch: &Batch, n: usize, from: SocketAddr, tag: u8, max: usize) {
     for i in 0..n {
         let want = content(i, size(i, max), tag);
         assert_eq!(batch.payload(i).len(), want.len(), "length of datagram {i}");
         assert!(batch.payload(i) == want, "content of datagram {i}");
         assert_eq!(batch.addr(i), from, "source of datagram {i}");
-    }
-}
-
-/// A socket on `ip` with GRO off (one datagram per frame).
-fn bind(ip: IpAddr) -> Option<UdpSocket> {
-    match UdpSocket::bind_addr(SocketAddr::new(ip, 0)) {
-        Ok(mut s) => {
-            s.set_gro(false);
-            Some(s)
-        }
-        Err(e) if ip.is_ipv6() && e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
-            eprintln!("SKIPPED: no {ip} on this machine: {e}");
-            None
-        }
-        Err(e) => panic!("bind {ip}: {e}"),
     }
 }
 
@@ -118,8 +60,8 @@ fn full_batch(from: &mut UdpSocket, from_ip: IpAddr, to: &mut UdpSocket, to_ip: 
 
 #[test]
 fn full_batch_v4_to_v4() {
-    let mut a = bind(LOCAL4).unwrap();
-    let mut b = bind(LOCAL4).unwrap();
+    let mut a = bind(LOCAL4);
+    let mut b = bind(LOCAL4);
     assert_eq!(a.local_addr(), addr_of(&a, LOCAL4));
     full_batch(&mut a, LOCAL4, &mut b, LOCAL4);
     full_batch(&mut b, LOCAL4, &mut a, LOCAL4);
@@ -127,44 +69,45 @@ fn full_batch_v4_to_v4() {
 
 #[test]
 fn full_batch_v6_to_v6() {
-    let (Some(mut a), Some(mut b)) = (bind(LOCAL6), bind(LOCAL6)) else {
-        return;
-    };
-    full_batch(&mut a, LOCAL6, &mut b, LOCAL6);
-    full_batch(&mut b, LOCAL6, &mut a, LOCAL6);
+    with_ipv6_loopback("full_batch_v6_to_v6", || {
+        let (mut a, mut b) = (bind(LOCAL6), bind(LOCAL6));
+        full_batch(&mut a, LOCAL6, &mut b, LOCAL6);
+        full_batch(&mut b, LOCAL6, &mut a, LOCAL6);
+    });
 }
 
 #[test]
 fn v4_and_v6_peers_share_a_dual_stack_socket() {
-    let mut ds = UdpSocket::bind(0).unwrap();
-    ds.set_gro(false);
-    assert_ne!(ds.local_port(), 0);
-    assert!(ds.local_addr().is_ipv6(), "{}", ds.local_addr());
+    with_ipv6_loopback("v4_and_v6_peers_share_a_dual_stack_socket", || {
+        let mut ds = UdpSocket::bind(0).unwrap();
+        ds.set_gro(false);
+        assert_ne!(ds.local_port(), 0);
+        assert!(ds.local_addr().is_ipv6(), "{}", ds.local_addr());
 
-    // An IPv4 peer: the dual-stack socket sees a plain IPv4 source, and answers to it.
-    let mut peer = bind(LOCAL4).unwrap();
-    let peer_addr = addr_of(&peer, LOCAL4);
-    full_batch(&mut peer, LOCAL4, &mut ds, LOCAL4);
-    let mut out = Batch::new();
-    fill(&mut out, BATCH_SIZE, peer_addr, 0x17, 65507);
-    assert_eq!(ds.send_batch(&mut out).unwrap(), BATCH_SIZE);
-    let mut got = Batch::new();
-    recv_n(&mut peer, &mut got, BATCH_SIZE);
-    check(&got, BATCH_SIZE, addr_of(&ds, LOCAL4), 0x17, 65507);
+        // An IPv4 peer: the dual-stack socket sees a plain IPv4 source, and answers to it.
+        let mut peer = bind(LOCAL4);
+        let peer_addr = addr_of(&peer, LOCAL4);
+        full_batch(&mut peer, LOCAL4, &mut ds, LOCAL4);
+        let mut out = Batch::new();
+        fill(&mut out, BATCH_SIZE, peer_addr, 0x17, 65507);
+        assert_eq!(ds.send_batch(&mut out).unwrap(), BATCH_SIZE);
+        let mut got = Batch::new();
+        recv_n(&mut peer, &mut got, BATCH_SIZE);
+        check(&got, BATCH_SIZE, addr_of(&ds, LOCAL4), 0x17, 65507);
 
-    // An IPv6 peer on the same socket, both ways.
-    if let Some(mut peer6) = bind(LOCAL6) {
+        // An IPv6 peer on the same socket, both ways.
+        let mut peer6 = bind(LOCAL6);
         full_batch(&mut peer6, LOCAL6, &mut ds, LOCAL6);
         full_batch(&mut ds, LOCAL6, &mut peer6, LOCAL6);
-    }
+    });
 }
 
 #[test]
 fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
-    let mut tx = bind(LOCAL4).unwrap();
-    let mut rx = bind(LOCAL4).unwrap();
+    let mut tx = bind(LOCAL4);
+    let mut rx = bind(LOCAL4);
     // A port nobody listens on: bind one, note it, close it.
-    let closed = addr_of(&bind(LOCAL4).unwrap(), LOCAL4);
+    let closed = addr_of(&bind(LOCAL4), LOCAL4);
     let rx_addr = addr_of(&rx, LOCAL4);
 
     let mut out = Batch::new();
@@ -219,8 +162,8 @@ fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
 
 #[test]
 fn recv_appends_after_the_frames_already_in_the_batch() {
-    let mut tx = bind(LOCAL4).unwrap();
-    let mut rx = bind(LOCAL4).unwrap();
+    let mut tx = bind(LOCAL4);
+    let mut rx = bind(LOCAL4);
     let mut empty = Batch::new();
     assert_eq!(rx.recv_batch(&mut empty).unwrap(), 0, "nothing ready");
 
@@ -290,7 +233,7 @@ fn sockets_are_nonblocking_close_on_exec_with_big_buffers() {
 
 #[test]
 fn bind_errors_name_the_address() {
-    let a = bind(LOCAL4).unwrap();
+    let a = bind(LOCAL4);
     let taken = addr_of(&a, LOCAL4);
     let e = UdpSocket::bind_addr(taken).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
@@ -310,8 +253,8 @@ fn bind_errors_name_the_address() {
 #[test]
 fn equal_size_runs_arrive_whole_with_and_without_gso() {
     for gso in [true, false] {
-        let mut a = bind(LOCAL4).unwrap();
-        let mut b = bind(LOCAL4).unwrap();
+        let mut a = bind(LOCAL4);
+        let mut b = bind(LOCAL4);
         a.set_gso(gso);
         let (a_addr, b_addr) = (addr_of(&a, LOCAL4), addr_of(&b, LOCAL4));
         let mut out = Batch::new();
@@ -341,8 +284,8 @@ fn equal_size_runs_arrive_whole_with_and_without_gso() {
 /// datagram by datagram: every one arrives, in order, and later batches go without GSO.
 #[test]
 fn gso_refused_by_the_kernel_falls_back_and_loses_nothing() {
-    let mut a = bind(LOCAL4).unwrap();
-    let mut b = bind(LOCAL4).unwrap();
+    let mut a = bind(LOCAL4);
+    let mut b = bind(LOCAL4);
     a.set_gso(true);
     assert!(a.gso(), "UDP GSO on this kernel");
     refuse_gso(a.fd().unwrap());
@@ -369,8 +312,8 @@ fn gso_refused_by_the_kernel_falls_back_and_loses_nothing() {
 /// `Batch::datagrams` gives back every datagram, in order, byte for byte.
 #[test]
 fn gro_merges_runs_and_datagrams_splits_them_back() {
-    let mut a = bind(LOCAL4).unwrap();
-    let mut b = bind(LOCAL4).unwrap();
+    let mut a = bind(LOCAL4);
+    let mut b = bind(LOCAL4);
     b.set_gro(true);
     assert!(b.gro(), "UDP GRO on this kernel");
     let b_addr = addr_of(&b, LOCAL4);

@@ -1,54 +1,39 @@
 //! The io_uring backends against the real kernel. `UringUdp` talks over loopback only
 //! (127.0.0.1 and ::1) with plain sockets; `UringTun` runs in network namespaces the tests
-//! create (privileged; skipped without root unless TUNNELD_REQUIRE_NETNS=1). Where io_uring
-//! is not usable (seccomp, kernel.io_uring_disabled) the tests say so and skip, unless
-//! TUNNELD_REQUIRE_URING=1. Every wait is bounded.
+//! create (privileged). Where io_uring is not usable (seccomp, kernel.io_uring_disabled) the
+//! tests say so and skip; `TUNNELD_REQUIRE_ALL=1` makes every such skip a failure
+//! (`tunneld_testnet::skip`). Every wait is bounded.
 
 mod common;
 
-use common::refuse_gso;
+use common::{bind, content, recv_n, refuse_gso, size, wait_readable};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 use tunneld_dataplane::tun::Tun;
 use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::uring::{self, UringTun, UringUdp};
 use tunneld_dataplane::{Batch, DatagramIo, PacketIo, BATCH_SIZE};
-use tunneld_testnet::{require_netns, unique_name, NetNs};
+use tunneld_testnet::{
+    require_netns, skip_unless, unique_name, with_ipv6_loopback, Missing, NetNs,
+};
 
 const LOCAL4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const LOCAL6: IpAddr = IpAddr::V6(Ipv6Addr::LOCALHOST);
 
+/// io_uring disabled (seccomp, kernel.io_uring_disabled) is set-up: a skip, or a failure
+/// under `TUNNELD_REQUIRE_ALL=1`.
 fn uring_usable(test: &str) -> bool {
-    match uring::probe() {
-        Ok(()) => true,
-        Err(e) if std::env::var("TUNNELD_REQUIRE_URING").as_deref() == Ok("1") => {
-            panic!("{test}: io_uring is not usable here: {e} (TUNNELD_REQUIRE_URING=1)")
-        }
-        Err(e) => {
-            eprintln!("SKIPPED {test}: io_uring is not usable here: {e}");
-            false
-        }
-    }
-}
-
-/// Sizes from empty to the largest UDP payload, most of them typical tunnel sizes.
-fn size(i: usize, max: usize) -> usize {
-    match i {
-        0 => 0,
-        1 => 1,
-        2 => max,
-        3 => 9000,
-        4 => 1420,
-        5 => 1500,
-        _ => (i * 97) % 1600 + 2,
-    }
-}
-
-fn content(i: usize, len: usize, tag: u8) -> Vec<u8> {
-    (0..len)
-        .map(|k| (k as u8).wrapping_mul(31) ^ (i as u8) ^ tag)
-        .collect()
+    let probe = uring::probe();
+    let why = match &probe {
+        Ok(()) => String::new(),
+        Err(e) => format!("io_uring is not usable here: {e}"),
+    };
+    skip_unless(
+        test,
+        probe.is_ok(),
+        "the io_uring test",
+        Missing::Setup(&why),
+    )
 }
 
 fn push(batch: &mut Batch, data: &[u8], to: SocketAddr) {
@@ -56,48 +41,8 @@ fn push(batch: &mut Batch, data: &[u8], to: SocketAddr) {
     batch.commit(data.len(), to);
 }
 
-fn wait_readable(fd: RawFd, until: Instant) -> bool {
-    let left = until.saturating_duration_since(Instant::now());
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    let rc = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(10_000) as libc::c_int) };
-    rc > 0 && pfd.revents & libc::POLLIN != 0
-}
-
-/// Receives into `batch` until it holds `n` frames or five seconds pass.
-fn recv_n(io: &mut impl DatagramIo, batch: &mut Batch, n: usize) {
-    let until = Instant::now() + Duration::from_secs(5);
-    while batch.len() < n {
-        io.recv_batch(batch).expect("recv_batch");
-        if batch.len() >= n || Instant::now() >= until {
-            break;
-        }
-        wait_readable(io.fd().unwrap(), until);
-    }
-    assert_eq!(batch.len(), n, "datagrams received");
-}
-
-/// A plain socket on `ip` with GRO off (one datagram per frame); `None` without that address.
-fn bind(ip: IpAddr) -> Option<UdpSocket> {
-    match UdpSocket::bind_addr(SocketAddr::new(ip, 0)) {
-        Ok(mut s) => {
-            s.set_gro(false);
-            Some(s)
-        }
-        Err(e) if ip.is_ipv6() && e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
-            eprintln!("SKIPPED: no {ip} on this machine: {e}");
-            None
-        }
-        Err(e) => panic!("bind {ip}: {e}"),
-    }
-}
-
-fn uring_on(ip: IpAddr) -> Option<UringUdp> {
-    Some(UringUdp::new(bind(ip)?).expect("UringUdp::new"))
+fn uring_on(ip: IpAddr) -> UringUdp {
+    UringUdp::new(bind(ip)).expect("UringUdp::new")
 }
 
 /// A full batch of mixed sizes (empty to the largest) `from` → `to`, checked frame by frame:
@@ -136,9 +81,7 @@ fn full_batch(
 }
 
 fn mixed_sizes_both_ways(ip: IpAddr) {
-    let (Some(mut plain), Some(mut ring)) = (bind(ip), uring_on(ip)) else {
-        return;
-    };
+    let (mut plain, mut ring) = (bind(ip), uring_on(ip));
     ring.set_gro(false);
     let plain_addr = SocketAddr::new(ip, plain.local_port());
     let ring_addr = SocketAddr::new(ip, ring.local_port());
@@ -160,7 +103,7 @@ fn mixed_sizes_both_ways_v4() {
 #[test]
 fn mixed_sizes_both_ways_v6() {
     if uring_usable("mixed_sizes_both_ways_v6") {
-        mixed_sizes_both_ways(LOCAL6);
+        with_ipv6_loopback("mixed_sizes_both_ways_v6", || mixed_sizes_both_ways(LOCAL6));
     }
 }
 
@@ -169,51 +112,53 @@ fn dual_stack_shows_ipv4_peers_as_ipv4() {
     if !uring_usable("dual_stack_shows_ipv4_peers_as_ipv4") {
         return;
     }
-    let mut sock = UdpSocket::bind(0).unwrap();
-    sock.set_gro(false);
-    let mut ring = UringUdp::new(sock).unwrap();
-    assert!(ring.local_addr().is_ipv6(), "{}", ring.local_addr());
-    let mut v4 = bind(LOCAL4).unwrap();
-    let Some(mut v6) = bind(LOCAL6) else { return };
-    let port = ring.local_port();
+    with_ipv6_loopback("dual_stack_shows_ipv4_peers_as_ipv4", || {
+        let mut sock = UdpSocket::bind(0).unwrap();
+        sock.set_gro(false);
+        let mut ring = UringUdp::new(sock).unwrap();
+        assert!(ring.local_addr().is_ipv6(), "{}", ring.local_addr());
+        let mut v4 = bind(LOCAL4);
+        let mut v6 = bind(LOCAL6);
+        let port = ring.local_port();
 
-    let mut out = Batch::new();
-    push(&mut out, b"from v4", SocketAddr::new(LOCAL4, port));
-    assert_eq!(v4.send_batch(&mut out).unwrap(), 1);
-    let mut out = Batch::new();
-    push(&mut out, b"from v6", SocketAddr::new(LOCAL6, port));
-    assert_eq!(v6.send_batch(&mut out).unwrap(), 1);
+        let mut out = Batch::new();
+        push(&mut out, b"from v4", SocketAddr::new(LOCAL4, port));
+        assert_eq!(v4.send_batch(&mut out).unwrap(), 1);
+        let mut out = Batch::new();
+        push(&mut out, b"from v6", SocketAddr::new(LOCAL6, port));
+        assert_eq!(v6.send_batch(&mut out).unwrap(), 1);
 
-    let mut got = Batch::new();
-    recv_n(&mut ring, &mut got, 2);
-    let mut seen: Vec<(Vec<u8>, SocketAddr)> = (0..2)
-        .map(|i| (got.payload(i).to_vec(), got.addr(i)))
-        .collect();
-    seen.sort();
-    let v4_addr = SocketAddr::new(LOCAL4, v4.local_port());
-    let v6_addr = SocketAddr::new(LOCAL6, v6.local_port());
-    assert_eq!(
-        seen,
-        [
-            (b"from v4".to_vec(), v4_addr),
-            (b"from v6".to_vec(), v6_addr)
-        ]
-    );
-
-    // Replies to both families in one batch.
-    let mut out = Batch::new();
-    push(&mut out, b"to v4", v4_addr);
-    push(&mut out, b"to v6", v6_addr);
-    assert_eq!(ring.send_batch(&mut out).unwrap(), 2);
-    for (sock, want, from) in [
-        (&mut v4, &b"to v4"[..], LOCAL4),
-        (&mut v6, b"to v6", LOCAL6),
-    ] {
         let mut got = Batch::new();
-        recv_n(sock, &mut got, 1);
-        assert_eq!(got.payload(0), want);
-        assert_eq!(got.addr(0), SocketAddr::new(from, port));
-    }
+        recv_n(&mut ring, &mut got, 2);
+        let mut seen: Vec<(Vec<u8>, SocketAddr)> = (0..2)
+            .map(|i| (got.payload(i).to_vec(), got.addr(i)))
+            .collect();
+        seen.sort();
+        let v4_addr = SocketAddr::new(LOCAL4, v4.local_port());
+        let v6_addr = SocketAddr::new(LOCAL6, v6.local_port());
+        assert_eq!(
+            seen,
+            [
+                (b"from v4".to_vec(), v4_addr),
+                (b"from v6".to_vec(), v6_addr)
+            ]
+        );
+
+        // Replies to both families in one batch.
+        let mut out = Batch::new();
+        push(&mut out, b"to v4", v4_addr);
+        push(&mut out, b"to v6", v6_addr);
+        assert_eq!(ring.send_batch(&mut out).unwrap(), 2);
+        for (sock, want, from) in [
+            (&mut v4, &b"to v4"[..], LOCAL4),
+            (&mut v6, b"to v6", LOCAL6),
+        ] {
+            let mut got = Batch::new();
+            recv_n(sock, &mut got, 1);
+            assert_eq!(got.payload(0), want);
+            assert_eq!(got.addr(0), SocketAddr::new(from, port));
+        }
+    });
 }
 
 /// Runs of equal-size datagrams to one address leave as GSO sends (and without, once GSO is
@@ -224,8 +169,8 @@ fn equal_size_runs_arrive_whole_with_and_without_gso() {
         return;
     }
     for gso in [true, false] {
-        let mut ring = uring_on(LOCAL4).unwrap();
-        let mut rx = bind(LOCAL4).unwrap();
+        let mut ring = uring_on(LOCAL4);
+        let mut rx = bind(LOCAL4);
         ring.set_gso(gso);
         assert_eq!(ring.gso(), gso, "UDP GSO on this kernel");
         let to = SocketAddr::new(LOCAL4, rx.local_port());
@@ -261,12 +206,12 @@ fn gso_refused_by_the_kernel_falls_back_and_loses_nothing() {
     if !uring_usable("gso_refused_by_the_kernel_falls_back_and_loses_nothing") {
         return;
     }
-    let sock = bind(LOCAL4).unwrap();
+    let sock = bind(LOCAL4);
     refuse_gso(sock.fd().unwrap());
     let mut ring = UringUdp::new(sock).expect("UringUdp::new");
     ring.set_gso(true);
     assert!(ring.gso(), "UDP GSO on this kernel");
-    let mut rx = bind(LOCAL4).unwrap();
+    let mut rx = bind(LOCAL4);
     let to = SocketAddr::new(LOCAL4, rx.local_port());
     for round in 0..2u8 {
         let lens: Vec<usize> = (0..40).map(|i| if i == 30 { 100 } else { 1452 }).collect();
@@ -294,10 +239,10 @@ fn refused_and_unreachable_datagrams_do_not_fail_the_batch() {
     if !uring_usable("refused_and_unreachable_datagrams_do_not_fail_the_batch") {
         return;
     }
-    let mut ring = uring_on(LOCAL4).unwrap();
-    let mut rx = bind(LOCAL4).unwrap();
+    let mut ring = uring_on(LOCAL4);
+    let mut rx = bind(LOCAL4);
     // A port nobody listens on: bind one, note it, close it.
-    let closed = SocketAddr::new(LOCAL4, bind(LOCAL4).unwrap().local_port());
+    let closed = SocketAddr::new(LOCAL4, bind(LOCAL4).local_port());
     let rx_addr = SocketAddr::new(LOCAL4, rx.local_port());
     let mut out = Batch::new();
     push(&mut out, b"port 0: EINVAL", SocketAddr::new(LOCAL4, 0));
@@ -342,9 +287,9 @@ fn gro_merged_bursts_split_back_exactly() {
     if !uring_usable("gro_merged_bursts_split_back_exactly") {
         return;
     }
-    let mut tx = bind(LOCAL4).unwrap();
+    let mut tx = bind(LOCAL4);
     assert!(tx.gso(), "UDP GSO on this kernel");
-    let mut ring = uring_on(LOCAL4).unwrap();
+    let mut ring = uring_on(LOCAL4);
     ring.set_gro(true);
     assert!(ring.gro(), "UDP GRO on this kernel");
     let to = SocketAddr::new(LOCAL4, ring.local_port());
@@ -387,8 +332,8 @@ fn the_ring_descriptor_polls_readable_when_data_arrives() {
     if !uring_usable("the_ring_descriptor_polls_readable_when_data_arrives") {
         return;
     }
-    let mut ring = uring_on(LOCAL4).unwrap();
-    let mut tx = bind(LOCAL4).unwrap();
+    let mut ring = uring_on(LOCAL4);
+    let mut tx = bind(LOCAL4);
     let fd = ring.fd().unwrap();
     let soon = || Instant::now() + Duration::from_millis(20);
     assert!(!wait_readable(fd, soon()), "readable with nothing sent");
@@ -421,7 +366,7 @@ fn a_poll_on_another_thread_wakes_for_data() {
     if !uring_usable("a_poll_on_another_thread_wakes_for_data") {
         return;
     }
-    let ring = uring_on(LOCAL4).unwrap();
+    let ring = uring_on(LOCAL4);
     let to = SocketAddr::new(LOCAL4, ring.local_port());
     let poller = std::thread::spawn(move || {
         let mut ring = ring;
@@ -440,7 +385,7 @@ fn a_poll_on_another_thread_wakes_for_data() {
         (got, wakes)
     });
     let sender = std::thread::spawn(move || {
-        let mut tx = bind(LOCAL4).unwrap();
+        let mut tx = bind(LOCAL4);
         for word in [&b"one"[..], b"two", b"three"] {
             std::thread::sleep(Duration::from_millis(50));
             let mut out = Batch::new();
@@ -462,10 +407,8 @@ fn keeps_receiving_after_the_thread_that_made_it_exits() {
     if !uring_usable("keeps_receiving_after_the_thread_that_made_it_exits") {
         return;
     }
-    let mut ring = std::thread::spawn(|| uring_on(LOCAL4).unwrap())
-        .join()
-        .unwrap();
-    let mut tx = bind(LOCAL4).unwrap();
+    let mut ring = std::thread::spawn(|| uring_on(LOCAL4)).join().unwrap();
+    let mut tx = bind(LOCAL4);
     let to = SocketAddr::new(LOCAL4, ring.local_port());
     for round in 0..3u8 {
         let mut out = Batch::new();
@@ -482,8 +425,8 @@ fn a_full_batch_when_more_than_64_wait() {
     if !uring_usable("a_full_batch_when_more_than_64_wait") {
         return;
     }
-    let mut ring = uring_on(LOCAL4).unwrap();
-    let mut tx = bind(LOCAL4).unwrap();
+    let mut ring = uring_on(LOCAL4);
+    let mut tx = bind(LOCAL4);
     let to = SocketAddr::new(LOCAL4, ring.local_port());
     let total = 100;
     for chunk in 0..2 {
@@ -521,8 +464,8 @@ fn more_datagrams_than_buffers_all_arrive_in_order() {
     if !uring_usable("more_datagrams_than_buffers_all_arrive_in_order") {
         return;
     }
-    let mut ring = uring_on(LOCAL4).unwrap();
-    let mut tx = bind(LOCAL4).unwrap();
+    let mut ring = uring_on(LOCAL4);
+    let mut tx = bind(LOCAL4);
     let to = SocketAddr::new(LOCAL4, ring.local_port());
     let total: u32 = 700;
     let mut next = 0;
@@ -552,8 +495,8 @@ fn recv_appends_after_the_frames_already_in_the_batch() {
     if !uring_usable("recv_appends_after_the_frames_already_in_the_batch") {
         return;
     }
-    let mut ring = uring_on(LOCAL4).unwrap();
-    let mut tx = bind(LOCAL4).unwrap();
+    let mut ring = uring_on(LOCAL4);
+    let mut tx = bind(LOCAL4);
     let mut out = Batch::new();
     for i in 0..5u8 {
         push(
@@ -586,9 +529,9 @@ fn drops_promptly_with_data_in_flight() {
     if !uring_usable("drops_promptly_with_data_in_flight") {
         return;
     }
-    let mut tx = bind(LOCAL4).unwrap();
+    let mut tx = bind(LOCAL4);
     for round in 0..10 {
-        let mut ring = uring_on(LOCAL4).unwrap();
+        let mut ring = uring_on(LOCAL4);
         let to = SocketAddr::new(LOCAL4, ring.local_port());
         for _ in 0..(round % 6) {
             let mut out = Batch::new();
@@ -823,7 +766,7 @@ fn a_run_of_empty_datagrams_does_not_stop_receiving() {
     if !uring_usable("a_run_of_empty_datagrams_does_not_stop_receiving") {
         return;
     }
-    let mut rx = uring_on(LOCAL4).unwrap();
+    let mut rx = uring_on(LOCAL4);
     let to = rx.local_addr();
     let sender = std::net::UdpSocket::bind((LOCAL4, 0)).unwrap();
     const EMPTY: usize = 40;

@@ -1,5 +1,5 @@
 //! The AF_XDP path's next hops and frames against the real kernel, in network namespaces the
-//! tests create (privileged; skipped without root unless TUNNELD_REQUIRE_NETNS=1). Each
+//! tests create (privileged; skipped without root unless TUNNELD_REQUIRE_ALL=1). Each
 //! namespace, with every interface in it, is removed when its test ends, also on failure.
 //!
 //! Layout of every test: namespace A (ours: the resolver runs there) and B (the peer),

@@ -1,5 +1,5 @@
 //! The XDP program and its loader against the real kernel (privileged: skipped without root
-//! unless TUNNELD_REQUIRE_NETNS=1). Verdicts come from BPF_PROG_TEST_RUN, which runs the
+//! unless TUNNELD_REQUIRE_ALL=1). Verdicts come from BPF_PROG_TEST_RUN, which runs the
 //! loaded program on a frame without attaching it; attaching is tried on a veth in a network
 //! namespace the test creates (and removes, also when it fails).
 
@@ -536,13 +536,11 @@ fn xdp_steers_by_the_receiving_queue() {
     });
 }
 
-/// The child of `xdp_kill_9_leaves_nothing_behind`: with TUNNELD_XDP_CHILD=<netns>:<ifname>,
-/// enters the namespace, attaches, says so, and waits to be killed. Otherwise nothing.
-#[test]
-fn xdp_child_attaches_and_waits() {
-    let Ok(spec) = std::env::var("TUNNELD_XDP_CHILD") else {
-        return;
-    };
+/// The child of `xdp_kill_9_leaves_nothing_behind`, run in a process of its own (this test
+/// binary again, that test alone, with TUNNELD_XDP_CHILD=<netns>:<ifname>): enters the
+/// namespace, attaches, says so, and waits to be killed. Not a test of its own, so that it
+/// is never counted as one that passed.
+fn xdp_child_attaches_and_waits(spec: &str) {
     let (ns, ifname) = spec.split_once(':').unwrap();
     let file = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
     // SAFETY: setns on a valid namespace descriptor; it changes only this thread's namespace.
@@ -560,6 +558,9 @@ fn xdp_child_attaches_and_waits() {
 #[test]
 fn xdp_kill_9_leaves_nothing_behind() {
     use std::io::BufRead;
+    if let Ok(spec) = std::env::var("TUNNELD_XDP_CHILD") {
+        return xdp_child_attaches_and_waits(&spec);
+    }
     if !require_netns("xdp_kill_9_leaves_nothing_behind") {
         return;
     }
@@ -568,7 +569,7 @@ fn xdp_kill_9_leaves_nothing_behind() {
     ns.run(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b]);
     ns.run(&["ip", "link", "set", &a, "up"]);
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "xdp_child_attaches_and_waits", "--nocapture"])
+        .args(["--exact", "xdp_kill_9_leaves_nothing_behind", "--nocapture"])
         .env("TUNNELD_XDP_CHILD", format!("{}:{a}", ns.name()))
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -737,13 +738,10 @@ fn xdp_live_traffic_is_steered_only_when_it_matches() {
     }
 }
 
-/// The child of `xdp_without_a_capability_the_error_names_it`: with TUNNELD_XDP_CHILD_LOAD
-/// set, loads the program and prints the outcome. Otherwise nothing.
-#[test]
+/// The child of `xdp_without_a_capability_the_error_names_it`, run in a process of its own
+/// (this test binary again, that test alone, with TUNNELD_XDP_CHILD_LOAD set and fewer
+/// capabilities): loads the program and prints the outcome. Not a test of its own.
 fn xdp_child_loads() {
-    if std::env::var_os("TUNNELD_XDP_CHILD_LOAD").is_none() {
-        return;
-    }
     match XdpProgram::load(PORT, 1) {
         Ok(_) => println!("XDP_LOAD_RESULT ok"),
         Err(e) => println!("XDP_LOAD_RESULT {e}"),
@@ -752,6 +750,9 @@ fn xdp_child_loads() {
 
 #[test]
 fn xdp_without_a_capability_the_error_names_it() {
+    if std::env::var_os("TUNNELD_XDP_CHILD_LOAD").is_some() {
+        return xdp_child_loads();
+    }
     if !require_netns("xdp_without_a_capability_the_error_names_it")
         || !tunneld_testnet::require_tool("xdp_without_a_capability_the_error_names_it", "setpriv")
     {
@@ -769,7 +770,11 @@ fn xdp_without_a_capability_the_error_names_it() {
         let out = std::process::Command::new("setpriv")
             .args(["--inh-caps", drop, "--bounding-set", drop])
             .arg(std::env::current_exe().unwrap())
-            .args(["--exact", "xdp_child_loads", "--nocapture"])
+            .args([
+                "--exact",
+                "xdp_without_a_capability_the_error_names_it",
+                "--nocapture",
+            ])
             .env("TUNNELD_XDP_CHILD_LOAD", "1")
             .output()
             .unwrap();

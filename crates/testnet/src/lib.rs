@@ -1,10 +1,18 @@
 //! Network namespaces for privileged tests, made by the test and removed when dropped.
 //!
 //! Every name carries the process id and a counter, so tests run in parallel without
-//! colliding. Without root (or without `ip netns`), [`require_netns`] tells the test to skip,
-//! unless `TUNNELD_REQUIRE_NETNS=1`, where a skip is a failure.
+//! colliding. Without root (or without `ip netns`), [`require_netns`] tells the test to skip.
+//! Every skip in the workspace goes through [`skip_unless`] (module [`skip`]), which
+//! `TUNNELD_REQUIRE_ALL=1` turns into a failure unless what is missing is hardware.
 
+pub mod fixture;
 pub mod link;
+pub mod skip;
+
+pub use fixture::{
+    pattern, start_wireguard_go, stop_process, uapi_socket_path, wait_until, write_private, WAIT,
+};
+pub use skip::{skip_unless, Missing};
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -21,51 +29,93 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}{pid}x{n}")
 }
 
-/// Whether privileged namespace tests can run here. Returns `false` (after saying why) when
-/// the test should skip; panics when skipping is not allowed (`TUNNELD_REQUIRE_NETNS=1`).
-pub fn require_netns(test: &str) -> bool {
-    let reason = if unsafe_geteuid() != 0 {
-        Some("not running as root")
+/// Why privileged namespace tests cannot run here (not root, or no usable `ip netns`), or
+/// `None` when they can. For what is not a test (`cargo xtask bench`); tests call
+/// [`require_netns`].
+pub fn netns_unusable() -> Option<&'static str> {
+    if unsafe_geteuid() != 0 {
+        Some("not running as root (run as root to include it)")
     } else if !Command::new("ip")
         .args(["netns", "list"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+        .is_ok_and(|s| s.success())
     {
         Some("`ip netns` is not usable (is iproute2 installed?)")
     } else {
         None
-    };
-    match reason {
-        None => true,
-        Some(why) if std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() == Ok("1") => {
-            panic!("{test}: cannot run the network-namespace test: {why} (TUNNELD_REQUIRE_NETNS=1)")
-        }
-        Some(why) => {
-            eprintln!("SKIPPED {test}: {why}; run as root to include it");
-            false
-        }
     }
 }
 
-/// Whether the external `tool` is on PATH (`cargo xtask test` installs it). Like
-/// [`require_netns`]: a missing tool skips the test with a message, or fails it when
-/// `TUNNELD_REQUIRE_NETNS=1`.
+/// Whether privileged namespace tests can run here; a skip (or, under
+/// `TUNNELD_REQUIRE_ALL=1`, a failure) through [`skip_unless`] otherwise.
+pub fn require_netns(test: &str) -> bool {
+    match netns_unusable() {
+        None => true,
+        Some(why) => skip_unless(
+            test,
+            false,
+            "the network-namespace test",
+            Missing::Setup(why),
+        ),
+    }
+}
+
+/// Whether the external `tool` is on PATH (`cargo xtask deps` installs it); a skip through
+/// [`skip_unless`] otherwise.
 pub fn require_tool(test: &str, tool: &str) -> bool {
     let found = std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
         .unwrap_or(false);
-    if found {
-        return true;
+    skip_unless(
+        test,
+        found,
+        &format!("what needs `{tool}`"),
+        Missing::Setup("it is not installed (`cargo xtask deps` installs it)"),
+    )
+}
+
+/// Runs `f` where the IPv6 loopback address `::1` is usable: on this thread when the host's
+/// loopback has it, else in a namespace of its own whose loopback has IPv6 turned on (hosts
+/// and containers often disable IPv6, which is set-up the test can undo, not a fact about
+/// what it tests). Needs root for the namespace; without it a skip through [`skip_unless`].
+pub fn with_ipv6_loopback<T: Send + 'static>(
+    test: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    if std::net::UdpSocket::bind("[::1]:0").is_ok() {
+        return Some(f());
     }
-    assert!(
-        std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() != Ok("1"),
-        "{test}: `{tool}` is not installed (TUNNELD_REQUIRE_NETNS=1; `cargo xtask deps` installs it)"
-    );
-    eprintln!("SKIPPED {test}: `{tool}` is not installed (`cargo xtask deps` installs it)");
-    false
+    if !require_netns(test) {
+        return None;
+    }
+    in_namespace_with_ipv6_loopback(test, f)
+}
+
+/// The namespace half of [`with_ipv6_loopback`]; `None` (a skip) only when this kernel has
+/// no IPv6 at all.
+fn in_namespace_with_ipv6_loopback<T: Send + 'static>(
+    test: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let ns = NetNs::new();
+    let test = test.to_string();
+    ns.in_ns(move || {
+        // /proc/sys/net is the namespace of the thread that opens it: this one's.
+        let knob = "/proc/sys/net/ipv6/conf/lo/disable_ipv6";
+        let enabled = std::fs::write(knob, "0");
+        let why = format!("this kernel has no IPv6 ({knob}: {enabled:?})");
+        if !skip_unless(
+            &test,
+            enabled.is_ok(),
+            "the IPv6 loopback test",
+            Missing::Setup(&why),
+        ) {
+            return None;
+        }
+        Some(f())
+    })
 }
 
 fn unsafe_geteuid() -> u32 {
@@ -228,5 +278,21 @@ mod tests {
         drop(a);
         let list = run_ok(Command::new("ip").args(["netns", "list"]));
         assert!(!String::from_utf8_lossy(&list.stdout).contains(&name));
+    }
+
+    #[test]
+    fn a_namespace_of_its_own_has_a_usable_ipv6_loopback() {
+        let test = "a_namespace_of_its_own_has_a_usable_ipv6_loopback";
+        if !require_netns(test) {
+            return;
+        }
+        let bound = in_namespace_with_ipv6_loopback(test, || {
+            let socket = std::net::UdpSocket::bind("[::1]:0").unwrap();
+            socket.send_to(b"v6", socket.local_addr().unwrap()).unwrap();
+            let mut buf = [0; 2];
+            socket.recv(&mut buf).unwrap();
+            buf
+        });
+        assert_eq!(bound, Some(*b"v6"));
     }
 }

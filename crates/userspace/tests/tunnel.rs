@@ -144,14 +144,9 @@ fn calls_without_a_route_fail_at_once() {
 #[test]
 fn shutdown_aborts_open_streams_promptly() {
     let test = "shutdown_aborts_open_streams_promptly";
-    if !tunneld_testnet::require_netns(test)
-        || !require_tool(test, "wg")
-        || !require_tool(test, "wireguard-go")
-    {
+    let Some(sites) = wireguard_go_sites(test) else {
         return;
-    }
-    let mut sites = sites();
-    sites.start_wireguard_go();
+    };
     let _echo = EchoServer::start(&sites.far, &["10.77.0.2:7".parse().unwrap()]);
     let tunnel = sites.start_tunnel(sites.settings(0));
     runtime().block_on(async {

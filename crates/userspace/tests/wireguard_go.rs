@@ -9,14 +9,9 @@ use std::time::Duration;
 #[test]
 fn user_space_tunnel_against_wireguard_go() {
     let test = "user_space_tunnel_against_wireguard_go";
-    if !tunneld_testnet::require_netns(test)
-        || !require_tool(test, "wg")
-        || !require_tool(test, "wireguard-go")
-    {
+    let Some(sites) = wireguard_go_sites(test) else {
         return;
-    }
-    let mut sites = sites();
-    sites.start_wireguard_go();
+    };
     let _echo = EchoServer::start(
         &sites.far,
         &[

@@ -5,16 +5,16 @@
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use tunneld_testnet::NetNs;
 
 pub const TUNNELD: &str = env!("CARGO_BIN_EXE_tunneld");
 
-/// Generous: these are waits for things that normally take milliseconds, not thresholds.
-pub const WAIT: Duration = Duration::from_secs(15);
+// Not every test binary that includes this module uses each.
+#[allow(unused_imports)]
+pub use tunneld_testnet::{pattern, wait_until, write_private, WAIT};
 
 /// Announces a test step. libtest shows it (with the daemon logs) only when the test fails,
 /// so a failure says which step it was in.
@@ -46,16 +46,8 @@ pub fn pubkey(private: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-/// Writes `content` to `dir/name` with mode 0600.
-pub fn write_private(dir: &Path, name: &str, content: &str) -> PathBuf {
-    let path = dir.join(name);
-    fs::write(&path, content).unwrap();
-    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
-    path
-}
-
 pub fn socket_path(ifname: &str) -> PathBuf {
-    PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"))
+    tunneld_testnet::uapi_socket_path(ifname)
 }
 
 /// Runs `cmd` (one that is expected to exit by itself, e.g. `tunneld up` on a broken config)
@@ -123,17 +115,6 @@ fn wait_bounded(child: &mut Child) -> Option<ExitStatus> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-pub fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while Instant::now() < deadline {
-        if ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 /// A `tunneld up` running in a namespace; stopped (SIGTERM, then SIGKILL) when dropped.
@@ -231,18 +212,7 @@ impl Gateway {
 impl Drop for Gateway {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            tunneld_testnet::stop_process(&mut child);
         }
         // Only left behind when tunneld had to be killed (the signal tests check that it
         // removes it itself); the name is unique to this test, so it is ours to remove.
@@ -266,33 +236,13 @@ impl WireguardGo {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("wireguard-go.log");
         step(&format!("start wireguard-go {ifname} in {}", ns.name()));
-        let file = fs::File::create(&log).unwrap();
-        let child = ns
-            .command("wireguard-go")
-            .args(["-f", ifname])
-            .env("WG_PROCESS_FOREGROUND", "1")
-            .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1")
-            .env("LOG_LEVEL", "debug")
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .unwrap();
-        let mut wg = WireguardGo {
+        let child = tunneld_testnet::start_wireguard_go(ns, ifname, &log);
+        WireguardGo {
             ifname: ifname.to_string(),
             child,
             log,
             _dir: dir,
-        };
-        wait_until("wireguard-go's UAPI socket", || {
-            if let Ok(Some(status)) = wg.child.try_wait() {
-                panic!(
-                    "wireguard-go exited early ({status}):\n{}",
-                    fs::read_to_string(&wg.log).unwrap_or_default()
-                );
-            }
-            socket_path(ifname).exists()
-        });
-        wg
+        }
     }
 }
 
@@ -416,19 +366,6 @@ pub fn ping(ns: &NetNs, addr: &str) {
         ns.name(),
         String::from_utf8_lossy(&out.stdout)
     );
-}
-
-/// A deterministic, non-repeating-looking byte pattern.
-pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }
 
 /// Sends `len` bytes over TCP from `from` to `to_addr` (listening inside `to`) and checks

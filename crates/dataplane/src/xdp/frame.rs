@@ -18,7 +18,8 @@
 //!   of the two ports (stable per flow, like the kernel's automatic flow labels).
 //! - **The UDP checksum is computed for IPv4 as well**, as the kernel's UDP sockets do: it
 //!   costs one pass over the payload (all of [`write_headers`] takes 50-130 ns for a
-//!   1420-byte payload, release build with AVX2, on a busy 2-vCPU VM: `header_cost`), small
+//!   1420-byte payload, release build with AVX2, on a busy 2-vCPU VM: `cargo bench --bench
+//!   xdp_frame`), small
 //!   beside the encryption that just wrote the same bytes, and receivers that check it
 //!   (middleboxes, NICs) see a normal datagram. Where the device checksums for us (TX
 //!   checksum offload through the AF_XDP socket's `XDP_TXMD_FLAGS_CHECKSUM` metadata, see
@@ -730,36 +731,6 @@ mod tests {
             if let Some(got) = parse_udp(&bytes) {
                 assert!(got.payload.end <= bytes.len());
             }
-        }
-    }
-
-    /// Not a test: the cost of the headers (dominated by the UDP checksum) on a 1420-byte
-    /// payload. `cargo test --release -p tunneld-dataplane -- --ignored --nocapture header_cost`
-    #[test]
-    #[ignore]
-    fn header_cost() {
-        let mut rng = Rng(5);
-        let mut frame = vec![0u8; 64 + 1420];
-        rng.fill(&mut frame);
-        for (hop, dst) in [
-            (hop_v4(), "192.0.2.2:51820".parse().unwrap()),
-            (hop_v6(), "[fd00::2]:51820".parse().unwrap()),
-        ] {
-            let n = 2_000_000;
-            let t = std::time::Instant::now();
-            for i in 0..n {
-                frame[64] = i as u8;
-                std::hint::black_box(write_headers(
-                    &mut frame,
-                    64,
-                    1420,
-                    &hop,
-                    9,
-                    dst,
-                    UdpChecksum::Full,
-                ));
-            }
-            println!("{dst}: {:?} per frame", t.elapsed() / n);
         }
     }
 }

@@ -8,17 +8,17 @@
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tunneld_testnet::{unique_name, NetNs};
 use tunneld_userspace::{PeerSettings, PrivateKey, PublicKey, Tunnel, TunnelSettings};
 
-/// Generous waits for things that normally take milliseconds.
-pub const WAIT: Duration = Duration::from_secs(15);
+// Not every test binary that includes this module uses each.
+#[allow(unused_imports)]
+pub use tunneld_testnet::{pattern, wait_until, write_private, WAIT};
 /// The user-space tunnel's underlay port (fixed, so the far side can be given it).
 pub const NEAR_PORT: u16 = 51821;
 pub const FAR_PORT: u16 = 51820;
@@ -35,23 +35,35 @@ pub use tunneld_testnet::require_tool;
 
 /// The tunneld binary next to this test's executable (`target/<profile>/tunneld`), built by
 /// `cargo test --workspace`. Missing: `None` after saying why (a failure under
-/// `TUNNELD_REQUIRE_NETNS=1`).
+/// `TUNNELD_REQUIRE_ALL=1`).
 pub fn tunneld_binary(test: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let path = exe.parent()?.parent()?.join("tunneld");
-    if path.is_file() {
-        return Some(path);
+    let why = format!(
+        "{} is missing; build it with `cargo build -p tunneld-cli` (cargo test --workspace does)",
+        path.display()
+    );
+    tunneld_testnet::skip_unless(
+        test,
+        path.is_file(),
+        "the test against a tunneld gateway",
+        tunneld_testnet::Missing::Setup(&why),
+    )
+    .then_some(path)
+}
+
+/// The two sites with wireguard-go on the far side (`Sites::start_wireguard_go`); `None`
+/// (a skip) without network namespaces, `wg` or wireguard-go.
+pub fn wireguard_go_sites(test: &str) -> Option<Sites> {
+    if !tunneld_testnet::require_netns(test)
+        || !require_tool(test, "wg")
+        || !require_tool(test, "wireguard-go")
+    {
+        return None;
     }
-    assert!(
-        std::env::var("TUNNELD_REQUIRE_NETNS").as_deref() != Ok("1"),
-        "{test}: {} is missing (TUNNELD_REQUIRE_NETNS=1); build it with `cargo build -p tunneld-cli`",
-        path.display()
-    );
-    eprintln!(
-        "SKIPPED {test}: {} is missing; build it with `cargo build -p tunneld-cli` (cargo test --workspace does)",
-        path.display()
-    );
-    None
+    let mut sites = sites();
+    sites.start_wireguard_go();
+    Some(sites)
 }
 
 /// The two sites. Fields drop in order: the peer process first, then the namespaces.
@@ -98,20 +110,9 @@ impl FarPeer {
     /// Stops the process (SIGTERM, then SIGKILL) and waits for it.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            tunneld_testnet::stop_process(&mut child);
         }
-        let _ = fs::remove_file(format!("/var/run/wireguard/{}.sock", self.ifname));
+        let _ = fs::remove_file(tunneld_testnet::uapi_socket_path(&self.ifname));
     }
 }
 
@@ -124,24 +125,6 @@ impl Drop for FarPeer {
     }
 }
 
-fn write_private(dir: &Path, name: &str, content: &str) -> PathBuf {
-    let path = dir.join(name);
-    fs::write(&path, content).unwrap();
-    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
-    path
-}
-
-fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while Instant::now() < deadline {
-        if ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}");
-}
-
 impl Sites {
     /// Starts wireguard-go on the far side, configured with `wg`: 10.77.0.2/24 and
     /// fd77::2/64, our tunnel its one peer.
@@ -152,31 +135,13 @@ impl Sites {
             self.far.name()
         ));
         let log = self.dir.path().join("wireguard-go.log");
-        let file = fs::File::create(&log).unwrap();
-        let child = self
-            .far
-            .command("wireguard-go")
-            .args(["-f", &ifname])
-            .env("WG_PROCESS_FOREGROUND", "1")
-            .env("WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD", "1")
-            .env("LOG_LEVEL", "debug")
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .spawn()
-            .unwrap();
+        let child = tunneld_testnet::start_wireguard_go(&self.far, &ifname, &log);
         let mut peer = FarPeer {
             ifname: ifname.clone(),
             child: Some(child),
             log,
             what: "wireguard-go",
         };
-        let sock = PathBuf::from(format!("/var/run/wireguard/{ifname}.sock"));
-        wait_until("wireguard-go's UAPI socket", || {
-            if let Some(Ok(Some(status))) = peer.child.as_mut().map(|c| c.try_wait()) {
-                panic!("wireguard-go exited early ({status}):\n{}", peer.log_text());
-            }
-            sock.exists()
-        });
         let key = write_private(self.dir.path(), "far.key", &self.far_key.to_base64());
         self.far.run(&[
             "wg",
@@ -372,19 +337,6 @@ impl Drop for EchoServer {
             let _ = t.join();
         }
     }
-}
-
-/// A deterministic byte pattern.
-pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }
 
 /// `count` concurrent TCP streams through the tunnel to the echo server at port 7 (every

@@ -1,12 +1,16 @@
-//! A measurement, not a check (ignored): bulk TCP through the user-space tunnel and a
-//! tunneld gateway in namespaces, each way, with the engine thread's CPU time. Run it in
-//! release, with a release `tunneld` next to the test binary:
+//! A measurement, not a test: bulk TCP through the user-space tunnel and a tunneld gateway
+//! in namespaces, each way, with the engine thread's CPU time (the download direction, and
+//! the engine thread alone, which `cargo xtask bench-embedded`'s tunneld-userspace row does
+//! not give). Needs root; run it in release, with a release `tunneld` beside it:
 //!
 //! ```text
 //! cargo build --release -p tunneld-cli
-//! TUNNELD_BULK_MIB=1024 cargo test --release -p tunneld-userspace --test throughput -- --ignored --nocapture
+//! TUNNELD_BULK_MIB=1024 cargo run --release -p tunneld-userspace --example bulk_throughput
 //! ```
+//!
+//! That every byte arrives intact both ways is a test (`tests/gateway.rs`, echoed streams).
 
+#[path = "../tests/common/mod.rs"]
 mod common;
 
 use common::*;
@@ -81,15 +85,13 @@ fn report(what: &str, bytes: usize, elapsed: Duration, engine_ns: u64, process_n
     );
 }
 
-#[test]
-#[ignore = "a measurement: run it in release (see the file's comment)"]
-fn bulk_tcp_through_a_tunneld_gateway() {
-    let test = "bulk_tcp_through_a_tunneld_gateway";
-    if !tunneld_testnet::require_netns(test) {
-        return;
+fn main() {
+    if let Some(why) = tunneld_testnet::netns_unusable() {
+        eprintln!("bulk_throughput: network namespaces are not usable: {why}");
+        std::process::exit(2);
     }
-    let Some(tunneld) = tunneld_binary(test) else {
-        return;
+    let Some(tunneld) = tunneld_binary("bulk_throughput") else {
+        std::process::exit(2);
     };
     let bytes = std::env::var("TUNNELD_BULK_MIB")
         .ok()
