@@ -1,4 +1,4 @@
-//! Allowed-IPs longest-prefix match (`tunneld_tunnel::allowed_ips::AllowedIps<usize>`), the
+//! Allowed-IPs longest-prefix match (`tunneld_wireguard::allowed_ips::AllowedIps<usize>`), the
 //! lookup the core does for every packet both ways.
 //!
 //! One table per address family, each with 10 000 distinct random prefixes (v4: /8 to /32,
@@ -11,7 +11,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughpu
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use tunneld_benches::SplitMix64;
-use tunneld_tunnel::allowed_ips::AllowedIps;
+use tunneld_wireguard::allowed_ips::AllowedIps;
 
 const PREFIXES: usize = 10_000;
 const LOOKUPS: usize = 1_000;

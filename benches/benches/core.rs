@@ -12,8 +12,8 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughpu
 use std::time::Instant;
 use tunneld_benches::{handshaken_pair, host_prefix, ipv4_packet, A_ADDR, B_IP, MTU};
 use tunneld_dataplane::{Batch, BATCH_SIZE};
-use tunneld_tunnel::allowed_ips::AllowedIps;
-use tunneld_tunnel::packet;
+use tunneld_wireguard::allowed_ips::AllowedIps;
+use tunneld_wireguard::packet;
 
 fn bench_core(c: &mut Criterion) {
     tunneld_benches::aead_from_env();

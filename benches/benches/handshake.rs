@@ -4,7 +4,7 @@
 //!
 //! The devices are made in `iter_batched`'s untimed set-up, so key generation and device
 //! construction are not counted. Fresh devices also keep every exchange clear of the
-//! device's handshake rate limiter (`HANDSHAKE_RATE_LIMIT` in crates/tunnel/src/device.rs),
+//! device's handshake rate limiter (`HANDSHAKE_RATE_LIMIT` in crates/wireguard/src/device.rs),
 //! which a long-lived pair would hit within a second and answer with cookies instead.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};

@@ -10,7 +10,7 @@ use tunneld_dataplane::offload::{VnetHdr, F_NEEDS_CSUM, GSO_TCPV4};
 use tunneld_dataplane::sim::{self, SimSocket, SimTun};
 use tunneld_dataplane::worker::{Worker, WorkerHandle};
 use tunneld_dataplane::Batch;
-use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
+use tunneld_wireguard::{Device, DeviceSettings, PeerSettings};
 
 /// Fixes the data-message AEAD from `TUNNELD_BENCH_AEAD` (`aws-lc`, `ring`, `avx512`), if
 /// set, instead of timing each at the first key as tunneld does: under a profiler such as
@@ -354,7 +354,7 @@ pub fn flow_packet(len: usize, sub: usize, subs: usize) -> Vec<u8> {
     p[22..24].copy_from_slice(&5201u16.to_be_bytes());
     for port in 10_000u16.. {
         p[20..22].copy_from_slice(&port.to_be_bytes());
-        if tunneld_tunnel::packet::flow_hash(&p) as usize % subs == sub {
+        if tunneld_wireguard::packet::flow_hash(&p) as usize % subs == sub {
             break;
         }
     }

@@ -14,9 +14,9 @@ use tunneld_dataplane::offload::{
     self, checksum_add, checksum_fold, Coalescer, VnetHdr, GSO_ECN, GSO_NONE, VNET_HDR_LEN,
 };
 use tunneld_dataplane::{Batch, BATCH_SIZE, FRAME_PAYLOAD};
-use tunneld_tunnel::uapi::{self, Request};
-use tunneld_tunnel::wire::{self, Message};
-use tunneld_tunnel::{Device, DeviceSettings, DropReason, Environment, PeerSettings};
+use tunneld_wireguard::uapi::{self, Request};
+use tunneld_wireguard::wire::{self, Message};
+use tunneld_wireguard::{Device, DeviceSettings, DropReason, Environment, PeerSettings};
 
 thread_local! {
     // Buffers reused across inputs: a fresh 64 KiB frame or 4 MiB batch per input would make
@@ -288,7 +288,7 @@ pub fn uapi_parse(data: &[u8]) {
 /// (the first byte picks the piece size): the deframer yields exactly the datagrams a plain
 /// parse of the whole stream finds, whatever the cuts.
 pub fn framing(data: &[u8]) {
-    use tunneld_tunnel::framing::{Deframer, LENGTH_BYTES};
+    use tunneld_wireguard::framing::{Deframer, LENGTH_BYTES};
     let Some((&cut, stream)) = data.split_first() else {
         return;
     };

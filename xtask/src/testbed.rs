@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tunneld_crypto::PublicKey;
 use tunneld_testnet::{unique_name, veth, NetNs};
-use tunneld_tunnel::owner_of;
+use tunneld_wireguard::owner_of;
 
 use crate::system;
 

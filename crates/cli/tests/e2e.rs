@@ -1081,7 +1081,7 @@ fn handshake_flood(test: &str, extra_b: &str) {
     if !require_netns_and_wg(test) {
         return;
     }
-    use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
+    use tunneld_wireguard::{Device, DeviceSettings, PeerSettings};
     let mut sites = tunneld_sites(extra_b);
     let (a, b) = (&sites.a, &sites.b);
     let (ib, b_pid, b_key) = (

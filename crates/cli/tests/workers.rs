@@ -27,7 +27,7 @@ fn port_for_sub(sub: u32) -> u16 {
             p[16..20].copy_from_slice(&[10, 77, 0, 2]);
             p[20..22].copy_from_slice(&port.to_be_bytes());
             p[22..24].copy_from_slice(&6000u16.to_be_bytes());
-            tunneld_tunnel::packet::flow_hash(&p) % 2 == sub
+            tunneld_wireguard::packet::flow_hash(&p) % 2 == sub
         })
         .unwrap()
 }

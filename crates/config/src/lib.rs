@@ -5,7 +5,7 @@
 //! line naming the field (`peer[1].allowed_ips[0]: ...`), and every problem is reported at once.
 //! Secret values (private and preshared keys) are never echoed in errors.
 //!
-//! This is the file format, kept out of the protocol core (`tunneld-tunnel`), which takes
+//! This is the file format, kept out of the protocol core (`tunneld-wireguard`), which takes
 //! typed settings; the gateway (`tunneld`) turns a [`Config`] into those.
 
 #![forbid(unsafe_code)]

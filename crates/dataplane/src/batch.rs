@@ -15,14 +15,14 @@ use crate::offload::VnetHdr;
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use tunneld_tunnel::{DatagramSink, PacketSink};
+use tunneld_wireguard::{DatagramSink, PacketSink};
 
 /// Frames per batch: the most a backend moves in one call.
 pub const BATCH_SIZE: usize = 64;
 /// Room in front of every payload for headers a backend or encapsulation prepends.
 pub const HEADROOM: usize = 64;
 /// Payload bytes per frame: an IP packet of up to 65535 bytes plus the WireGuard overhead.
-pub const FRAME_PAYLOAD: usize = tunneld_tunnel::packet::MAX_DATAGRAM;
+pub const FRAME_PAYLOAD: usize = tunneld_wireguard::packet::MAX_DATAGRAM;
 /// Bytes a frame filled by `commit` keeps after its payload, for whoever rewrites it in place
 /// (WireGuard padding after a packet, a segment's tail).
 pub const TAIL_ROOM: usize = 64;

@@ -25,9 +25,9 @@ pub use io::{DatagramIo, PacketIo};
 /// What a real device takes from outside the protocol core: the operating system's random
 /// numbers and the wall clock now (the core reads neither itself). Pass it with
 /// `Instant::now()` to `Device::new` or `Device::for_worker`.
-pub fn system_environment() -> tunneld_tunnel::Environment {
+pub fn system_environment() -> tunneld_wireguard::Environment {
     let unix_now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    tunneld_tunnel::Environment::new(rand_core::OsRng, unix_now)
+    tunneld_wireguard::Environment::new(rand_core::OsRng, unix_now)
 }

@@ -17,8 +17,8 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
-use tunneld_tunnel::wire::{self, MSG_COOKIE_REPLY, MSG_DATA, MSG_RESPONSE};
-use tunneld_tunnel::worker_of_index;
+use tunneld_wireguard::wire::{self, MSG_COOKIE_REPLY, MSG_DATA, MSG_RESPONSE};
+use tunneld_wireguard::worker_of_index;
 
 // The program sends data messages and cookie replies through one block.
 const _: () = assert!(wire::data::RECEIVER == wire::cookie_reply::RECEIVER);

@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tunneld_tunnel::{Device, Disposition, DropReason, Stats};
+use tunneld_wireguard::{Device, Disposition, DropReason, Stats};
 
 /// How often protocol timers run (boringtun's own device uses 250 ms).
 const TICK: Duration = Duration::from_millis(250);
@@ -94,14 +94,14 @@ impl Workers {
 /// A worker ready to run on its own thread.
 pub struct Worker<P, D> {
     device: Device,
-    tun: P,
-    udp: D,
+    overlay: P,
+    underlay: D,
     control: mpsc::Receiver<Control>,
     waker: Arc<Waker>,
-    tun_rx: Batch,
-    tun_tx: Batch,
-    net_rx: Batch,
-    net_tx: Batch,
+    overlay_rx: Batch,
+    overlay_tx: Batch,
+    underlay_rx: Batch,
+    underlay_tx: Batch,
     /// Where a TUN super-packet is cut into segments, one at a time, before encryption.
     segment_buf: Box<[u8]>,
     /// Datagrams or packets the kernel refused to take (full buffers); counted, not retried.
@@ -124,24 +124,24 @@ impl<P, D> std::fmt::Debug for Worker<P, D> {
 }
 
 impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
-    pub fn new(device: Device, tun: P, mut udp: D) -> io::Result<(Self, WorkerHandle)> {
+    pub fn new(device: Device, overlay: P, mut underlay: D) -> io::Result<(Self, WorkerHandle)> {
         let (sender, control) = mpsc::channel();
         let waker = Arc::new(Waker::new()?);
         let handle = WorkerHandle {
             sender,
             waker: waker.clone(),
         };
-        let (net_rx, net_tx) = udp.batches().unwrap_or_default();
+        let (underlay_rx, underlay_tx) = underlay.batches().unwrap_or_default();
         let worker = Self {
             device,
-            tun,
-            udp,
+            overlay,
+            underlay,
             control,
             waker,
-            tun_rx: Batch::new(),
-            tun_tx: Batch::new(),
-            net_rx,
-            net_tx,
+            overlay_rx: Batch::new(),
+            overlay_tx: Batch::new(),
+            underlay_rx,
+            underlay_tx,
             segment_buf: vec![0; FRAME_PAYLOAD].into_boxed_slice(),
             send_shortfall: 0,
             offload_errors: 0,
@@ -213,7 +213,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     /// Runs the protocol timers (and requested handshakes) and sends what they produce; `run`
     /// does this every 250 ms.
     pub fn tick(&mut self, now: Instant) {
-        self.device.tick(now, &mut self.net_tx);
+        self.device.tick(now, &mut self.underlay_tx);
         self.flush_network();
     }
 
@@ -223,8 +223,8 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         self.turn_ready(
             now,
             Ready {
-                tun: true,
-                udp: true,
+                overlay: true,
+                underlay: true,
                 woken: false,
             },
         ) > 0
@@ -236,18 +236,18 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         let mut moved = self.take_handoffs(now);
         // A batch that came back short drained its side: asking again would only cost a
         // system call that finds nothing (the next poll says when more is there).
-        if ready.tun || self.tun.fd().is_none() {
+        if ready.overlay || self.overlay.fd().is_none() {
             for _ in 0..BATCHES_PER_TURN {
                 moved += self.overlay_to_underlay(now);
-                if !self.tun_rx.is_full() {
+                if !self.overlay_rx.is_full() {
                     break;
                 }
             }
         }
-        if ready.udp || self.udp.fd().is_none() {
+        if ready.underlay || self.underlay.fd().is_none() {
             for _ in 0..BATCHES_PER_TURN {
                 moved += self.underlay_to_overlay(now);
-                if !self.net_rx.is_full() {
+                if !self.underlay_rx.is_full() {
                     break;
                 }
             }
@@ -258,8 +258,8 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     /// Packets from the TUN, encrypted, out to UDP. Returns how many packets were read (each
     /// segment of a super-packet counted).
     fn overlay_to_underlay(&mut self, now: Instant) -> usize {
-        self.tun_rx.clear();
-        match self.tun.recv_batch(&mut self.tun_rx) {
+        self.overlay_rx.clear();
+        match self.overlay.recv_batch(&mut self.overlay_rx) {
             Ok(0) => return 0,
             Ok(_) => {}
             Err(e) => {
@@ -268,22 +268,23 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             }
         }
         let mut packets = 0;
-        for i in 0..self.tun_rx.len() {
-            let hdr = self.tun_rx.offload(i);
+        for i in 0..self.overlay_rx.len() {
+            let hdr = self.overlay_rx.offload(i);
             // A super-packet's datagrams leave in one send, so the peer receives them together
             // and can write them back as one super-packet (see `underlay_to_overlay`).
-            let segments = hdr.segments_at_most(self.tun_rx.payload_len(i));
-            if self.net_tx.len() + segments > crate::BATCH_SIZE {
-                self.send_shortfall += flush(&mut self.udp, &mut self.net_tx);
+            let segments = hdr.segments_at_most(self.overlay_rx.payload_len(i));
+            if self.underlay_tx.len() + segments > crate::BATCH_SIZE {
+                self.send_shortfall += flush(&mut self.underlay, &mut self.underlay_tx);
             }
-            let (frame, len) = self.tun_rx.frame_mut(i);
-            let (device, net_tx, udp) = (&mut self.device, &mut self.net_tx, &mut self.udp);
+            let (frame, len) = self.overlay_rx.frame_mut(i);
+            let (device, underlay_tx, underlay) =
+                (&mut self.device, &mut self.underlay_tx, &mut self.underlay);
             let (shortfall, outboxes) = (&mut self.send_shortfall, &mut self.outboxes);
             let mut encapsulate = |packet: &mut [u8], len: usize| {
-                if net_tx.is_full() {
-                    *shortfall += flush(udp, net_tx);
+                if underlay_tx.is_full() {
+                    *shortfall += flush(underlay, underlay_tx);
                 }
-                let (owner, cargo) = match device.encapsulate(packet, len, now, net_tx) {
+                let (owner, cargo) = match device.encapsulate(packet, len, now, underlay_tx) {
                     Disposition::Done => return,
                     Disposition::HandOff(owner) => (owner, Cargo::Packet),
                     Disposition::HandOffToFirst(owner) => (owner, Cargo::PacketOnFirst),
@@ -318,8 +319,8 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     /// Datagrams from UDP, decrypted, out to the TUN (replies back out to UDP). Returns how
     /// many datagrams were read.
     fn underlay_to_overlay(&mut self, now: Instant) -> usize {
-        self.net_rx.clear();
-        match self.udp.recv_batch(&mut self.net_rx) {
+        self.underlay_rx.clear();
+        match self.underlay.recv_batch(&mut self.underlay_rx) {
             Ok(0) => return 0,
             Ok(_) => {}
             Err(e) => {
@@ -328,28 +329,28 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             }
         }
         let mut datagrams = 0;
-        for i in 0..self.net_rx.len() {
-            let from = self.net_rx.addr(i);
+        for i in 0..self.underlay_rx.len() {
+            let from = self.underlay_rx.addr(i);
             // A merged frame is usually one super-packet the peer cut up (or part of one).
             // Its packets go out in one batch, so the batch's end does not cut the TUN
             // super-packet they coalesce back into: two writes, and two TCP ACKs, instead of one.
-            if self.tun_tx.len() + self.net_rx.datagrams(i).len() > crate::BATCH_SIZE {
+            if self.overlay_tx.len() + self.underlay_rx.datagrams(i).len() > crate::BATCH_SIZE {
                 self.flush_tunnel();
             }
-            for datagram in self.net_rx.datagrams(i) {
+            for datagram in self.underlay_rx.datagrams(i) {
                 datagrams += 1;
                 self.send_shortfall += make_room(
-                    &mut self.tun,
-                    &mut self.tun_tx,
-                    &mut self.udp,
-                    &mut self.net_tx,
+                    &mut self.overlay,
+                    &mut self.overlay_tx,
+                    &mut self.underlay,
+                    &mut self.underlay_tx,
                 );
                 let disposition = self.device.decapsulate(
                     from,
                     datagram,
                     now,
-                    &mut self.tun_tx,
-                    &mut self.net_tx,
+                    &mut self.overlay_tx,
+                    &mut self.underlay_tx,
                 );
                 if let Disposition::HandOff(owner) = disposition {
                     let stats = self.device.stats_mut();
@@ -381,28 +382,30 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                 };
                 taken += 1;
                 self.send_shortfall += make_room(
-                    &mut self.tun,
-                    &mut self.tun_tx,
-                    &mut self.udp,
-                    &mut self.net_tx,
+                    &mut self.overlay,
+                    &mut self.overlay_tx,
+                    &mut self.underlay,
+                    &mut self.underlay_tx,
                 );
                 let disposition = match parcel.cargo {
-                    Cargo::Packet => {
-                        self.device
-                            .encapsulate(&mut parcel.buf, parcel.len, now, &mut self.net_tx)
-                    }
+                    Cargo::Packet => self.device.encapsulate(
+                        &mut parcel.buf,
+                        parcel.len,
+                        now,
+                        &mut self.underlay_tx,
+                    ),
                     Cargo::PacketOnFirst => self.device.encapsulate_on_first(
                         &mut parcel.buf,
                         parcel.len,
                         now,
-                        &mut self.net_tx,
+                        &mut self.underlay_tx,
                     ),
                     Cargo::Datagram(from) => self.device.decapsulate(
                         from,
                         &parcel.buf[..parcel.len],
                         now,
-                        &mut self.tun_tx,
-                        &mut self.net_tx,
+                        &mut self.overlay_tx,
+                        &mut self.underlay_tx,
                     ),
                 };
                 let stats = self.device.stats_mut();
@@ -439,11 +442,11 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     }
 
     fn flush_network(&mut self) {
-        self.send_shortfall += flush(&mut self.udp, &mut self.net_tx);
+        self.send_shortfall += flush(&mut self.underlay, &mut self.underlay_tx);
     }
 
     fn flush_tunnel(&mut self) {
-        self.send_shortfall += write(&mut self.tun, &mut self.tun_tx);
+        self.send_shortfall += write(&mut self.overlay, &mut self.overlay_tx);
     }
 
     /// Runs queued control jobs. Returns `false` when the worker must stop.
@@ -462,8 +465,8 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     /// readable; after an interrupted or failed poll, both (the reads find out).
     fn wait(&self, timeout: Duration) -> Ready {
         let mut fds = [
-            pollfd(self.tun.fd()),
-            pollfd(self.udp.fd()),
+            pollfd(self.overlay.fd()),
+            pollfd(self.underlay.fd()),
             pollfd(Some(self.waker.as_raw_fd())),
         ];
         let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
@@ -472,15 +475,15 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if rc < 0 {
             return Ready {
-                tun: true,
-                udp: true,
+                overlay: true,
+                underlay: true,
                 woken: true,
             };
         }
         // Errors and hang-ups count as ready: the read reports them.
         Ready {
-            tun: fds[0].revents != 0,
-            udp: fds[1].revents != 0,
+            overlay: fds[0].revents != 0,
+            underlay: fds[1].revents != 0,
             woken: fds[2].revents != 0,
         }
     }
@@ -538,29 +541,31 @@ fn hand_off(
 /// or datagram has room: a handshake can produce a reply plus every packet queued while it
 /// ran. Returns how many the kernel did not take.
 fn make_room(
-    tun: &mut impl PacketIo,
-    tun_tx: &mut Batch,
-    udp: &mut impl DatagramIo,
-    net_tx: &mut Batch,
+    overlay: &mut impl PacketIo,
+    overlay_tx: &mut Batch,
+    underlay: &mut impl DatagramIo,
+    underlay_tx: &mut Batch,
 ) -> u64 {
     let mut lost = 0;
-    if tun_tx.is_full() {
-        lost += write(tun, tun_tx);
+    if overlay_tx.is_full() {
+        lost += write(overlay, overlay_tx);
     }
-    if net_tx.len() + 8 > crate::BATCH_SIZE {
-        lost += flush(udp, net_tx);
+    if underlay_tx.len() + 8 > crate::BATCH_SIZE {
+        lost += flush(underlay, underlay_tx);
     }
     lost
 }
 
 /// Sends and empties `batch`; returns how many datagrams the kernel did not take.
-fn flush(udp: &mut impl DatagramIo, batch: &mut Batch) -> u64 {
-    drain(batch, "sending on the UDP socket", |b| udp.send_batch(b))
+fn flush(underlay: &mut impl DatagramIo, batch: &mut Batch) -> u64 {
+    drain(batch, "sending on the UDP socket", |b| {
+        underlay.send_batch(b)
+    })
 }
 
 /// Writes and empties `batch`; returns how many packets the kernel did not take.
-fn write(tun: &mut impl PacketIo, batch: &mut Batch) -> u64 {
-    drain(batch, "writing the TUN device", |b| tun.send_batch(b))
+fn write(overlay: &mut impl PacketIo, batch: &mut Batch) -> u64 {
+    drain(batch, "writing the TUN device", |b| overlay.send_batch(b))
 }
 
 /// Hands a non-empty `batch` to `send`, empties it, and counts what was not taken (all of it
@@ -583,8 +588,8 @@ fn drain(batch: &mut Batch, what: &str, send: impl FnOnce(&mut Batch) -> io::Res
 /// Which sides `poll` reported readable.
 #[derive(Debug, Clone, Copy)]
 struct Ready {
-    tun: bool,
-    udp: bool,
+    overlay: bool,
+    underlay: bool,
     /// The waker's eventfd is readable: it must be read back to zero, or every poll returns
     /// at once. Reading it only then saves a system call per turn (and per busy-poll spin);
     /// the control channel and the hand-off rings are checked every turn regardless.

@@ -1,5 +1,5 @@
 //! WireGuard over TLS: a bridge between a loopback UDP socket and a TLS stream of
-//! length-prefixed datagrams (`tunneld_tunnel::framing`). The WireGuard worker is unchanged:
+//! length-prefixed datagrams (`tunneld_wireguard::framing`). The WireGuard worker is unchanged:
 //! it sends to and hears from the bridge's loopback address as it would a UDP peer.
 //!
 //! - Client side (a peer with `transport = "tls"`): the peer's endpoint is the bridge socket
@@ -28,7 +28,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::{Batch, DatagramIo};
-use tunneld_tunnel::framing::{length_prefix, Deframer};
+use tunneld_wireguard::framing::{length_prefix, Deframer};
 
 /// Batches taken from the UDP socket per turn at most, so the other direction gets turns.
 const BURST: usize = 4;

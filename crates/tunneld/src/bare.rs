@@ -18,8 +18,8 @@ use crate::plan;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tunneld_crypto::PrivateKey;
-use tunneld_tunnel::uapi::{self, DeviceSnapshot, Request, SetRequest, UapiError};
-use tunneld_tunnel::{Device, DeviceSettings};
+use tunneld_wireguard::uapi::{self, DeviceSnapshot, Request, SetRequest, UapiError};
+use tunneld_wireguard::{Device, DeviceSettings};
 
 /// A WireGuard interface with no keys and no peers, configured through its UAPI socket, as
 /// `wireguard-go <interface>` makes one. Runs until [`BareInterface::shutdown`] (or until

@@ -18,7 +18,7 @@ use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::uring::{UringTun, UringUdp};
 use tunneld_dataplane::worker::{Worker, Workers};
 use tunneld_dataplane::{DatagramIo, PacketIo};
-use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
+use tunneld_wireguard::{Device, DeviceSettings, PeerSettings};
 
 /// A running WireGuard interface: its worker and UAPI threads.
 pub(crate) struct RunningWireGuard {
@@ -43,7 +43,7 @@ pub(crate) struct RunningWireGuard {
 fn worker_cpus(
     dataplane: &DataplaneConfig,
     workers: usize,
-    peers: &[tunneld_tunnel::PeerSettings],
+    peers: &[tunneld_wireguard::PeerSettings],
 ) -> Vec<Option<usize>> {
     use crate::topology;
     let cpus = match &dataplane.cpus {

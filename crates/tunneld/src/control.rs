@@ -21,10 +21,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tunneld_config::{Config, PeerConfig};
 use tunneld_crypto::PublicKey;
 use tunneld_dataplane::worker::Workers;
-use tunneld_tunnel::uapi::{
+use tunneld_wireguard::uapi::{
     self, DeviceSnapshot, PeerUpdate, Request, SetRequest, UapiError, WorkerStats,
 };
-use tunneld_tunnel::PeerSettings;
+use tunneld_wireguard::PeerSettings;
 
 /// The one lock on a running interface's control plane, shared by every writer.
 pub(crate) type ControlHandle = Arc<Mutex<Control>>;

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use tunneld_config::Config;
 use tunneld_crypto::{PresharedKey, PublicKey};
-use tunneld_tunnel::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, WorkerStats};
-use tunneld_tunnel::PeerSettings;
+use tunneld_wireguard::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, WorkerStats};
+use tunneld_wireguard::PeerSettings;
 
 /// A gateway's settings, validated, with their key files read, endpoints resolved and the
 /// dataplane decided (everything a start would refuse is refused here): from a config file

@@ -19,7 +19,7 @@
 //! a WireGuard tunnel (`Tunnel::tcp_connect`, `tcp_listen`, `udp_bind`), with no TUN and no
 //! root.
 //!
-//! The crates below it are usable on their own: `tunneld-tunnel` (the sans-IO WireGuard
+//! The crates below it are usable on their own: `tunneld-wireguard` (the sans-IO WireGuard
 //! core), `tunneld-dataplane` (batches, backends, workers), `tunneld-config` (the file),
 //! `tunneld-tls` (TLS forwarding and WireGuard over TLS, with its record layer).
 
@@ -49,12 +49,12 @@ pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};
 pub use reload::ReloadReport;
 pub use tunneld_config::{self as config, ConfigError, ConfigErrors};
 pub use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
-pub use tunneld_tunnel::uapi::{DeviceSnapshot, PeerSnapshot, WorkerStats};
-pub use tunneld_tunnel::{PeerSettings, SyncReport};
 /// Tunnels with their own TCP/IP stack for tokio programs, with no TUN and no root (the
 /// `tunneld-userspace` crate; the `tokio` feature).
 #[cfg(feature = "tokio")]
 pub use tunneld_userspace as userspace;
+pub use tunneld_wireguard::uapi::{DeviceSnapshot, PeerSnapshot, WorkerStats};
+pub use tunneld_wireguard::{PeerSettings, SyncReport};
 
 /// Where the UAPI sockets live (`<dir>/<interface>.sock`), as `wg` expects.
 pub const UAPI_SOCKET_DIR: &str = uapi_server::SOCKET_DIR;

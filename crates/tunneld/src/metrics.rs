@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tunneld_dataplane::worker::Workers;
 use tunneld_tls::{ListenerStats, TlsStats};
-use tunneld_tunnel::uapi::{DeviceSnapshot, WorkerStats};
-use tunneld_tunnel::DropReason;
+use tunneld_wireguard::uapi::{DeviceSnapshot, WorkerStats};
+use tunneld_wireguard::DropReason;
 
 /// The longest a client may take to send its request or read the reply.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -266,7 +266,7 @@ pub fn render(interface: &str, workers: &[WorkerStats], snapshot: &DeviceSnapsho
             })
         }),
     );
-    let per_peer = |value: fn(&tunneld_tunnel::uapi::PeerSnapshot) -> u64| {
+    let per_peer = |value: fn(&tunneld_wireguard::uapi::PeerSnapshot) -> u64| {
         snapshot
             .peers
             .iter()
@@ -368,7 +368,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use tunneld_crypto::PrivateKey;
-    use tunneld_tunnel::uapi::PeerSnapshot;
+    use tunneld_wireguard::uapi::PeerSnapshot;
 
     #[test]
     fn every_sample_line_is_a_named_labelled_number_and_no_secret_shows() {

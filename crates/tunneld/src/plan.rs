@@ -12,7 +12,7 @@ use tunneld_config::{
     PeerConfig,
 };
 use tunneld_crypto::{read_key_file, PresharedKey, PrivateKey};
-use tunneld_tunnel::{DeviceSettings, PeerSettings};
+use tunneld_wireguard::{DeviceSettings, PeerSettings};
 
 /// What `tunneld check` cannot find out without the network or privileges: a start may still
 /// refuse these.

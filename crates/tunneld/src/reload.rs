@@ -9,7 +9,7 @@
 
 use crate::plan;
 use tunneld_config::{Config, PeerConfig};
-use tunneld_tunnel::{PeerSettings, SyncReport};
+use tunneld_wireguard::{PeerSettings, SyncReport};
 
 /// The reloaded peers as the workers should run them, each with its config: `parallel =
 /// "auto"` resolved for the running workers, peers over TLS kept on the bridge they run on,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tunneld_tunnel::uapi::{self, Request};
+use tunneld_wireguard::uapi::{self, Request};
 
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
 /// A request larger than this is refused (a config with tens of thousands of peers fits).

@@ -30,7 +30,7 @@ use tunneld_crypto::PublicKey;
 use tunneld_dataplane::offload::{self, VnetHdr};
 use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::{Batch, DatagramIo, BATCH_SIZE};
-use tunneld_tunnel::{Device, DeviceSettings, PeerSettings};
+use tunneld_wireguard::{Device, DeviceSettings, PeerSettings};
 
 /// The device's timers run this often (as in the dataplane's worker).
 const TICK: Duration = Duration::from_millis(250);

@@ -20,7 +20,7 @@
 //!
 //! # Shape
 //!
-//! One engine thread per tunnel owns the WireGuard [`Device`](tunneld_tunnel::Device) and the
+//! One engine thread per tunnel owns the WireGuard [`Device`](tunneld_wireguard::Device) and the
 //! stack, and is driven like the dataplane's worker: it waits in `poll` on the UDP socket and
 //! a waker, takes a batch of datagrams (`recvmmsg`, GRO), decrypts them into the stack, lets
 //! the stack run with the current time, encrypts what it sends into a batch (`sendmmsg`,
@@ -44,7 +44,7 @@ mod udp;
 pub use settings::{Error, TunnelSettings};
 pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream};
 pub use tunneld_crypto::{PrivateKey, PublicKey};
-pub use tunneld_tunnel::PeerSettings;
+pub use tunneld_wireguard::PeerSettings;
 pub use udp::UdpSocket;
 
 use engine::{Control, Shared};

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::io;
 use std::net::SocketAddr;
 use tunneld_crypto::PrivateKey;
-use tunneld_tunnel::PeerSettings;
+use tunneld_wireguard::PeerSettings;
 
 /// Smallest tunnel MTU: the IPv4 minimum (RFC 791); with an IPv6 address, 1280 (RFC 8200).
 const MIN_MTU: u16 = 576;

@@ -1,7 +1,7 @@
-//! One WireGuard peer: its protocol state (`noise::Tunnel`) plus what the device keeps
+//! One WireGuard peer: its protocol state (`noise::Sessions`) plus what the device keeps
 //! around it.
 
-use crate::noise::Tunnel;
+use crate::noise::Sessions;
 use ipnet::IpNet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use tunneld_crypto::{PresharedKey, PublicKey};
 pub(crate) struct Peer {
     pub public_key: PublicKey,
     pub preshared_key: Option<PresharedKey>,
-    pub tunnel: Tunnel,
+    pub sessions: Sessions,
     pub endpoint: Option<SocketAddr>,
     pub allowed_ips: Vec<IpNet>,
     /// Seconds; 0 = off.
@@ -19,7 +19,7 @@ pub(crate) struct Peer {
     /// Bytes of datagrams sent to / authenticated from this peer, as `wg show` reports them.
     pub tx_bytes: u64,
     pub rx_bytes: u64,
-    /// The tunnel may hold packets queued while a handshake was in progress.
+    /// The sessions may hold packets queued while a handshake was in progress.
     pub maybe_queued: bool,
     /// A handshake initiation goes out at the next tick (see `Device::request_handshake`).
     pub handshake_requested: bool,
@@ -46,11 +46,11 @@ impl std::fmt::Debug for Peer {
 }
 
 impl Peer {
-    pub fn new(public_key: PublicKey, tunnel: Tunnel) -> Self {
+    pub fn new(public_key: PublicKey, sessions: Sessions) -> Self {
         Self {
             public_key,
             preshared_key: None,
-            tunnel,
+            sessions,
             endpoint: None,
             allowed_ips: Vec::new(),
             persistent_keepalive: 0,

@@ -4,7 +4,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 use tunneld_crypto::{hex, PresharedKey, PrivateKey, PublicKey};
-use tunneld_tunnel::uapi::{self, DeviceSnapshot, PeerSnapshot, PeerUpdate, Request, SetRequest};
+use tunneld_wireguard::uapi::{
+    self, DeviceSnapshot, PeerSnapshot, PeerUpdate, Request, SetRequest,
+};
 
 const EINVAL: i32 = 22;
 const EPROTO: i32 = 71;
@@ -362,8 +364,8 @@ fn get_and_stats_parse() {
         uapi::parse_request("stats=1\n\n"),
         Ok(Request::Stats)
     ));
-    let mut stats = tunneld_tunnel::Stats::default();
-    stats.drop(tunneld_tunnel::DropReason::NoRoute);
+    let mut stats = tunneld_wireguard::Stats::default();
+    stats.drop(tunneld_wireguard::DropReason::NoRoute);
     stats.tx_packets = 3;
     let key = PrivateKey::generate().public_key();
     let text = uapi::format_stats(&[uapi::WorkerStats {

@@ -7,7 +7,7 @@
 use crate::allowed_ips::AllowedIps;
 use crate::noise::cookie::CookieJar;
 use crate::noise::handshake::{consume_initiation, ReceivedInitiation};
-use crate::noise::{self, Local, Opened, Sent, Timer, Tunnel};
+use crate::noise::{self, Local, Opened, Sent, Sessions, Timer};
 use crate::packet::{self, flow_hash, padded_len};
 use crate::peer::Peer;
 use crate::sink::{DatagramSink, PacketSink};
@@ -421,7 +421,7 @@ impl Device {
             self.stats.drop(DropReason::NoEndpoint);
             return Disposition::Done;
         };
-        if peer.sub > 0 && peer.tunnel.time_since_last_handshake(now).is_none() {
+        if peer.sub > 0 && peer.sessions.time_since_last_handshake(now).is_none() {
             // No session on this sub-tunnel: the packet goes over sub-tunnel 0, so that a side
             // that does not split the peer (yet) loses nothing, and this one asks for a
             // session at the next tick. Not at once: sub-tunnel 0 is likely handshaking now,
@@ -442,7 +442,7 @@ impl Device {
             return Disposition::Done;
         };
         let n = match peer
-            .tunnel
+            .sessions
             .encapsulate(&self.local, &frame[..padded], buf, now)
         {
             Sent::Data(n) => {
@@ -471,16 +471,16 @@ impl Device {
         Disposition::Done
     }
 
-    /// Handles one datagram received from `from`: decrypted packets go to `tunnel`, replies
-    /// (handshake responses, cookies, queued packets) to `network`. The datagram is parsed
+    /// Handles one datagram received from `from`: decrypted packets go to `overlay`, replies
+    /// (handshake responses, cookies, queued packets) to `underlay`. The datagram is parsed
     /// once, here ([`wire::parse`]); what does not parse is counted as `malformed`.
     pub fn decapsulate(
         &mut self,
         from: SocketAddr,
         datagram: &[u8],
         now: Instant,
-        tunnel: &mut impl PacketSink,
-        network: &mut impl DatagramSink,
+        overlay: &mut impl PacketSink,
+        underlay: &mut impl DatagramSink,
     ) -> Disposition {
         let message = match wire::parse(datagram) {
             Ok(message) => message,
@@ -497,11 +497,11 @@ impl Device {
         }
         let authenticated = match message {
             Message::Initiation(initiation) => {
-                self.receive_initiation(from, initiation, now, network)
+                self.receive_initiation(from, initiation, now, underlay)
             }
-            Message::Response(response) => self.receive_response(from, response, now, network),
+            Message::Response(response) => self.receive_response(from, response, now, underlay),
             Message::CookieReply(reply) => self.receive_cookie(reply, now),
-            Message::Data(data) => self.receive_data(data, now, tunnel),
+            Message::Data(data) => self.receive_data(data, now, overlay),
         };
         let slot = match authenticated {
             Ok(slot) => slot,
@@ -524,7 +524,7 @@ impl Device {
         peer.rx_bytes += message.len() as u64;
         self.stats.rx_bytes += message.len() as u64;
         if peer.maybe_queued {
-            Self::flush_queued(peer, now, network, &mut self.stats);
+            Self::flush_queued(peer, now, underlay, &mut self.stats);
         }
         Disposition::Done
     }
@@ -539,9 +539,9 @@ impl Device {
         from: SocketAddr,
         initiation: wire::Initiation<'_>,
         now: Instant,
-        network: &mut impl DatagramSink,
+        underlay: &mut impl DatagramSink,
     ) -> Result<usize, Disposition> {
-        if !self.admit_handshake(from, initiation.into(), now, network) {
+        if !self.admit_handshake(from, initiation.into(), now, underlay) {
             return Err(Disposition::Done);
         }
         let Some((slot, received)) = self.initiator_slot(initiation) else {
@@ -560,13 +560,13 @@ impl Device {
             self.stats.drop(DropReason::UnknownIndex);
             return Err(Disposition::Done);
         };
-        let Some(buf) = network.slot() else {
+        let Some(buf) = underlay.slot() else {
             self.stats.drop(DropReason::NetworkBatchFull);
             return Err(Disposition::Done);
         };
-        match peer.tunnel.respond(&self.local, &received, buf, now) {
+        match peer.sessions.respond(&self.local, &received, buf, now) {
             Ok(n) => {
-                network.push(n, from);
+                underlay.push(n, from);
                 peer.last_sent = Some(now);
                 peer.tx_bytes += n as u64;
                 self.stats.tx_bytes += n as u64;
@@ -585,9 +585,9 @@ impl Device {
         from: SocketAddr,
         response: wire::Response<'_>,
         now: Instant,
-        network: &mut impl DatagramSink,
+        underlay: &mut impl DatagramSink,
     ) -> Result<usize, Disposition> {
-        if !self.admit_handshake(from, response.into(), now, network) {
+        if !self.admit_handshake(from, response.into(), now, underlay) {
             return Err(Disposition::Done);
         }
         let slot = self.local_slot(response.receiver());
@@ -595,16 +595,16 @@ impl Device {
             self.stats.drop(DropReason::UnknownIndex);
             return Err(Disposition::Done);
         };
-        let Some(buf) = network.slot() else {
+        let Some(buf) = underlay.slot() else {
             self.stats.drop(DropReason::NetworkBatchFull);
             return Err(Disposition::Done);
         };
         match peer
-            .tunnel
+            .sessions
             .receive_response(&self.local, response, buf, now)
         {
             Ok(Some(n)) => {
-                network.push(n, from);
+                underlay.push(n, from);
                 peer.last_sent = Some(now);
                 peer.tx_bytes += n as u64;
                 self.stats.tx_bytes += n as u64;
@@ -644,7 +644,7 @@ impl Device {
             self.stats.drop(DropReason::UnknownIndex);
             return Err(Disposition::Done);
         };
-        if let Err(reason) = peer.tunnel.receive_cookie(reply, now) {
+        if let Err(reason) = peer.sessions.receive_cookie(reply, now) {
             self.stats.drop(reason);
             return Err(Disposition::Done);
         }
@@ -657,21 +657,21 @@ impl Device {
         &mut self,
         data: wire::Data<'_>,
         now: Instant,
-        tunnel: &mut impl PacketSink,
+        overlay: &mut impl PacketSink,
     ) -> Result<usize, Disposition> {
         let slot = self.local_slot(data.receiver());
         let Some(Some(peer)) = self.peers.get_mut(slot) else {
             self.stats.drop(DropReason::UnknownIndex);
             return Err(Disposition::Done);
         };
-        let Some(buf) = tunnel.slot() else {
+        let Some(buf) = overlay.slot() else {
             self.stats.drop(DropReason::TunnelBatchFull);
             return Err(Disposition::Done);
         };
-        match peer.tunnel.receive_data(data, buf, now) {
+        match peer.sessions.receive_data(data, buf, now) {
             Ok(Opened::Packet { len, source }) => {
                 if self.routes.lookup_cached(source) == Some(slot) {
-                    tunnel.push(len);
+                    overlay.push(len);
                     self.stats.rx_packets += 1;
                 } else {
                     self.stats.drop(DropReason::SourceNotAllowed);
@@ -694,7 +694,7 @@ impl Device {
         from: SocketAddr,
         message: Handshake<'_>,
         now: Instant,
-        network: &mut impl DatagramSink,
+        underlay: &mut impl DatagramSink,
     ) -> bool {
         if !self.local.identity.verify_mac1(message) {
             self.stats.drop(DropReason::InvalidMac);
@@ -706,7 +706,7 @@ impl Device {
         {
             return true;
         }
-        let Some(buf) = network.slot() else {
+        let Some(buf) = underlay.slot() else {
             self.stats.drop(DropReason::NetworkBatchFull);
             return false;
         };
@@ -727,7 +727,7 @@ impl Device {
                     )
                     .is_ok()
                 {
-                    network.push(wire::COOKIE_REPLY_LEN, from);
+                    underlay.push(wire::COOKIE_REPLY_LEN, from);
                     self.stats.cookie_replies_sent += 1;
                 }
             }
@@ -749,7 +749,7 @@ impl Device {
         let found = consume_initiation(&self.local.identity, initiation, |key| {
             let s = *by_key.get(&PublicKey::from_bytes(*key))?;
             slot = Some(s);
-            peers.get(s)?.as_ref().map(|p| p.tunnel.identity())
+            peers.get(s)?.as_ref().map(|p| p.sessions.identity())
         });
         match (found, slot) {
             (Ok(received), Some(slot)) => Some((slot, received)),
@@ -762,24 +762,24 @@ impl Device {
     }
 
     /// Sends `peer` a handshake initiation, unless one went out less than REKEY_TIMEOUT ago
-    /// (the handshake in progress is left to finish). False when `network`
+    /// (the handshake in progress is left to finish). False when `underlay`
     /// has no room (counted).
     fn initiate(
         local: &Local,
         peer: &mut Peer,
         now: Instant,
-        network: &mut impl DatagramSink,
+        underlay: &mut impl DatagramSink,
         stats: &mut Stats,
     ) -> bool {
-        let Some(buf) = network.slot() else {
+        let Some(buf) = underlay.slot() else {
             stats.drop(DropReason::NetworkBatchFull);
             return false;
         };
         let Some(endpoint) = peer.endpoint else {
             return true;
         };
-        if let Some(n) = peer.tunnel.initiate(local, buf, now, false) {
-            network.push(n, endpoint);
+        if let Some(n) = peer.sessions.initiate(local, buf, now, false) {
+            underlay.push(n, endpoint);
             peer.last_sent = Some(now);
             peer.tx_bytes += n as u64;
             stats.tx_bytes += n as u64;
@@ -788,28 +788,28 @@ impl Device {
         true
     }
 
-    /// Sends what the peer's tunnel queued while it had no session, now that it may have one.
+    /// Sends what the peer's sessions queued while it had no session, now that it may have one.
     fn flush_queued(
         peer: &mut Peer,
         now: Instant,
-        network: &mut impl DatagramSink,
+        underlay: &mut impl DatagramSink,
         stats: &mut Stats,
     ) {
         let Some(endpoint) = peer.endpoint else {
             return;
         };
-        if !peer.tunnel.has_session(now) {
+        if !peer.sessions.has_session(now) {
             return;
         }
-        while peer.tunnel.has_queued() {
-            let Some(buf) = network.slot() else {
+        while peer.sessions.has_queued() {
+            let Some(buf) = underlay.slot() else {
                 // Try again on the next datagram or tick.
                 return;
             };
-            let Some(n) = peer.tunnel.send_queued(buf, now) else {
+            let Some(n) = peer.sessions.send_queued(buf, now) else {
                 break;
             };
-            network.push(n, endpoint);
+            underlay.push(n, endpoint);
             peer.last_sent = Some(now);
             peer.tx_bytes += n as u64;
             stats.tx_bytes += n as u64;
@@ -859,21 +859,21 @@ impl Device {
 
     /// Runs the protocol timers (handshake retries, rekeys, keepalives) of every peer.
     /// Call it every few hundred milliseconds.
-    pub fn tick(&mut self, now: Instant, network: &mut impl DatagramSink) {
+    pub fn tick(&mut self, now: Instant, underlay: &mut impl DatagramSink) {
         if now.saturating_duration_since(self.last_rate_reset) >= RATE_LIMIT_RESET {
             self.handshakes_received = 0;
             self.last_rate_reset = now;
         }
         // Another worker runs the timers of the sessions it carries.
         for peer in self.peers.iter_mut().flatten().filter(|p| p.owned) {
-            let Some(buf) = network.slot() else {
+            let Some(buf) = underlay.slot() else {
                 self.stats.drop(DropReason::NetworkBatchFull);
                 return;
             };
-            match peer.tunnel.tick(&self.local, buf, now) {
+            match peer.sessions.tick(&self.local, buf, now) {
                 Timer::Send(n) => {
                     if let Some(endpoint) = peer.endpoint {
-                        network.push(n, endpoint);
+                        underlay.push(n, endpoint);
                         peer.last_sent = Some(now);
                         peer.tx_bytes += n as u64;
                         self.stats.tx_bytes += n as u64;
@@ -886,18 +886,18 @@ impl Device {
                 Timer::Expired | Timer::Idle => {}
             }
             if std::mem::take(&mut peer.handshake_requested)
-                && !Self::initiate(&self.local, peer, now, network, &mut self.stats)
+                && !Self::initiate(&self.local, peer, now, underlay, &mut self.stats)
             {
                 return;
             }
             if peer.keepalive_due(now) {
-                let Some(buf) = network.slot() else {
+                let Some(buf) = underlay.slot() else {
                     self.stats.drop(DropReason::NetworkBatchFull);
                     return;
                 };
-                match (peer.tunnel.keepalive(buf, now), peer.endpoint) {
+                match (peer.sessions.keepalive(buf, now), peer.endpoint) {
                     (Some(n), Some(endpoint)) => {
-                        network.push(n, endpoint);
+                        underlay.push(n, endpoint);
                         peer.last_sent = Some(now);
                         peer.tx_bytes += n as u64;
                         self.stats.tx_bytes += n as u64;
@@ -906,9 +906,9 @@ impl Device {
                         // No session yet (a start, a restart, a peer just configured): as
                         // in the kernel, the keepalive waits for one and starts its
                         // handshake, so the far side can reach us before we send anything.
-                        // The tunnel's own timers retry it; this path waits an interval.
+                        // The sessions' own timers retry it; this path waits an interval.
                         peer.last_sent = Some(now);
-                        if !Self::initiate(&self.local, peer, now, network, &mut self.stats) {
+                        if !Self::initiate(&self.local, peer, now, underlay, &mut self.stats) {
                             return;
                         }
                     }
@@ -916,7 +916,7 @@ impl Device {
                 }
             }
             if peer.maybe_queued {
-                Self::flush_queued(peer, now, network, &mut self.stats);
+                Self::flush_queued(peer, now, underlay, &mut self.stats);
             }
         }
     }
@@ -938,7 +938,7 @@ impl Device {
                 preshared_key: peer.preshared_key.clone(),
                 endpoint: peer.endpoint,
                 last_handshake: peer
-                    .tunnel
+                    .sessions
                     .time_since_last_handshake(now)
                     .map(|age| unix_now.saturating_sub(age)),
                 tx_bytes: peer.tx_bytes,
@@ -1003,7 +1003,7 @@ impl Device {
         self.private_key = key;
         let mut unusable = Vec::new();
         for peer in self.peers.iter_mut().flatten() {
-            if peer.tunnel.set_local(&self.local).is_err() {
+            if peer.sessions.set_local(&self.local).is_err() {
                 unusable.push(peer.public_key);
             }
         }
@@ -1049,7 +1049,7 @@ impl Device {
                     psk.clone()
                 };
                 // A new key starts a new session, as a reload reports (`SyncReport::restarted`).
-                peer.tunnel = Tunnel::new(
+                peer.sessions = Sessions::new(
                     &self.local,
                     *peer.public_key.as_bytes(),
                     session_psk.map(|k| *k.as_bytes()),
@@ -1166,9 +1166,9 @@ impl Device {
             None
         };
         let wire_slot = self.wire_slot(slot);
-        let tunnel = Tunnel::new(&self.local, *key.as_bytes(), psk, wire_slot, &mut *self.rng)
+        let sessions = Sessions::new(&self.local, *key.as_bytes(), psk, wire_slot, &mut *self.rng)
             .map_err(|_| low_order(&key))?;
-        let mut peer = Peer::new(key, tunnel);
+        let mut peer = Peer::new(key, sessions);
         peer.parallel = parallel;
         peer.sub = sub;
         peer.owned = owned_sub.is_some();

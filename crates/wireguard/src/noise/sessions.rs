@@ -64,7 +64,7 @@ impl Local {
     }
 }
 
-/// What became of a packet given to [`Tunnel::encapsulate`].
+/// What became of a packet given to [`Sessions::encapsulate`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sent {
     /// A data message of this length is in `out`.
@@ -76,7 +76,7 @@ pub enum Sent {
     Dropped(DropReason),
 }
 
-/// What an authenticated data message held ([`Tunnel::receive_data`]).
+/// What an authenticated data message held ([`Sessions::receive_data`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opened {
     /// An IP packet of `len` bytes from `source` is at the start of `out`.
@@ -106,7 +106,7 @@ struct Pending {
     retry_after: Duration,
 }
 
-pub struct Tunnel {
+pub struct Sessions {
     peer: PeerIdentity,
     psk: Zeroizing<[u8; 32]>,
     /// The high 24 bits of our indices: the device's peer slot.
@@ -138,9 +138,9 @@ pub struct Tunnel {
     rng: ChaCha20Rng,
 }
 
-impl std::fmt::Debug for Tunnel {
+impl std::fmt::Debug for Sessions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tunnel")
+        f.debug_struct("Sessions")
             .field("slot", &self.slot)
             .field("current", &self.current.as_ref().map(|s| s.local_index))
             .field("pending", &self.pending.is_some())
@@ -148,7 +148,7 @@ impl std::fmt::Debug for Tunnel {
     }
 }
 
-impl Tunnel {
+impl Sessions {
     /// A tunnel to `peer_public`, whose indices carry `slot` in their high 24 bits; its
     /// randomness is seeded from `rng`.
     pub fn new(
@@ -606,7 +606,7 @@ pub const fn sealed_len(len: usize) -> usize {
     DATA_HEADER_LEN + len + TAG_LEN
 }
 
-/// Our `Tunnel` against boringtun's `Tunn` over a perfect link, with both clocks in step:
+/// Our `Sessions` against boringtun's `Tunn` over a perfect link, with both clocks in step:
 /// boringtun (a dev-dependency with `mock-instant`) reads `MockClock`, ours the `now` passed
 /// in. Ten minutes of traffic each way cross several rekeys, whoever initiated first.
 #[cfg(test)]
@@ -619,7 +619,7 @@ mod tests {
     use mock_instant::MockClock;
 
     struct Link {
-        ours: Tunnel,
+        ours: Sessions,
         local: Local,
         theirs: Tunn,
         now: Instant,
@@ -641,7 +641,7 @@ mod tests {
             let local = Local::new(a.private, now, unix);
             MockClock::set_time(Duration::ZERO);
             Self {
-                ours: Tunnel::new(&local, b.public, None, 7, &mut rand_core::OsRng).unwrap(),
+                ours: Sessions::new(&local, b.public, None, 7, &mut rand_core::OsRng).unwrap(),
                 local,
                 theirs: boringtun(&b, a.public, None, None),
                 now,

@@ -6,8 +6,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey};
-use tunneld_tunnel::packet::MAX_DATAGRAM;
-use tunneld_tunnel::{
+use tunneld_wireguard::packet::MAX_DATAGRAM;
+use tunneld_wireguard::{
     wire, worker_of_index, DatagramSink, Device, DeviceSettings, Disposition, Environment,
     PacketSink, PeerSettings, SyncReport,
 };
@@ -424,8 +424,8 @@ fn sub_tunnels_pair_only_with_their_own_number() {
     );
     // Refused by the key: B's response, made with sub-tunnel 0's key, fails to authenticate.
     let stats = a.workers[1].stats();
-    let refused = stats.drops(tunneld_tunnel::DropReason::DecryptFailed)
-        + stats.drops(tunneld_tunnel::DropReason::HandshakeRejected);
+    let refused = stats.drops(tunneld_wireguard::DropReason::DecryptFailed)
+        + stats.drops(tunneld_wireguard::DropReason::HandshakeRejected);
     assert!(refused > 0, "{stats:?}");
     // Nothing is lost: flows hashed onto sub-tunnel 1 went over sub-tunnel 0.
     assert_eq!(b.delivered.len(), 16);
@@ -468,7 +468,7 @@ fn plain_peers_spread_over_the_workers_and_sub_tunnels_go_in_order() {
     let mut per_worker = [0usize; 4];
     for _ in 0..400 {
         let key = PrivateKey::generate().public_key();
-        per_worker[tunneld_tunnel::owner_of(&key, 1, 0, 4)] += 1;
+        per_worker[tunneld_wireguard::owner_of(&key, 1, 0, 4)] += 1;
     }
     assert!(
         per_worker.iter().all(|n| (60..=140).contains(n)),
@@ -477,7 +477,7 @@ fn plain_peers_spread_over_the_workers_and_sub_tunnels_go_in_order() {
     // Sub-tunnel j of a split peer is on worker j, whatever the key.
     let key = PrivateKey::generate().public_key();
     let owners: Vec<usize> = (0..4)
-        .map(|sub| tunneld_tunnel::owner_of(&key, 4, sub, 4))
+        .map(|sub| tunneld_wireguard::owner_of(&key, 4, sub, 4))
         .collect();
     assert_eq!(owners, [0, 1, 2, 3]);
 }

@@ -6,9 +6,9 @@ pub mod cookie;
 pub mod handshake;
 pub mod replay;
 pub mod session;
-pub mod tunnel;
+pub mod sessions;
 
-pub use tunnel::{Local, Opened, Sent, Timer, Tunnel};
+pub use sessions::{Local, Opened, Sent, Sessions, Timer};
 
 use crate::stats::DropReason;
 use handshake::HandshakeError;

@@ -1,7 +1,7 @@
 //! The pair harness: two cores joined by a simulated link, driven in virtual time.
 //!
 //! The core reads no clock of its own: every timer follows the `now` passed in, so two minutes
-//! of protocol time take milliseconds. Run: `cargo test -p tunneld-tunnel --test pair`.
+//! of protocol time take milliseconds. Run: `cargo test -p tunneld-wireguard --test pair`.
 //!
 //! Nor does it draw randomness of its own: every key, ephemeral key and index here comes from
 //! one seed, printed by each test, so a failing run replays exactly with
@@ -14,9 +14,9 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey};
-use tunneld_tunnel::packet::MAX_DATAGRAM;
-use tunneld_tunnel::uapi::{PeerUpdate, SetRequest};
-use tunneld_tunnel::{
+use tunneld_wireguard::packet::MAX_DATAGRAM;
+use tunneld_wireguard::uapi::{PeerUpdate, SetRequest};
+use tunneld_wireguard::{
     DatagramSink, Device, DeviceSettings, Disposition, DropReason, Environment, PacketSink,
     PeerSettings,
 };
@@ -201,7 +201,7 @@ impl Pair {
         // other side (chosen by the other side's key).
         let key_for = |(worker, workers): (usize, usize)| loop {
             let key = new_key();
-            if tunneld_tunnel::owner_of(&key.public_key(), 1, 0, workers) == worker {
+            if tunneld_wireguard::owner_of(&key.public_key(), 1, 0, workers) == worker {
                 break key;
             }
         };
@@ -1083,7 +1083,7 @@ fn a_requested_handshake_reconnects_a_restarted_peer_at_the_next_tick() {
 /// The slot a datagram's receiver index names (its high 24 bits), as the reuseport steering
 /// program reads it; `None` for initiations.
 fn named_slot(datagram: &[u8]) -> Option<u32> {
-    let index = tunneld_tunnel::wire::parse(datagram).ok()?.receiver()?;
+    let index = tunneld_wireguard::wire::parse(datagram).ok()?.receiver()?;
     Some(index >> 8)
 }
 
