@@ -136,15 +136,7 @@ impl TlsGateway {
         let path = dir.join(format!("{name}.toml"));
         fs::write(&path, config).unwrap();
         let log = dir.join(format!("{name}.log"));
-        let child = ns
-            .command(TUNNELD)
-            .arg("up")
-            .arg(&path)
-            .env("TUNNELD_LOG", "debug")
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let child = spawn_up(ns, &path, &log);
         let mut gw = TlsGateway {
             child: Some(child),
             log,

@@ -5,7 +5,7 @@
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use tunneld_testnet::NetNs;
@@ -127,6 +127,18 @@ pub struct Gateway {
     child: Option<Child>,
 }
 
+/// Starts `tunneld up config` in `ns`, its debug log going to `log`.
+pub fn spawn_up(ns: &NetNs, config: &Path, log: &Path) -> Child {
+    ns.command(TUNNELD)
+        .arg("up")
+        .arg(config)
+        .env("TUNNELD_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
 impl Gateway {
     /// Writes a config with `private_key_file` and starts `tunneld up` in `ns`.
     pub fn start(ns: &NetNs, ifname: &str, private_key: &str, body: &str) -> Gateway {
@@ -138,15 +150,7 @@ impl Gateway {
         let path = dir.path().join("gateway.toml");
         fs::write(&path, config).unwrap();
         let log = dir.path().join("tunneld.log");
-        let child = ns
-            .command(TUNNELD)
-            .arg("up")
-            .arg(&path)
-            .env("TUNNELD_LOG", "debug")
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let child = spawn_up(ns, &path, &log);
         let public_key = pubkey(private_key);
         let mut gw = Gateway {
             ifname: ifname.to_string(),
