@@ -61,6 +61,19 @@ const GUEST_TOOLS: &[(&str, &str)] = &[
     ("file", "file"),
 ];
 
+/// Whether `cmd` from `pkg` is there. A busybox on the PATH may be Debian's dynamically
+/// linked one (initramfs-tools brings it), which virtme-ng refuses: only the static package
+/// counts (installing it replaces the other).
+fn guest_tool_present(cmd: &str, pkg: &str) -> bool {
+    if pkg == "busybox-static" {
+        return Command::new("dpkg-query")
+            .args(["-W", "-f", "${Status}", pkg])
+            .output()
+            .is_ok_and(|out| out.stdout.ends_with(b" installed"));
+    }
+    system::have(cmd)
+}
+
 /// Checks passed and failed in one run.
 #[derive(Debug, Default)]
 pub struct Counts {
@@ -219,7 +232,7 @@ impl Guest {
     fn prepare(cache: &Path) -> Result<Guest, String> {
         let missing: Vec<&str> = GUEST_TOOLS
             .iter()
-            .filter(|(cmd, _)| !system::have(cmd))
+            .filter(|(cmd, pkg)| !guest_tool_present(cmd, pkg))
             .map(|(_, pkg)| *pkg)
             .collect();
         system::install_packages(&missing)
