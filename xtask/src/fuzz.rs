@@ -60,10 +60,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 .into(),
         );
     }
-    if !cargo_fuzz_available() {
-        eprintln!("==> installing cargo-fuzz (cargo install --locked cargo-fuzz)");
-        system::run(Command::new("cargo").args(["install", "--locked", "cargo-fuzz"]))?;
-    }
+    install_cargo_fuzz()?;
     let mut report = Vec::new();
     for target in targets {
         let runs = fuzz_one(target, seconds)?;
@@ -78,6 +75,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// Whether `cargo +nightly` works here.
 pub fn nightly_available() -> bool {
     quiet_success(Command::new("cargo").args(["+nightly", "--version"]))
+}
+
+/// Installs cargo-fuzz from crates.io when it is missing.
+pub fn install_cargo_fuzz() -> Result<(), String> {
+    if cargo_fuzz_available() {
+        return Ok(());
+    }
+    eprintln!("==> installing cargo-fuzz (cargo install --locked cargo-fuzz)");
+    system::run(Command::new("cargo").args(["install", "--locked", "cargo-fuzz"]))
 }
 
 /// Whether cargo-fuzz is installed.
