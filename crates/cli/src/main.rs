@@ -33,11 +33,8 @@ enum Command {
     /// Validate config files as `up` does, without touching the system; print every error.
     ///
     /// Everything `up` would refuse is refused, the dataplane's checks on this machine
-    /// included (workers, sub-tunnels, AF_XDP's limits, io_uring, the AEAD). Not checked,
-    /// since it needs the network or privileges: host-name endpoints resolving, the UDP port
-    /// and the interface name being free, TLS and metrics addresses being bindable, the
-    /// privileges to create the interface and attach an XDP program, and the route to the
-    /// first endpoint for backend = "xdp".
+    /// included (workers, sub-tunnels, AF_XDP's limits, io_uring, the AEAD).
+    #[command(after_long_help = tunneld::Settings::NOT_CHECKED)]
     Check {
         #[arg(required = true)]
         configs: Vec<PathBuf>,

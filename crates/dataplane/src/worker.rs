@@ -83,6 +83,15 @@ impl Workers {
         self.handles.iter().map(|h| h.run(f.clone())).collect()
     }
 
+    /// Runs `f` on the first worker only, for what every worker's device knows alike (each
+    /// holds every peer); `None` if it has stopped.
+    pub fn run_on_first<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Device, Instant) -> T + Send + 'static,
+    ) -> Option<T> {
+        self.handles.first()?.run(f)
+    }
+
     /// Asks every worker to stop after its current batch.
     pub fn shutdown(&self) {
         for handle in &self.handles {

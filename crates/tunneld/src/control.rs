@@ -181,11 +181,9 @@ impl Control {
 
     /// Whether a peer with this key is configured.
     fn has_peer(&self, key: PublicKey) -> Result<bool, Error> {
-        let found = self
-            .workers
-            .run_each(move |device, _| device.peer_traffic(&key).is_some())
-            .ok_or(Error::Stopped)?;
-        Ok(found.first().copied().unwrap_or(false))
+        self.workers
+            .run_on_first(move |device, _| device.peer_traffic(&key).is_some())
+            .ok_or(Error::Stopped)
     }
 
     /// Adds a plain peer (`parallel = 1`), refused if its key is configured already.

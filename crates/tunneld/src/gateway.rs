@@ -52,8 +52,8 @@ impl Settings {
             .map_err(Error::invalid_lines)
     }
 
-    /// What [`Settings::check_file`] cannot check, since it needs the network or privileges:
-    /// a start may still refuse these.
+    /// What [`Settings::check_file`] cannot check, since it needs the network or privileges,
+    /// as a sentence: a start may still refuse these.
     pub const NOT_CHECKED: &'static str = plan::NOT_CHECKED;
 
     /// Settings from a config's text, with relative file names taken from `base_dir`.

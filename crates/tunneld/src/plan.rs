@@ -14,9 +14,9 @@ use tunneld_config::{
 use tunneld_crypto::{read_key_file, PresharedKey, PrivateKey};
 use tunneld_wireguard::{DeviceSettings, PeerSettings};
 
-/// What `tunneld check` cannot find out without the network or privileges: a start may still
-/// refuse these.
-pub const NOT_CHECKED: &str = "host-name endpoints resolving, the UDP port and the interface name being free, TLS and metrics addresses being bindable, the privileges to create the interface (CAP_NET_ADMIN) and attach an XDP program (CAP_BPF), and the route to the first endpoint for backend = \"xdp\"";
+/// What `tunneld check` cannot find out without the network or privileges, as a sentence
+/// (`tunneld check --help` prints it).
+pub const NOT_CHECKED: &str = "Not checked, since it needs the network or privileges: host-name endpoints resolving, the UDP port and the interface name being free, TLS and metrics addresses being bindable, the privileges to create the interface (CAP_NET_ADMIN) and attach an XDP program (CAP_BPF), and the route to the first endpoint for backend = \"xdp\". A start may still refuse these.";
 
 /// A config ready to run.
 #[derive(Debug)]

@@ -16,8 +16,8 @@
 //! **Why nothing the kernel sends can panic here** (the argument, made once): replies are
 //! read with netlink-packet-core's checked buffers only (`NetlinkBuffer::new_checked`,
 //! `NlasIterator`), which refuse a length that points past the datagram; fixed-offset
-//! fields are read with `get`; a datagram larger than the buffer is peeked first and read
-//! whole. The crate's typed decoders (netlink-packet-route) are not used on replies: they
+//! fields are read with `get`; a datagram larger than the buffer (which the kernel does not
+//! send) is an error, never a cut reply read as whole. The crate's typed decoders (netlink-packet-route) are not used on replies: they
 //! fail a whole message on an attribute they cannot decode. A malformed reply ends its
 //! request with an error; the parsers answer `None`. `fuzz/fuzz_targets/netlink.rs` feeds
 //! arbitrary bytes to the scanner and to every parser.
@@ -40,7 +40,7 @@ use std::time::Duration;
 /// kernel answers a get request before the send returns).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(1);
 /// Room for any single reply and for a datagram of a dump (the kernel fills dump datagrams
-/// to at most 32 KiB); a larger datagram is read whole all the same.
+/// to at most 32 KiB), so one `recv` reads every datagram whole.
 const RECEIVE_BUFFER: usize = 64 * 1024;
 /// How often a dump cut short by a concurrent change is asked again.
 const DUMP_TRIES: usize = 4;
@@ -226,23 +226,22 @@ impl Netlink {
         }
     }
 
-    /// Reads one datagram, however long it is (peeked first, so a reply larger than the
-    /// buffer is never cut short). `flags`: `MSG_DONTWAIT` for an event socket's drain.
+    /// Reads one datagram in one system call. `MSG_TRUNC` makes the kernel say a datagram's
+    /// whole length, so one longer than the buffer is an error rather than a cut reply (the
+    /// next read has room for it). `flags`: `MSG_DONTWAIT` for an event socket's drain.
     pub fn receive(&mut self, flags: libc::c_int) -> io::Result<&[u8]> {
         loop {
             self.buf.clear();
-            let len = match self
-                .socket
-                .recv(&mut self.buf, flags | libc::MSG_PEEK | libc::MSG_TRUNC)
-            {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                other => other?,
-            };
-            self.buf.clear();
-            self.buf.reserve(len);
-            match self.socket.recv(&mut self.buf, flags) {
+            match self.socket.recv(&mut self.buf, flags | libc::MSG_TRUNC) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
+                Ok(n) if n > self.buf.len() => {
+                    let had = self.buf.len();
+                    self.buf.reserve(n);
+                    return Err(io::Error::other(format!(
+                        "netlink: a datagram of {n} bytes was cut to the {had} bytes read"
+                    )));
+                }
                 Ok(n) => return Ok(self.buf.get(..n).unwrap_or(&self.buf)),
             }
         }
