@@ -28,6 +28,20 @@ const TOOLS: &[(&str, &str)] = &[
     // `promtool check metrics` on a scrape (tests/metrics.rs); images of this kind keep apt
     // from starting the prometheus service it comes with (policy-rc.d).
     ("promtool", "prometheus"),
+    // The fleet (crates/fleet): etcd-client's build compiles etcd's protobuf definitions,
+    // and the fleet tests run their own etcd cluster.
+    ("protoc", "protobuf-compiler"),
+    ("etcd", "etcd-server"),
+    ("etcdctl", "etcd-client"),
+];
+
+/// (file to look for, Debian package providing it): what no command shows.
+const FILES: &[(&str, &str)] = &[
+    // protoc's well-known types, which etcd's definitions import.
+    (
+        "/usr/include/google/protobuf/descriptor.proto",
+        "libprotobuf-dev",
+    ),
 ];
 
 /// (Python module to look for, Debian package providing it), for the system's python3.
@@ -260,6 +274,12 @@ pub fn install_tools() -> Result<(), String> {
         .filter(|(cmd, _)| !have(cmd))
         .map(|(_, pkg)| *pkg)
         .collect();
+    missing.extend(
+        FILES
+            .iter()
+            .filter(|(file, _)| !Path::new(file).exists())
+            .map(|(_, pkg)| *pkg),
+    );
     missing.extend(
         PYTHON_MODULES
             .iter()

@@ -87,6 +87,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// The `[fleet]` section's files (its CA, certificate and key) are there and readable; etcd
+/// is not contacted.
+fn check_fleet_files(path: &std::path::Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let Ok(config) = tunneld_config::parse(&text) else {
+        return Ok(());
+    };
+    match &config.fleet {
+        Some(fleet) => {
+            let base = path.parent().unwrap_or(std::path::Path::new("."));
+            tunneld_fleet::FleetSettings::from_config(fleet, base)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
+        None => Ok(()),
+    }
+}
+
 /// Set by the parent of a backgrounded bare interface: the child says `ready` on stdout.
 const READY_ENV: &str = "TUNNELD_BARE_READY";
 
@@ -315,7 +333,10 @@ fn run(command: Command, foreground: bool) -> anyhow::Result<ExitCode> {
         Command::Check { configs } => {
             let mut ok = true;
             for path in &configs {
-                match tunneld::Settings::check_file(path) {
+                let checked = tunneld::Settings::check_file(path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| check_fleet_files(path));
+                match checked {
                     Ok(()) => print_stdout(&[&path.display().to_string(), ": ok\n"])?,
                     Err(e) => {
                         ok = false;
@@ -394,6 +415,7 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
     };
     let settings = tunneld::Settings::from_file(path).map_err(in_file)?;
     let name = settings.interface_name().map(str::to_string);
+    let fleet_config = settings.config().fleet.clone();
     let gateway = tunneld::Gateway::builder(settings)
         .drop_privileges(true)
         .start()
@@ -401,6 +423,21 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
             tunneld::Error::Invalid(_) => in_file(e),
             other => anyhow::anyhow!(other),
         })?;
+    let mut fleet = match &fleet_config {
+        Some(config) => {
+            let base = path.parent().unwrap_or(std::path::Path::new("."));
+            let joined = tunneld_fleet::FleetSettings::from_config(config, base)
+                .and_then(|settings| tunneld_fleet::Fleet::start(&gateway, settings));
+            match joined {
+                Ok(fleet) => Some(fleet),
+                Err(e) => {
+                    let _ = gateway.shutdown();
+                    return Err(anyhow::anyhow!("{}: {e}", path.display()));
+                }
+            }
+        }
+        None => None,
+    };
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
         .context("cannot install signal handlers")?;
     let status = match &name {
@@ -430,6 +467,10 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     tell_systemd(&[NotifyState::Stopping]);
+    // Leaving first lets a standby of this site take over while this one still forwards.
+    if let Some(fleet) = fleet.as_mut() {
+        fleet.stop();
+    }
     gateway.shutdown()?;
     match (signal, name) {
         (Some(signal), Some(name)) => {

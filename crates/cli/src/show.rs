@@ -215,7 +215,69 @@ fn show_one(interface: &str) -> anyhow::Result<String> {
         }
         flush(&mut out, &mut line, &mut drops, &mut carries);
     }
+    // Only for an interface in a fleet (errno 2 otherwise).
+    if let Ok(fleet) = request(interface, "fleet=1\n\n") {
+        show_fleet(&mut out, &fleet);
+    }
     Ok(out)
+}
+
+/// The fleet as this gateway sees it: its own role and the store's state, then every
+/// gateway by site.
+fn show_fleet(out: &mut String, fleet: &[(String, String)]) {
+    let get = |key: &str| {
+        fleet
+            .iter()
+            .find(|(k, _)| k == key)
+            .map_or("", |(_, v)| v.as_str())
+    };
+    say!(out);
+    say!(
+        out,
+        "fleet: site {}, gateway {} ({})",
+        get("fleet_site"),
+        get("fleet_gateway"),
+        get("fleet_role")
+    );
+    say!(out, "  store: {}", get("fleet_store"));
+    let lease = get("fleet_lease_renewed_ms");
+    if !lease.is_empty() {
+        say!(out, "  lease renewed: {lease} ms ago");
+    }
+    let reconciled = get("fleet_last_reconcile");
+    if let Ok(at) = reconciled.parse::<u64>() {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        say!(
+            out,
+            "  last reconcile: {} seconds ago ({} in all)",
+            now.saturating_sub(at),
+            get("fleet_reconciles")
+        );
+    }
+    say!(
+        out,
+        "  failovers seen: {}, records rejected: {}, store errors: {}",
+        get("fleet_failovers"),
+        get("fleet_rejected_records"),
+        get("fleet_store_errors")
+    );
+    let mut gateway = String::new();
+    for (key, value) in fleet {
+        match key.as_str() {
+            "gateway" => gateway = format!("  {value}"),
+            "role" => gateway.push_str(&format!(" ({value})")),
+            "endpoint" => gateway.push_str(&format!(" at {value}")),
+            "subnets" if !value.is_empty() => gateway.push_str(&format!(", serves {value}")),
+            "seen_for" => {
+                gateway.push_str(&format!(", seen for {value} s"));
+                say!(out, "{gateway}");
+            }
+            _ => {}
+        }
+    }
 }
 
 fn bytes(n: u64) -> String {

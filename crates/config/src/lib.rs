@@ -68,7 +68,12 @@ const PEER_FIELDS: &[&str] = &[
     "tls_endpoint",
 ];
 
+mod fleet;
 mod tls;
+pub use fleet::{
+    name_problem as fleet_name_problem, FleetConfig, DEFAULT_FLEET_KEEPALIVE, DEFAULT_LEASE_TTL,
+    MAX_LEASE_TTL, MIN_LEASE_TTL,
+};
 pub use tls::{CertKey, PeerTls, TlsConfig, TlsForward, TlsListen, TlsTarget};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +85,8 @@ pub struct Config {
     pub tls: TlsConfig,
     /// `[metrics]`: where Prometheus scrapes the interface's and the TLS sections' counters.
     pub metrics: Option<MetricsConfig>,
+    /// `[fleet]`: peers found through etcd, beside the file's own.
+    pub fleet: Option<FleetConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -741,6 +748,15 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         }
         None => DataplaneConfig::default(),
     };
+    let fleet = root
+        .get("fleet")
+        .and_then(|f| fleet::check_fleet(&mut c, f));
+    if root.contains_key("fleet") && !root.contains_key("interface") {
+        c.error(
+            "fleet",
+            "needs an [interface]: the fleet's peers are WireGuard peers",
+        );
+    }
     let metrics = match root.get("metrics") {
         Some(Value::Table(t)) => {
             c.unknown_fields(t, "metrics", &["listen"]);
@@ -840,6 +856,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
             peers,
             tls,
             metrics,
+            fleet,
         }),
         (None, Some(peers)) if wireguard_absent => Ok(Config {
             interface: None,
@@ -847,6 +864,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
             peers,
             tls,
             metrics,
+            fleet,
         }),
         _ => Err(ConfigErrors(vec![ConfigError {
             field: "config".into(),
@@ -888,13 +906,16 @@ fn line_column(text: &str, offset: usize) -> String {
 }
 
 fn check_sections(c: &mut Checker, root: &Table) {
-    const SECTIONS: &[&str] = &["interface", "dataplane", "peer", "tls", "metrics"];
+    const SECTIONS: &[&str] = &["interface", "dataplane", "peer", "tls", "metrics", "fleet"];
     for (key, value) in root {
         if SECTIONS.contains(&key.as_str()) {
             continue;
         }
         let hint = closest(key, SECTIONS).map_or_else(
-            || "expected [interface], [dataplane], [[peer]], [[tls.…]] and [metrics]".to_string(),
+            || {
+                "expected [interface], [dataplane], [[peer]], [[tls.…]], [metrics] and [fleet]"
+                    .to_string()
+            },
             |k| match k {
                 "peer" => "did you mean `[[peer]]`?".to_string(),
                 other => format!("did you mean `[{other}]`?"),

@@ -31,7 +31,7 @@ use anyhow::{anyhow, bail};
 use rustls::client::ClientConnectionData;
 use rustls::kernel::KernelConnection;
 use rustls::server::ServerConnectionData;
-use rustls::{AlertDescription, ConnectionTrafficSecrets, ExtractedSecrets, SupportedCipherSuite};
+use rustls::{AlertDescription, ConnectionTrafficSecrets, ExtractedSecrets};
 use std::borrow::Cow;
 use zeroize::Zeroizing;
 
@@ -182,8 +182,12 @@ impl KeySchedule for Kernel {
             Kernel::Client(k) => k.negotiated_cipher_suite(),
             Kernel::Server(k) => k.negotiated_cipher_suite(),
         };
-        let SupportedCipherSuite::Tls13(suite) = suite;
-        suite.common.confidentiality_limit
+        // Only TLS 1.3 is offered (rustls has TLS 1.2 too when another crate of the binary
+        // asks for it: tonic, for the fleet's etcd client); should that ever change, a key
+        // update after every record is the safe side.
+        suite
+            .tls13()
+            .map_or(1, |suite| suite.common.confidentiality_limit)
     }
 
     fn next_tx(&mut self) -> anyhow::Result<TrafficKeys> {

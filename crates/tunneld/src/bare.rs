@@ -198,6 +198,7 @@ fn answer(state: &Mutex<State>, start: &Start, request: Request) -> String {
                 Err(e) => uapi::format_errno(e.errno),
             },
             Request::Stats => uapi::format_stats(&[]),
+            Request::Fleet => uapi::format_errno(libc::ENOENT),
             Request::Set(set) => {
                 if let Err(e) = staged.accept(set) {
                     tracing::warn!("uapi: set failed: {e}");

@@ -8,12 +8,13 @@
 //! half applied. It is never taken on the data path: the workers run each change between
 //! their batches.
 
+use crate::front_end::FrontEndSlot;
 use crate::netlink::Netlink;
 use crate::plan::{self, Plan, Resolve};
 use crate::reload::{self, ReloadError, ReloadReport};
 use crate::Error;
 use ipnet::IpNet;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -44,6 +45,11 @@ pub(crate) struct Control {
     /// allowed IPs, and the settings can be reloaded. `None` in the bare mode, where
     /// `wg-quick` makes the routes and there is no file.
     managed: Option<Managed>,
+    /// What drives the gateway from outside (the fleet), shown through the UAPI socket.
+    front_end: FrontEndSlot,
+    /// Peers a program added through the library (`Gateway::add_peer`), by key: a reload
+    /// of the file leaves them alone (the file's own peers follow the file).
+    added: BTreeMap<PublicKey, PeerSettings>,
 }
 
 /// What an interface brought up from settings has beyond the bare mode's.
@@ -96,7 +102,14 @@ impl Control {
             worker_count,
             marks,
             managed,
+            front_end: FrontEndSlot::default(),
+            added: BTreeMap::new(),
         }))
+    }
+
+    /// Where the attached front end is kept (the metrics server reads it too).
+    pub(crate) fn front_end_slot(&self) -> FrontEndSlot {
+        self.front_end.clone()
     }
 
     /// The interface as `wg show` sees it (keys included), every worker's part merged.
@@ -146,6 +159,8 @@ impl Control {
                 Some(stats) => uapi::format_stats(&stats),
                 None => uapi::format_errno(libc::ESHUTDOWN),
             },
+            Request::Fleet => crate::front_end::uapi_reply(&self.front_end)
+                .unwrap_or_else(|| uapi::format_errno(libc::ENOENT)),
             Request::Set(set) => match self.set(set) {
                 Ok(()) => uapi::format_errno(0),
                 Err(e) => {
@@ -164,6 +179,7 @@ impl Control {
         if let Some(mark) = set.fwmark {
             self.marks.check(mark)?;
         }
+        self.follow_added(&set);
         let outcome = self.workers.run_each(move |device, now| {
             let before = device.routes();
             let result = device.apply(set.clone(), now);
@@ -198,12 +214,14 @@ impl Control {
             return Err(Error::PeerExists(peer.public_key));
         }
         let mut update = PeerUpdate::new(peer.public_key);
-        update.preshared_key = Some(peer.preshared_key);
+        update.preshared_key = Some(peer.preshared_key.clone());
         update.endpoint = peer.endpoint;
         update.persistent_keepalive = Some(peer.persistent_keepalive);
         update.replace_allowed_ips = true;
-        update.allowed_ips = peer.allowed_ips;
-        self.set_peers(vec![update])
+        update.allowed_ips = peer.allowed_ips.clone();
+        self.set_peers(vec![update])?;
+        self.added.insert(peer.public_key, peer);
+        Ok(())
     }
 
     /// Changes an existing peer as `update` (with `update_only`) says.
@@ -212,6 +230,40 @@ impl Control {
             return Err(Error::UnknownPeer(update.public_key));
         }
         self.set_peers(vec![update])
+    }
+
+    /// Keeps the settings of the peers the library added as the workers now run them
+    /// (whoever changed them), so that a reload keeps them as they are.
+    fn follow_added(&mut self, set: &SetRequest) {
+        if set.replace_peers {
+            self.added.clear();
+        }
+        for update in &set.peers {
+            if update.remove {
+                self.added.remove(&update.public_key);
+                continue;
+            }
+            let Some(peer) = self.added.get_mut(&update.public_key) else {
+                continue;
+            };
+            if let Some(psk) = &update.preshared_key {
+                peer.preshared_key.clone_from(psk);
+            }
+            if let Some(endpoint) = update.endpoint {
+                peer.endpoint = Some(endpoint);
+            }
+            if let Some(keepalive) = update.persistent_keepalive {
+                peer.persistent_keepalive = keepalive;
+            }
+            if update.replace_allowed_ips {
+                peer.allowed_ips.clear();
+            }
+            for net in &update.allowed_ips {
+                if !peer.allowed_ips.contains(net) {
+                    peer.allowed_ips.push(*net);
+                }
+            }
+        }
     }
 
     /// Removes a peer, its sessions and its routes.
@@ -318,8 +370,19 @@ impl Control {
             return Err(ReloadError::NoFile);
         };
         let private_key = wg.device.private_key;
-        let previous: Vec<PeerSettings> = managed.running.iter().map(|(_, s)| s.clone()).collect();
-        let applied: Vec<PeerSettings> = wanted.iter().map(|(_, s)| s.clone()).collect();
+        // The peers the library added stay as they run; a key the file now names is the
+        // file's again.
+        self.added
+            .retain(|key, _| !wanted.iter().any(|(_, s)| s.public_key == *key));
+        let added = self.added.values().cloned();
+        let previous: Vec<PeerSettings> = managed
+            .running
+            .iter()
+            .map(|(_, s)| s.clone())
+            .chain(added.clone())
+            .collect();
+        let applied: Vec<PeerSettings> =
+            wanted.iter().map(|(_, s)| s.clone()).chain(added).collect();
         let outcome = self.workers.run_each(move |device, now: Instant| {
             let before = device.routes();
             let report = device.sync(private_key.clone(), &applied, &previous, now);

@@ -304,6 +304,22 @@ impl Gateway {
         }
     }
 
+    /// Attaches what drives this gateway from outside (the fleet): its state is shown by
+    /// `tunneld show` (the UAPI socket's `fleet=1`) and in `GET /metrics` from then on,
+    /// until [`Gateway::detach_front_end`]. One at a time: a second replaces the first.
+    pub fn attach_front_end(&self, front_end: Arc<dyn crate::FrontEnd>) -> Result<(), Error> {
+        let slot = lock(&self.interface()?.control).front_end_slot();
+        *lock(&slot) = Some(front_end);
+        Ok(())
+    }
+
+    /// Detaches the front end, if one is attached.
+    pub fn detach_front_end(&self) -> Result<(), Error> {
+        let slot = lock(&self.interface()?.control).front_end_slot();
+        lock(&slot).take();
+        Ok(())
+    }
+
     /// Whether a worker has stopped on its own (a failure: the interface is gone).
     pub fn has_failed(&self) -> bool {
         let running = lock(&self.inner.running);
@@ -460,7 +476,12 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
                 .wireguard
                 .as_ref()
                 .map(|wg| (wg.name.clone(), wg.workers.clone()));
-            running._metrics = Some(metrics.serve(wg, tls.as_ref().map(|t| t.stats()))?);
+            let front_end = running
+                .wireguard
+                .as_ref()
+                .map(|wg| lock(&wg.control).front_end_slot());
+            running._metrics =
+                Some(metrics.serve(wg, tls.as_ref().map(|t| t.stats()), front_end)?);
         }
         if let Some(tls) = tls.as_mut() {
             tls.serve()?;

@@ -32,6 +32,7 @@ mod bare;
 mod bring_up;
 mod control;
 mod error;
+mod front_end;
 mod gateway;
 mod metrics;
 mod netlink;
@@ -45,6 +46,7 @@ mod uapi_server;
 pub use bare::BareInterface;
 
 pub use error::Error;
+pub use front_end::FrontEnd;
 pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};
 pub use reload::ReloadReport;
 pub use tunneld_config::{self as config, ConfigError, ConfigErrors};

@@ -8,6 +8,7 @@
 //! batches, as `tunneld show` reads them; nothing on the data path waits for a scrape. The
 //! TLS counters are atomics that the connections add to.
 
+use crate::front_end::FrontEndSlot;
 use anyhow::Context;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
@@ -44,13 +45,18 @@ impl MetricsServer {
         self,
         wireguard: Option<(String, Workers)>,
         tls: Option<TlsStats>,
+        front_end: Option<FrontEndSlot>,
     ) -> anyhow::Result<MetricsServing> {
         let listener = self.listener;
         let addr = listener
             .local_addr()
             .context("metrics.listen: no local address")?;
         tracing::info!(%addr, "metrics: serving GET /metrics");
-        let sources = Sources { wireguard, tls };
+        let sources = Sources {
+            wireguard,
+            tls,
+            front_end,
+        };
         let stopping = Arc::new(AtomicBool::new(false));
         let serving = MetricsServing {
             addr,
@@ -96,6 +102,8 @@ impl Drop for MetricsServing {
 struct Sources {
     wireguard: Option<(String, Workers)>,
     tls: Option<TlsStats>,
+    /// The fleet's counters, once one is attached.
+    front_end: Option<FrontEndSlot>,
 }
 
 /// Reads one request and answers it; the connection then closes.
@@ -162,6 +170,13 @@ fn answer(mut stream: TcpStream, sources: &Sources) -> io::Result<()> {
     }
     if let Some(tls) = &sources.tls {
         body.push_str(&render_tls(tls, &tls.relay_loads()));
+    }
+    let front_end = sources
+        .front_end
+        .as_ref()
+        .and_then(|slot| crate::control::lock(slot).clone());
+    if let Some(front_end) = front_end {
+        body.push_str(&front_end.metrics());
     }
     reply(&mut stream, "200 OK", &body, with_body)
 }

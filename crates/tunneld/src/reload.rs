@@ -101,5 +101,8 @@ pub(crate) fn fixed_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     if old.tls != new.tls {
         changed.push("[[tls.forward]]/[[tls.listen]] (their certificates do reload)");
     }
+    if old.fleet != new.fleet {
+        changed.push("[fleet]");
+    }
     changed
 }

@@ -38,7 +38,7 @@ pub struct DeviceSettings {
 }
 
 /// Settings of one peer, as the config file gives them.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerSettings {
     pub public_key: PublicKey,
     pub preshared_key: Option<PresharedKey>,

@@ -34,6 +34,9 @@ pub enum Request {
     Set(SetRequest),
     /// `stats=1`: tunneld's own extension (used by `tunneld show`), never sent by `wg`.
     Stats,
+    /// `fleet=1`: tunneld's own extension, the state of the fleet the interface is a member
+    /// of (`tunneld show`); `errno=2` (ENOENT) when it is in none.
+    Fleet,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -143,6 +146,7 @@ pub fn parse_request(message: &str) -> Result<Request, UapiError> {
     match operation {
         "get=1" => no_more_lines(lines, "get=1").map(|()| Request::Get),
         "stats=1" => no_more_lines(lines, "stats=1").map(|()| Request::Stats),
+        "fleet=1" => no_more_lines(lines, "fleet=1").map(|()| Request::Fleet),
         "set=1" => parse_set(lines).map(Request::Set),
         "" => Err(protocol("empty line before the operation")),
         other => Err(protocol(format!(

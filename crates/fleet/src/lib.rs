@@ -1,0 +1,591 @@
+//! A fleet of tunneld gateways on etcd: a front end that drives a [`tunneld::Gateway`]
+//! through its public peer operations, as the bare mode drives one through `wg`.
+//!
+//! Each gateway writes its record (public key, endpoints, its site's subnets, its role)
+//! under a lease it keeps alive, stands in its site's election, lists the fleet's prefix and
+//! watches it from the listed revision. Every other site's active gateway becomes a peer, its
+//! subnets the peer's allowed IPs, and the routes follow; a change is applied as a
+//! difference, so a peer that did not change keeps its session. A gateway that dies stops
+//! renewing its lease and etcd deletes its keys within the lease's TTL; one that stops
+//! (SIGTERM) revokes it at once. When the store is silent the gateway keeps the peers it
+//! last knew. See [`reconcile`] for the rules, [`store`] for what is asked of etcd.
+//!
+//! Linux only, like the gateway. The fleet runs on a thread of its own (a single-threaded
+//! tokio runtime); [`Fleet`]'s methods do not block but [`Fleet::stop`], which waits at
+//! most about two seconds for the store.
+
+pub mod reconcile;
+pub mod record;
+mod status;
+pub mod store;
+
+pub use status::{Counters, FleetStatus, GatewayStatus};
+
+use reconcile::{diff, Fleet as FleetView, PeerOp, View};
+use record::{Keys, Record, Role};
+use status::Shared;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use store::{Etcd, EtcdOptions, Leadership, Store, StoreError, WatchEvents, Watched};
+use tunneld::{Gateway, PeerSettings};
+use tunneld_config::FleetConfig;
+use tunneld_crypto::PublicKey;
+
+/// Why the fleet could not start, in one line.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Settings(String),
+    #[error("fleet: {0}")]
+    Store(#[from] StoreError),
+    #[error("fleet: the gateway has no WireGuard interface")]
+    NoInterface,
+}
+
+/// The `[fleet]` section, its files read.
+#[derive(Debug, Clone)]
+pub struct FleetSettings {
+    pub config: FleetConfig,
+    /// This gateway's name: the config's, else the host name.
+    pub gateway: String,
+    etcd: EtcdOptions,
+}
+
+impl FleetSettings {
+    /// Reads the TLS files `config` names (relative to `base_dir`, the config file's
+    /// directory) and the host name when the config gives no gateway name.
+    pub fn from_config(config: &FleetConfig, base_dir: &Path) -> Result<FleetSettings, Error> {
+        let read = |path: &Path, what: &str| {
+            let path = base_dir.join(path);
+            std::fs::read(&path).map_err(|e| {
+                Error::Settings(format!("fleet.{what}: cannot read {}: {e}", path.display()))
+            })
+        };
+        let ca = match &config.ca_file {
+            Some(p) => Some(read(p, "ca_file")?),
+            None => None,
+        };
+        let identity = match &config.client_cert {
+            Some(c) => Some((
+                read(&c.cert_file, "cert_file")?,
+                read(&c.key_file, "key_file")?,
+            )),
+            None => None,
+        };
+        let gateway = match &config.gateway {
+            Some(g) => g.clone(),
+            None => host_name()?,
+        };
+        // Requests must fail well within a lease, so that a retry still saves it.
+        let request_timeout = Duration::from_millis(u64::from(config.lease_ttl) * 1000 / 2);
+        Ok(FleetSettings {
+            etcd: EtcdOptions {
+                endpoints: config.etcd.clone(),
+                ca,
+                identity,
+                request_timeout,
+            },
+            gateway,
+            config: config.clone(),
+        })
+    }
+}
+
+fn host_name() -> Result<String, Error> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .map_err(|e| Error::Settings(format!("fleet: cannot read the host name: {e}")))?;
+    match tunneld_config::fleet_name_problem(&name) {
+        None => Ok(name),
+        Some(why) => Err(Error::Settings(format!(
+            "fleet: the host name {why}: set fleet.gateway"
+        ))),
+    }
+}
+
+/// A running fleet member. Dropping it stops it as [`Fleet::stop`] does.
+#[derive(Debug)]
+pub struct Fleet {
+    shared: Arc<Shared>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    gateway: Gateway,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "fleet {}/{}", self.site, self.gateway)
+    }
+}
+
+impl Fleet {
+    /// Joins the fleet `settings` describe with `gateway`, on etcd. Returns at once: the
+    /// store is reached in the background (an unreachable one is retried, and logged).
+    /// Its state shows in `tunneld show` and `/metrics` from then on.
+    pub fn start(gateway: &Gateway, settings: FleetSettings) -> Result<Fleet, Error> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Settings(format!("fleet: cannot start its runtime: {e}")))?;
+        let store = runtime.block_on(Etcd::connect(&settings.etcd))?;
+        Self::start_on(gateway, settings, store, runtime)
+    }
+
+    /// As [`Fleet::start`], on any store.
+    pub fn start_on<S: Store + Send + 'static>(
+        gateway: &Gateway,
+        settings: FleetSettings,
+        store: S,
+        runtime: tokio::runtime::Runtime,
+    ) -> Result<Fleet, Error> {
+        let public_key = gateway.public_key().ok_or(Error::NoInterface)?;
+        let config = &settings.config;
+        let shared = Arc::new(Shared::new(&config.site, &settings.gateway));
+        let record = Record {
+            site: config.site.clone(),
+            gateway: settings.gateway.clone(),
+            public_key,
+            endpoints: config.advertise.clone(),
+            subnets: config.subnets.iter().map(|n| n.trunc()).collect(),
+            role: Role::Standby,
+        };
+        let member = Member {
+            store,
+            gateway: gateway.clone(),
+            keys: Keys::new(&config.prefix),
+            record,
+            ttl: config.lease_ttl,
+            keepalive: config.persistent_keepalive,
+            shared: shared.clone(),
+            applied: BTreeMap::new(),
+            refused_keys: HashSet::new(),
+            lease: None,
+            leadership: None,
+            logged: HashSet::new(),
+            leaders: HashMap::new(),
+            backoff: MIN_BACKOFF,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("fleet".into())
+            .spawn(move || runtime.block_on(member.run(stopped)))
+            .map_err(|e| Error::Settings(format!("fleet: cannot start its thread: {e}")))?;
+        gateway
+            .attach_front_end(shared.clone())
+            .map_err(|_| Error::NoInterface)?;
+        Ok(Fleet {
+            shared,
+            stop: Some(stop),
+            thread: Some(thread),
+            gateway: gateway.clone(),
+        })
+    }
+
+    /// The fleet as this gateway sees it now.
+    pub fn status(&self) -> FleetStatus {
+        self.shared.status()
+    }
+
+    /// Leaves the fleet: resigns the site's lead and revokes the lease, so that the other
+    /// gateways drop this one (and a standby of its site takes over) at once. The peers the
+    /// fleet added stay on the gateway. Waits at most about two seconds for the store.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let _ = self.gateway.detach_front_end();
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest a leave may wait for the store, per request.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why serving the store stopped.
+enum Interruption {
+    /// The store failed before the fleet was read (it is down, or refuses us).
+    Unreachable(StoreError),
+    /// An established connection was lost, or the lease expired: reconnect at once.
+    Lost(StoreError),
+    /// The watch's revision was compacted: list again.
+    Compacted,
+}
+
+/// The fleet member's state, on its thread.
+struct Member<S: Store> {
+    store: S,
+    gateway: Gateway,
+    keys: Keys,
+    /// This gateway's record as it writes it.
+    record: Record,
+    ttl: u16,
+    keepalive: u16,
+    shared: Arc<Shared>,
+    /// The peers the fleet has put on the gateway, as it put them.
+    applied: BTreeMap<PublicKey, PeerSettings>,
+    /// Keys the gateway already had from elsewhere (its file): left to their owner.
+    refused_keys: HashSet<PublicKey>,
+    lease: Option<i64>,
+    leadership: Option<Leadership>,
+    /// Rejections already logged (key, create revision): each is logged and counted once.
+    logged: HashSet<(String, i64)>,
+    /// Each site's active gateway at the last reconcile, to see failovers.
+    leaders: HashMap<String, String>,
+    backoff: Duration,
+}
+
+impl<S: Store> Member<S> {
+    fn name(&self) -> String {
+        format!("fleet {}/{}", self.record.site, self.record.gateway)
+    }
+
+    async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) {
+        loop {
+            let interruption = tokio::select! {
+                biased;
+                _ = &mut stop => break,
+                i = self.serve() => i,
+            };
+            match interruption {
+                Interruption::Compacted => {
+                    tracing::info!(
+                        "{}: the watched revision was compacted; listing again",
+                        self.name()
+                    );
+                }
+                Interruption::Lost(e) => {
+                    tracing::info!("{}: {e}; reconnecting", self.name());
+                }
+                Interruption::Unreachable(e) => {
+                    self.store_failed(&e);
+                    let wait = self.backoff;
+                    // Never wait so long that a lease still alive in etcd expires unseen.
+                    let most = Duration::from_millis(u64::from(self.ttl) * 1000 / 3);
+                    self.backoff = (self.backoff * 2).min(most.max(MIN_BACKOFF));
+                    tokio::select! {
+                        biased;
+                        _ = &mut stop => break,
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+        self.leave().await;
+    }
+
+    /// Registers, lists, watches and keeps the lease alive until something interrupts it.
+    async fn serve(&mut self) -> Interruption {
+        let lease = match self.register().await {
+            Ok(lease) => lease,
+            Err(e) => return Interruption::Unreachable(e),
+        };
+        let listing = match self.store.list(self.keys.prefix()).await {
+            Ok(l) => l,
+            Err(e) => return Interruption::Unreachable(e),
+        };
+        let mut watch = match self
+            .store
+            .watch(self.keys.prefix(), listing.revision + 1)
+            .await
+        {
+            Ok(w) => w,
+            Err(e) => return Interruption::Unreachable(e),
+        };
+        self.store_answered();
+        let mut view = View::from_entries(listing.entries);
+        self.reconcile(&view);
+
+        let mut candidate = self.store.clone();
+        let election = self.keys.election(&self.record.site);
+        let gateway_name = self.record.gateway.clone();
+        let campaign = candidate.campaign(&election, &gateway_name, lease);
+        tokio::pin!(campaign);
+        let mut campaigning = self.leadership.is_none();
+        let period = Duration::from_millis((u64::from(self.ttl) * 1000 / 3).max(500));
+        let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                won = &mut campaign, if campaigning => {
+                    campaigning = false;
+                    match won {
+                        Ok(leadership) => {
+                            self.leadership = Some(leadership);
+                            tracing::info!("{}: elected the active gateway of site {}", self.name(), self.record.site);
+                            self.record.role = Role::Active;
+                            let value = self.record.to_json();
+                            let key = self.keys.record(&self.record.site, &self.record.gateway);
+                            if let Err(e) = self.store.put(&key, value, lease).await {
+                                return Interruption::Lost(e);
+                            }
+                        }
+                        Err(e) => return Interruption::Lost(e),
+                    }
+                }
+                _ = renew.tick() => {
+                    match self.store.keep_alive(lease).await {
+                        Ok(true) => self.shared.state().lease_renewed = Some(Instant::now()),
+                        Ok(false) => {
+                            self.lease = None;
+                            self.leadership = None;
+                            return Interruption::Lost(StoreError("the lease expired in the store".into()));
+                        }
+                        Err(e) => return Interruption::Lost(e),
+                    }
+                }
+                next = watch.next() => match next {
+                    Ok(Watched::Changes(changes)) => {
+                        for change in changes {
+                            view.apply(change);
+                        }
+                        self.reconcile(&view);
+                    }
+                    Ok(Watched::Compacted) => return Interruption::Compacted,
+                    Err(e) => return Interruption::Lost(e),
+                }
+            }
+        }
+    }
+
+    /// Keeps the lease if it still lives, else takes a new one; writes the record under it.
+    async fn register(&mut self) -> Result<i64, StoreError> {
+        let lease = match self.lease {
+            Some(lease) if self.store.keep_alive(lease).await? => lease,
+            _ => {
+                if self.lease.is_some() {
+                    tracing::warn!(
+                        "{}: the lease expired in the store; joining again",
+                        self.name()
+                    );
+                }
+                self.leadership = None;
+                self.record.role = Role::Standby;
+                let lease = self.store.grant(i64::from(self.ttl)).await?;
+                self.lease = Some(lease);
+                lease
+            }
+        };
+        self.shared.state().lease_renewed = Some(Instant::now());
+        let key = self.keys.record(&self.record.site, &self.record.gateway);
+        self.store.put(&key, self.record.to_json(), lease).await?;
+        Ok(lease)
+    }
+
+    fn store_failed(&mut self, e: &StoreError) {
+        self.shared
+            .counters
+            .store_errors
+            .fetch_add(1, Ordering::Relaxed);
+        let mut state = self.shared.state();
+        if state.store_up != Some(false) {
+            tracing::warn!(
+                "{}: the store is unreachable ({e}); forwarding with the {} peers last known, retrying",
+                self.name(),
+                self.applied.len()
+            );
+        } else {
+            tracing::debug!("{}: the store is still unreachable: {e}", self.name());
+        }
+        state.store_up = Some(false);
+        state.store_error = Some(e.to_string());
+    }
+
+    fn store_answered(&mut self) {
+        self.backoff = MIN_BACKOFF;
+        let mut state = self.shared.state();
+        match state.store_up {
+            None => tracing::info!(
+                "{}: joined the fleet {}",
+                self.name(),
+                self.keys.prefix().trim_end_matches('/')
+            ),
+            Some(false) => tracing::info!("{}: the store answers again; reconciling", self.name()),
+            Some(true) => {}
+        }
+        state.store_up = Some(true);
+        state.store_error = None;
+    }
+
+    /// Makes the gateway's peers follow the store's state.
+    fn reconcile(&mut self, view: &View) {
+        let own = (
+            self.record.site.as_str(),
+            self.record.gateway.as_str(),
+            &self.record.public_key,
+        );
+        let fleet = FleetView::resolve(view, &self.keys, own);
+        for r in &fleet.rejected {
+            if self.logged.insert((r.key.clone(), r.create_revision)) {
+                self.shared
+                    .counters
+                    .rejected_records
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "{}: ignoring the record {}: {}",
+                    self.name(),
+                    r.key,
+                    r.reason
+                );
+            }
+        }
+        self.logged.retain(|(key, rev)| {
+            fleet
+                .rejected
+                .iter()
+                .any(|r| r.key == *key && r.create_revision == *rev)
+        });
+        for (name, site) in &fleet.sites {
+            let Some(active) = &site.active else {
+                continue;
+            };
+            match self.leaders.insert(name.clone(), active.clone()) {
+                Some(before) if before != *active => {
+                    self.shared
+                        .counters
+                        .failovers
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        "{}: site {name} is served by {active} now (was {before})",
+                        self.name()
+                    );
+                }
+                _ => {}
+            }
+        }
+        let own_active = fleet.is_active(&self.record.site, &self.record.gateway);
+        let mut wanted = fleet.wanted_peers(&self.record.site, own_active, self.keepalive);
+        wanted.retain(|k, _| !self.refused_keys.contains(k));
+        for op in diff(&self.applied, &wanted) {
+            self.apply(op);
+        }
+        let mut state = self.shared.state();
+        if state.active != own_active && state.store_up.is_some() {
+            tracing::info!(
+                "{}: {} site {}",
+                self.name(),
+                if own_active {
+                    "now active for"
+                } else {
+                    "standing by for"
+                },
+                self.record.site
+            );
+        }
+        state.active = own_active;
+        let now = Instant::now();
+        let seen: HashSet<(String, String)> = fleet
+            .sites
+            .values()
+            .flat_map(|s| &s.gateways)
+            .map(|m| (m.record.site.clone(), m.record.gateway.clone()))
+            .collect();
+        state.first_seen.retain(|k, _| seen.contains(k));
+        for k in seen {
+            state.first_seen.entry(k).or_insert(now);
+        }
+        state.fleet = fleet;
+        state.last_reconcile = Some(SystemTime::now());
+        self.shared
+            .counters
+            .reconciles
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn apply(&mut self, op: PeerOp) {
+        let name = self.name();
+        match op {
+            PeerOp::Remove(key) => {
+                match self.gateway.remove_peer(&key) {
+                    Ok(()) | Err(tunneld::Error::UnknownPeer(_)) => {
+                        tracing::info!(peer = %key, "{name}: peer removed");
+                    }
+                    Err(e) => tracing::warn!(peer = %key, "{name}: cannot remove the peer: {e}"),
+                }
+                self.applied.remove(&key);
+            }
+            PeerOp::Update(change) => {
+                let key = change.public_key;
+                let Some(mut settings) = self.applied.get(&key).cloned() else {
+                    return;
+                };
+                if let Some(e) = change.endpoint {
+                    settings.endpoint = Some(e);
+                }
+                if let Some(a) = &change.allowed_ips {
+                    settings.allowed_ips.clone_from(a);
+                }
+                if let Some(k) = change.persistent_keepalive {
+                    settings.persistent_keepalive = k;
+                }
+                match self.gateway.update_peer(change) {
+                    Ok(()) => {
+                        tracing::info!(peer = %key, "{name}: peer changed; its session is kept");
+                        self.applied.insert(key, settings);
+                    }
+                    // Removed behind the fleet's back (`wg set … remove`): put it back.
+                    Err(tunneld::Error::UnknownPeer(_)) => {
+                        self.applied.remove(&key);
+                        self.apply(PeerOp::Add(settings));
+                    }
+                    Err(e) => tracing::warn!(peer = %key, "{name}: cannot change the peer: {e}"),
+                }
+            }
+            PeerOp::Add(settings) => {
+                let key = settings.public_key;
+                let shown: Vec<String> = settings
+                    .allowed_ips
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                match self.gateway.add_peer(settings.clone()) {
+                    Ok(()) => {
+                        tracing::info!(
+                            peer = %key,
+                            endpoint = ?settings.endpoint,
+                            "{name}: peer added for {}",
+                            shown.join(", ")
+                        );
+                        self.applied.insert(key, settings);
+                    }
+                    Err(tunneld::Error::PeerExists(_)) => {
+                        tracing::warn!(peer = %key, "{name}: the gateway has this peer from its file already; the fleet leaves it alone");
+                        self.refused_keys.insert(key);
+                    }
+                    Err(e) => tracing::warn!(peer = %key, "{name}: cannot add the peer: {e}"),
+                }
+            }
+        }
+    }
+
+    /// Resigns and revokes the lease (its keys go with it), each bounded in time.
+    async fn leave(&mut self) {
+        if let Some(leadership) = self.leadership.take() {
+            let _ = tokio::time::timeout(LEAVE_TIMEOUT, self.store.resign(leadership)).await;
+        }
+        if let Some(lease) = self.lease.take() {
+            match tokio::time::timeout(LEAVE_TIMEOUT, self.store.revoke(lease)).await {
+                Ok(Ok(())) => tracing::info!("{}: left the fleet (lease revoked)", self.name()),
+                Ok(Err(e)) => tracing::warn!(
+                    "{}: leaving: {e}; the record goes when its lease expires",
+                    self.name()
+                ),
+                Err(_) => tracing::warn!(
+                    "{}: leaving: the store did not answer; the record goes when its lease expires",
+                    self.name()
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! What the fleet keeps in etcd, and the one place that reads it back.
+//!
+//! Under the fleet's prefix:
+//! - `gateways/<site>/<gateway>`: a gateway's [`Record`] (JSON), under its lease;
+//! - `elections/<site>/<lease id, hex>`: the site's election (etcd's election service
+//!   writes these keys under each candidate's lease; the key created first leads).
+//!
+//! Records hold public keys, endpoints, subnets and roles only: private keys never leave a
+//! gateway.
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use tunneld_crypto::PublicKey;
+
+/// A record longer than this is refused unread: a gateway's own is a few hundred bytes.
+pub const MAX_RECORD_BYTES: usize = 4096;
+/// At most this many endpoints and subnets in a record.
+pub const MAX_ITEMS: usize = 64;
+
+/// Whether a gateway leads its site (what it says of itself; the election decides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Active,
+    Standby,
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Role::Active => "active",
+            Role::Standby => "standby",
+        })
+    }
+}
+
+/// A gateway as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub site: String,
+    pub gateway: String,
+    pub public_key: PublicKey,
+    /// Where the other sites reach it, the first one first.
+    pub endpoints: Vec<SocketAddr>,
+    /// The networks its site serves.
+    pub subnets: Vec<IpNet>,
+    pub role: Role,
+}
+
+/// The record's JSON: strings, so that a hand-written one is easy to read and to refuse.
+/// Unknown fields are ignored (a newer gateway may add some).
+#[derive(Serialize, Deserialize)]
+struct Json {
+    public_key: String,
+    endpoints: Vec<String>,
+    subnets: Vec<String>,
+    role: Role,
+}
+
+impl Record {
+    /// The value written to the store.
+    pub fn to_json(&self) -> Vec<u8> {
+        let json = Json {
+            public_key: self.public_key.to_base64(),
+            endpoints: self.endpoints.iter().map(ToString::to_string).collect(),
+            subnets: self.subnets.iter().map(ToString::to_string).collect(),
+            role: self.role,
+        };
+        serde_json::to_vec(&json).unwrap_or_default()
+    }
+
+    /// Reads the record of `site`/`gateway` (from its key) or says in one line why not.
+    pub fn parse(site: &str, gateway: &str, value: &[u8]) -> Result<Record, String> {
+        if value.len() > MAX_RECORD_BYTES {
+            return Err(format!(
+                "{} bytes, more than {MAX_RECORD_BYTES}",
+                value.len()
+            ));
+        }
+        for (what, name) in [("site", site), ("gateway", gateway)] {
+            if let Some(why) = tunneld_config::fleet_name_problem(name) {
+                return Err(format!("its {what} name {why}"));
+            }
+        }
+        let json: Json = serde_json::from_slice(value).map_err(|e| {
+            let e = e.to_string();
+            format!("not a gateway record: {}", e.lines().next().unwrap_or(""))
+        })?;
+        let public_key =
+            PublicKey::from_base64(&json.public_key).map_err(|e| format!("public_key {e}"))?;
+        if json.endpoints.is_empty() || json.endpoints.len() > MAX_ITEMS {
+            return Err(format!("needs 1 to {MAX_ITEMS} endpoints"));
+        }
+        if json.subnets.len() > MAX_ITEMS {
+            return Err(format!("more than {MAX_ITEMS} subnets"));
+        }
+        let endpoints = json
+            .endpoints
+            .iter()
+            .map(|e| match e.parse::<SocketAddr>() {
+                Ok(a) if a.port() != 0 && !a.ip().is_unspecified() => Ok(a),
+                _ => Err(format!("endpoint {e:?} is not an address:port")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let subnets = json
+            .subnets
+            .iter()
+            .map(|s| match s.parse::<IpNet>() {
+                Ok(net) => Ok(net.trunc()),
+                Err(_) => Err(format!("subnet {s:?} is not a CIDR")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Record {
+            site: site.to_string(),
+            gateway: gateway.to_string(),
+            public_key,
+            endpoints,
+            subnets,
+            role: json.role,
+        })
+    }
+}
+
+/// The keys of one fleet, all under its prefix.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+/// What a key under the prefix is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyKind<'a> {
+    Record {
+        site: &'a str,
+        gateway: &'a str,
+    },
+    Election {
+        site: &'a str,
+    },
+    /// Something else under the prefix (ignored).
+    Other,
+}
+
+impl Keys {
+    /// `prefix` as the config gives it (`/tunneld/corp`, no trailing `/`).
+    pub fn new(prefix: &str) -> Keys {
+        Keys {
+            prefix: format!("{}/", prefix.trim_end_matches('/')),
+        }
+    }
+
+    /// Everything the fleet reads is under this.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn record(&self, site: &str, gateway: &str) -> String {
+        format!("{}gateways/{site}/{gateway}", self.prefix)
+    }
+
+    /// The name of a site's election (etcd's election service adds `/<lease>`).
+    pub fn election(&self, site: &str) -> String {
+        format!("{}elections/{site}", self.prefix)
+    }
+
+    pub fn kind<'a>(&self, key: &'a str) -> KeyKind<'a> {
+        let Some(rest) = key.strip_prefix(self.prefix.as_str()) else {
+            return KeyKind::Other;
+        };
+        let parts: Vec<&str> = rest.split('/').collect();
+        match parts.as_slice() {
+            ["gateways", site, gateway] => KeyKind::Record { site, gateway },
+            ["elections", site, _lease] => KeyKind::Election { site },
+            _ => KeyKind::Other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            site: "b".into(),
+            gateway: "b1".into(),
+            public_key: tunneld_crypto::PrivateKey::generate().public_key(),
+            endpoints: vec!["192.0.2.2:51820".parse().unwrap()],
+            subnets: vec!["10.2.0.0/24".parse().unwrap()],
+            role: Role::Standby,
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written() {
+        let r = record();
+        assert_eq!(Record::parse("b", "b1", &r.to_json()).unwrap(), r);
+    }
+
+    #[test]
+    fn bad_records_are_refused_with_a_reason() {
+        let key = record().public_key.to_base64();
+        let cases: &[(&str, &str)] = &[
+            ("{", "not a gateway record"),
+            (
+                r#"{"public_key":"AAAA","endpoints":["192.0.2.1:1"],"subnets":[],"role":"active"}"#,
+                "public_key",
+            ),
+            (
+                &format!(
+                    r#"{{"public_key":"{key}","endpoints":["host:1"],"subnets":[],"role":"active"}}"#
+                ),
+                "endpoint \"host:1\"",
+            ),
+            (
+                &format!(r#"{{"public_key":"{key}","endpoints":[],"subnets":[],"role":"active"}}"#),
+                "endpoints",
+            ),
+            (
+                &format!(
+                    r#"{{"public_key":"{key}","endpoints":["192.0.2.1:1"],"subnets":["10.0.0.0/33"],"role":"active"}}"#
+                ),
+                "subnet",
+            ),
+            (
+                &format!(
+                    r#"{{"public_key":"{key}","endpoints":["192.0.2.1:1"],"subnets":[],"role":"boss"}}"#
+                ),
+                "not a gateway record",
+            ),
+        ];
+        for (json, why) in cases {
+            let e = Record::parse("b", "b1", json.as_bytes()).unwrap_err();
+            assert!(e.contains(why), "{json}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let huge = vec![b' '; MAX_RECORD_BYTES + 1];
+        assert!(Record::parse("b", "b1", &huge)
+            .unwrap_err()
+            .contains("bytes"));
+        let r = record();
+        assert!(Record::parse("b/x", "b1", &r.to_json()).is_err());
+    }
+
+    #[test]
+    fn keys_name_their_kind() {
+        let keys = Keys::new("/tunneld/corp");
+        assert_eq!(
+            keys.kind(&keys.record("b", "b1")),
+            KeyKind::Record {
+                site: "b",
+                gateway: "b1"
+            }
+        );
+        assert_eq!(
+            keys.kind(&format!("{}/694d7a", keys.election("b"))),
+            KeyKind::Election { site: "b" }
+        );
+        assert_eq!(keys.kind("/tunneld/corpx/gateways/b/b1"), KeyKind::Other);
+        assert_eq!(keys.kind("/tunneld/corp/gateways/b"), KeyKind::Other);
+    }
+}

@@ -1,0 +1,253 @@
+//! What the fleet shows: its state for `tunneld show` (and the library), its counters for
+//! `/metrics`.
+
+use crate::reconcile::Fleet;
+use crate::record::Role;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// One gateway of the fleet, as this one sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GatewayStatus {
+    pub site: String,
+    pub gateway: String,
+    pub active: bool,
+    pub public_key: tunneld_crypto::PublicKey,
+    pub endpoint: Option<std::net::SocketAddr>,
+    pub subnets: Vec<ipnet::IpNet>,
+    /// Seconds since this gateway first saw the record (it is under a lease its gateway
+    /// keeps alive, so an old record is a live gateway).
+    pub seen_for_secs: u64,
+}
+
+/// The fleet as this gateway sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FleetStatus {
+    pub site: String,
+    pub gateway: String,
+    /// Whether this gateway leads its site.
+    pub active: bool,
+    /// `None` while the store answers; else why it does not.
+    pub store_error: Option<String>,
+    /// Milliseconds since this gateway's lease was last renewed.
+    pub lease_renewed_ms_ago: Option<u64>,
+    /// When the peers were last made to follow the store (Unix seconds).
+    pub last_reconcile_unix: Option<u64>,
+    pub gateways: Vec<GatewayStatus>,
+    pub counters: Counters,
+}
+
+/// The fleet's counters since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Counters {
+    pub reconciles: u64,
+    pub store_errors: u64,
+    /// A site's active gateway replaced by another one, as this gateway saw it.
+    pub failovers: u64,
+    pub rejected_records: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct AtomicCounters {
+    pub reconciles: AtomicU64,
+    pub store_errors: AtomicU64,
+    pub failovers: AtomicU64,
+    pub rejected_records: AtomicU64,
+}
+
+impl AtomicCounters {
+    fn read(&self) -> Counters {
+        Counters {
+            reconciles: self.reconciles.load(Ordering::Relaxed),
+            store_errors: self.store_errors.load(Ordering::Relaxed),
+            failovers: self.failovers.load(Ordering::Relaxed),
+            rejected_records: self.rejected_records.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Shared between the fleet's thread and whoever reads it.
+pub(crate) struct Shared {
+    pub site: String,
+    pub gateway: String,
+    pub counters: AtomicCounters,
+    pub state: Mutex<State>,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub fleet: Fleet,
+    pub active: bool,
+    /// `Some` once the store has answered or failed; `Some(false)` while it fails.
+    pub store_up: Option<bool>,
+    pub store_error: Option<String>,
+    pub lease_renewed: Option<Instant>,
+    pub last_reconcile: Option<SystemTime>,
+    /// When each record (by site/gateway) was first seen.
+    pub first_seen: std::collections::HashMap<(String, String), Instant>,
+}
+
+fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub fn new(site: &str, gateway: &str) -> Shared {
+        Shared {
+            site: site.into(),
+            gateway: gateway.into(),
+            counters: AtomicCounters::default(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    pub fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    pub fn status(&self) -> FleetStatus {
+        let state = self.state();
+        let now = Instant::now();
+        let mut gateways = Vec::new();
+        for (site_name, site) in &state.fleet.sites {
+            for member in &site.gateways {
+                let r = &member.record;
+                let seen = state
+                    .first_seen
+                    .get(&(r.site.clone(), r.gateway.clone()))
+                    .map_or(0, |t| now.duration_since(*t).as_secs());
+                gateways.push(GatewayStatus {
+                    site: site_name.clone(),
+                    gateway: r.gateway.clone(),
+                    active: site.active.as_deref() == Some(r.gateway.as_str()),
+                    public_key: r.public_key,
+                    endpoint: r.endpoints.first().copied(),
+                    subnets: r.subnets.clone(),
+                    seen_for_secs: seen,
+                });
+            }
+        }
+        FleetStatus {
+            site: self.site.clone(),
+            gateway: self.gateway.clone(),
+            active: state.active,
+            store_error: match state.store_up {
+                Some(true) => None,
+                Some(false) => state.store_error.clone(),
+                None => Some("not reached yet".into()),
+            },
+            lease_renewed_ms_ago: state
+                .lease_renewed
+                .map(|t| now.duration_since(t).as_millis() as u64),
+            last_reconcile_unix: state
+                .last_reconcile
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_secs()),
+            gateways,
+            counters: self.counters.read(),
+        }
+    }
+}
+
+impl tunneld::FrontEnd for Shared {
+    fn uapi_status(&self) -> String {
+        let s = self.status();
+        let mut out = String::new();
+        let role = if s.active {
+            Role::Active
+        } else {
+            Role::Standby
+        };
+        let _ = writeln!(out, "fleet_site={}", s.site);
+        let _ = writeln!(out, "fleet_gateway={}", s.gateway);
+        let _ = writeln!(out, "fleet_role={role}");
+        let store = match &s.store_error {
+            None => "up".to_string(),
+            Some(e) => format!("down: {}", e.replace('\n', " ")),
+        };
+        let _ = writeln!(out, "fleet_store={store}");
+        if let Some(ms) = s.lease_renewed_ms_ago {
+            let _ = writeln!(out, "fleet_lease_renewed_ms={ms}");
+        }
+        if let Some(t) = s.last_reconcile_unix {
+            let _ = writeln!(out, "fleet_last_reconcile={t}");
+        }
+        let c = s.counters;
+        let _ = writeln!(out, "fleet_reconciles={}", c.reconciles);
+        let _ = writeln!(out, "fleet_failovers={}", c.failovers);
+        let _ = writeln!(out, "fleet_store_errors={}", c.store_errors);
+        let _ = writeln!(out, "fleet_rejected_records={}", c.rejected_records);
+        for g in &s.gateways {
+            let _ = writeln!(out, "gateway={}/{}", g.site, g.gateway);
+            let _ = writeln!(out, "role={}", if g.active { "active" } else { "standby" });
+            let _ = writeln!(out, "public_key={}", g.public_key.to_base64());
+            if let Some(e) = g.endpoint {
+                let _ = writeln!(out, "endpoint={e}");
+            }
+            let subnets: Vec<String> = g.subnets.iter().map(ToString::to_string).collect();
+            let _ = writeln!(out, "subnets={}", subnets.join(","));
+            let _ = writeln!(out, "seen_for={}", g.seen_for_secs);
+        }
+        out
+    }
+
+    fn metrics(&self) -> String {
+        let s = self.status();
+        let labels = format!("site=\"{}\",gateway=\"{}\"", s.site, s.gateway);
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
+            let _ = writeln!(out, "# HELP tunneld_fleet_{name} {help}");
+            let _ = writeln!(out, "# TYPE tunneld_fleet_{name} {kind}");
+            let _ = writeln!(out, "tunneld_fleet_{name}{{{labels}}} {value}");
+        };
+        metric(
+            "members",
+            "gauge",
+            "Gateways with a valid record in the fleet, this one included.",
+            s.gateways.len() as u64,
+        );
+        metric(
+            "active",
+            "gauge",
+            "1 while this gateway leads its site.",
+            u64::from(s.active),
+        );
+        metric(
+            "store_up",
+            "gauge",
+            "1 while the store answers; 0 while the gateway forwards with the peers it last knew.",
+            u64::from(s.store_error.is_none()),
+        );
+        let c = s.counters;
+        metric(
+            "reconciles_total",
+            "counter",
+            "Times the peers were made to follow the store.",
+            c.reconciles,
+        );
+        metric(
+            "store_errors_total",
+            "counter",
+            "Failed attempts to reach the store.",
+            c.store_errors,
+        );
+        metric(
+            "failovers_total",
+            "counter",
+            "A site's active gateway replaced by another, as seen here.",
+            c.failovers,
+        );
+        metric(
+            "rejected_records_total",
+            "counter",
+            "Records refused (invalid, or claiming another site's subnet or key).",
+            c.rejected_records,
+        );
+        out
+    }
+}
