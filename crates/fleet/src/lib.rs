@@ -167,6 +167,7 @@ impl Fleet {
             logged: HashSet::new(),
             leaders: HashMap::new(),
             backoff: MIN_BACKOFF,
+            failures: 0,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -244,7 +245,14 @@ struct Member<S: Store> {
     /// Each site's active gateway at the last reconcile, to see failovers.
     leaders: HashMap<String, String>,
     backoff: Duration,
+    /// Attempts in a row that failed: the store counts as down from the third (about half
+    /// a second), so that one member going away, which the next attempt routes around, is
+    /// no outage.
+    failures: u32,
 }
+
+/// Failed attempts in a row after which the store counts as unreachable.
+const DOWN_AFTER: u32 = 3;
 
 impl<S: Store> Member<S> {
     fn name(&self) -> String {
@@ -269,6 +277,7 @@ impl<S: Store> Member<S> {
                     tracing::info!("{}: {e}; reconnecting", self.name());
                 }
                 Interruption::Unreachable(e) => {
+                    self.failures += 1;
                     self.store_failed(&e);
                     let wait = self.backoff;
                     // Never wait so long that a lease still alive in etcd expires unseen.
@@ -388,6 +397,10 @@ impl<S: Store> Member<S> {
             .counters
             .store_errors
             .fetch_add(1, Ordering::Relaxed);
+        if self.failures < DOWN_AFTER && self.shared.state().store_up.is_some() {
+            tracing::debug!("{}: the store did not answer ({e}); retrying", self.name());
+            return;
+        }
         let mut state = self.shared.state();
         if state.store_up != Some(false) {
             tracing::warn!(
@@ -404,6 +417,7 @@ impl<S: Store> Member<S> {
 
     fn store_answered(&mut self) {
         self.backoff = MIN_BACKOFF;
+        self.failures = 0;
         let mut state = self.shared.state();
         match state.store_up {
             None => tracing::info!(

@@ -205,8 +205,10 @@ impl Fleet {
     }
 
     /// The peers a gateway of `own_site` wants: every other site's active gateway, its
-    /// subnets as allowed IPs. `keepalive` applies while this gateway is active; a standby
-    /// keeps its peers quiet (no keepalive, so no handshakes nobody answers).
+    /// subnets as allowed IPs, `keepalive` its keepalive. A standby (`own_active` false)
+    /// keeps the same peers warm but routes nothing and stays quiet: no allowed IPs (what
+    /// reaches it for another site is its LAN's to send to the active gateway) and no
+    /// keepalive (no handshakes that the other sites, which do not know it, would drop).
     pub fn wanted_peers(
         &self,
         own_site: &str,
@@ -225,7 +227,11 @@ impl Fleet {
                         public_key: r.public_key,
                         preshared_key: None,
                         endpoint: r.endpoints.first().copied(),
-                        allowed_ips: r.subnets.clone(),
+                        allowed_ips: if own_active {
+                            r.subnets.clone()
+                        } else {
+                            Vec::new()
+                        },
                         persistent_keepalive: if own_active { keepalive } else { 0 },
                         parallel: 1,
                     },
@@ -341,6 +347,12 @@ mod tests {
         assert!(fleet.is_active("b", "b1"));
         let wanted = fleet.wanted_peers("a", true, 25);
         assert_eq!(wanted.keys().copied().collect::<Vec<_>>(), vec![key(2)]);
+        // b2 stands by: the same peers, routing nothing, quiet.
+        let standby =
+            Fleet::resolve(&view, &keys, ("b", "b2", &key(3))).wanted_peers("b", false, 25);
+        assert_eq!(standby.keys().copied().collect::<Vec<_>>(), vec![key(1)]);
+        assert!(standby[&key(1)].allowed_ips.is_empty());
+        assert_eq!(standby[&key(1)].persistent_keepalive, 0);
         // b1's lease expires: its keys go, and b2 leads.
         view.apply(Change::Delete(keys.record("b", "b1")));
         view.apply(Change::Delete(format!("{}/{:x}", keys.election("b"), 5)));

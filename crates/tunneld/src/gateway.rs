@@ -243,7 +243,9 @@ impl Gateway {
     }
 
     /// Adds a peer, with a route for each of its allowed IPs. A peer added this way is a
-    /// plain one (`parallel` must be 1: sub-tunnels are set up at start).
+    /// plain one (`parallel` must be 1: sub-tunnels are set up at start). It is the
+    /// program's, not the file's: a reload of the file leaves it (as `update_peer` last
+    /// left it), unless the file names the same key, which makes it the file's.
     pub fn add_peer(&self, peer: PeerSettings) -> Result<(), Error> {
         lock(&self.interface()?.control).add_peer(peer)
     }

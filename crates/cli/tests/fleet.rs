@@ -1,0 +1,919 @@
+//! The fleet on etcd, end to end: a three-member etcd cluster (TLS, client certificates),
+//! each member in a namespace of its own, and gateways of sites A, B (two gateways) and C in
+//! theirs, all on one underlay bridge (192.0.2.0/24). Site B's gateways share a LAN with a
+//! host (10.2.0.10) whose traffic to other sites goes to B1, or to B2 when B1's link is
+//! gone; each B gateway sends what it cannot carry (stopped, or standing by) to the other.
+//!
+//! One test, in steps, so that the cluster and the gateways are set up once: the mesh forms
+//! from empty files; a fourth site joins; site B's active gateway is killed (-9) during a
+//! transfer and a standby takes over; then stopped (SIGTERM); an etcd member dies; the
+//! whole store stops for 60 s; a client without a certificate and records written by hand
+//! are refused. Failover and join times are printed (measured, not asserted beyond a
+//! generous bound: `cargo xtask bench-fleet` measures them).
+
+mod common;
+
+use common::*;
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tunneld_testnet::{require_tool, unique_name, NetNs};
+
+const PREFIX: &str = "/tunneld/test";
+const MEMBERS: [&str; 3] = ["192.0.2.11", "192.0.2.12", "192.0.2.13"];
+/// How long a step may take to converge before the test fails (far above what it takes).
+const CONVERGE: Duration = Duration::from_secs(30);
+
+fn require(test: &str) -> bool {
+    require_netns_and_wg(test)
+        && require_tool(test, "etcd")
+        && require_tool(test, "etcdctl")
+        && require_tool(test, "openssl")
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = output_bounded(Command::new("openssl").current_dir(dir).args(args));
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `ca.pem`/`ca.key`, a server certificate per member (`e<i>.pem`, for its IP address) and
+/// one client certificate (`client.pem`) in `dir`.
+fn make_certificates(dir: &Path) {
+    let key = |name: &str| {
+        openssl(
+            dir,
+            &[
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                &format!("{name}.key"),
+            ],
+        )
+    };
+    key("ca");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=fleet-ca",
+            "-days",
+            "2",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    let mut leaves: Vec<(String, String)> = MEMBERS
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| (format!("e{i}"), format!("IP:{ip},IP:127.0.0.1")))
+        .collect();
+    leaves.push(("client".into(), "DNS:gateway".into()));
+    for (name, san) in leaves {
+        key(&name);
+        fs::write(
+            dir.join(format!("{name}.ext")),
+            format!("subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"),
+        )
+        .unwrap();
+        openssl(
+            dir,
+            &[
+                "req",
+                "-new",
+                "-key",
+                &format!("{name}.key"),
+                "-subj",
+                &format!("/CN={name}"),
+                "-out",
+                &format!("{name}.csr"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.pem"),
+            ],
+        );
+    }
+}
+
+/// The underlay: a bridge in a namespace of its own, 192.0.2.1/24 on it.
+struct Wan {
+    ns: NetNs,
+}
+
+impl Wan {
+    fn new() -> Wan {
+        let ns = NetNs::new();
+        ns.run(&["ip", "link", "add", "br0", "type", "bridge"]);
+        ns.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "br0"]);
+        ns.run(&["ip", "link", "set", "br0", "up"]);
+        Wan { ns }
+    }
+
+    /// A new namespace on the bridge with `addr` (CIDR).
+    fn host(&self, addr: &str) -> NetNs {
+        let ns = NetNs::new();
+        let (inside, outside) = link(&ns, &self.ns);
+        ns.run(&["ip", "addr", "add", addr, "dev", &inside]);
+        ns.run(&["ip", "link", "set", &inside, "up"]);
+        self.ns
+            .run(&["ip", "link", "set", &outside, "master", "br0", "up"]);
+        ns
+    }
+}
+
+/// A veth pair between two namespaces, both ends down and without addresses.
+fn link(a: &NetNs, b: &NetNs) -> (String, String) {
+    let (ia, ib) = (unique_name("fa"), unique_name("fb"));
+    tunneld_testnet::run_ok(Command::new("ip").args([
+        "link",
+        "add",
+        &ia,
+        "netns",
+        a.name(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &ib,
+        "netns",
+        b.name(),
+    ]));
+    (ia, ib)
+}
+
+/// One etcd member in its own namespace; stopped (SIGKILL) when dropped.
+struct Member {
+    index: usize,
+    ns: NetNs,
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Member {
+    fn start(&mut self) {
+        let ip = MEMBERS[self.index];
+        let cluster: Vec<String> = MEMBERS
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| format!("e{i}=http://{ip}:2380"))
+            .collect();
+        let certs = self.dir.join("certs");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("e{}.log", self.index)))
+            .unwrap();
+        let child = self
+            .ns
+            .command("etcd")
+            .args([
+                &format!("--name=e{}", self.index),
+                &format!(
+                    "--data-dir={}",
+                    self.dir.join(format!("e{}", self.index)).display()
+                ),
+                &format!("--listen-client-urls=https://{ip}:2379"),
+                &format!("--advertise-client-urls=https://{ip}:2379"),
+                &format!("--listen-peer-urls=http://{ip}:2380"),
+                &format!("--initial-advertise-peer-urls=http://{ip}:2380"),
+                &format!("--initial-cluster={}", cluster.join(",")),
+                "--initial-cluster-state=new",
+                "--initial-cluster-token=tunneld-fleet-test",
+                &format!(
+                    "--cert-file={}",
+                    certs.join(format!("e{}.pem", self.index)).display()
+                ),
+                &format!(
+                    "--key-file={}",
+                    certs.join(format!("e{}.key", self.index)).display()
+                ),
+                &format!("--trusted-ca-file={}", certs.join("ca.pem").display()),
+                "--client-cert-auth",
+                "--logger=zap",
+                "--log-outputs=stderr",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+    }
+
+    fn stop(&mut self, signal: &str) {
+        if let Some(mut child) = self.child.take() {
+            Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status()
+                .unwrap();
+            let deadline = Instant::now() + WAIT;
+            while child.try_wait().unwrap().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            tunneld_testnet::stop_process(&mut child);
+        }
+    }
+}
+
+struct Cluster {
+    members: Vec<Member>,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start(wan: &Wan) -> Cluster {
+        step("etcd: certificates and three members");
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs");
+        fs::create_dir(&certs).unwrap();
+        make_certificates(&certs);
+        let mut members: Vec<Member> = (0..3)
+            .map(|index| Member {
+                index,
+                ns: wan.host(&format!("{}/24", MEMBERS[index])),
+                child: None,
+                dir: dir.path().to_path_buf(),
+            })
+            .collect();
+        for m in &mut members {
+            m.start();
+        }
+        let cluster = Cluster { members, dir };
+        cluster.wait_healthy(&wan.ns);
+        cluster
+    }
+
+    fn certs(&self) -> PathBuf {
+        self.dir.path().join("certs")
+    }
+
+    fn endpoints(&self) -> String {
+        MEMBERS
+            .iter()
+            .map(|ip| format!("\"https://{ip}:2379\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `etcdctl` with the client certificate, from `ns`.
+    fn etcdctl(&self, ns: &NetNs, args: &[&str]) -> std::process::Output {
+        let certs = self.certs();
+        let endpoints: Vec<String> = MEMBERS
+            .iter()
+            .map(|ip| format!("https://{ip}:2379"))
+            .collect();
+        output_bounded(
+            ns.command("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .arg(format!("--endpoints={}", endpoints.join(",")))
+                .arg(format!("--cacert={}", certs.join("ca.pem").display()))
+                .arg(format!("--cert={}", certs.join("client.pem").display()))
+                .arg(format!("--key={}", certs.join("client.key").display()))
+                .arg("--command-timeout=3s")
+                .args(args),
+        )
+    }
+
+    fn wait_healthy(&self, ns: &NetNs) {
+        let deadline = Instant::now() + CONVERGE;
+        loop {
+            let out = self.etcdctl(ns, &["endpoint", "health"]);
+            if out.status.success() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "etcd did not become healthy: {}\n{}",
+                    String::from_utf8_lossy(&out.stderr),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn logs(&self) -> String {
+        (0..3)
+            .map(|i| {
+                let text = fs::read_to_string(self.dir.path().join(format!("e{i}.log")))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                format!(
+                    "--- etcd e{i} (last lines) ---\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+    }
+}
+
+/// A site's gateway: its namespace, key and config body (to restart it).
+struct Site {
+    name: &'static str,
+    gateway: &'static str,
+    key: String,
+    public: String,
+    ifname: String,
+    body: String,
+}
+
+impl Site {
+    fn new(
+        cluster: &Cluster,
+        name: &'static str,
+        gateway: &'static str,
+        n: u8,
+        host: u8,
+        own_address: bool,
+    ) -> Site {
+        let key = genkey();
+        let public = pubkey(&key);
+        let underlay = format!("192.0.2.{host}");
+        let certs = cluster.certs();
+        let address = if own_address {
+            format!("address = [\"10.{n}.0.1/32\", \"fd00:{n}::1/128\"]\n")
+        } else {
+            String::new()
+        };
+        let body = format!(
+            "listen_port = 51820\n{address}\n[fleet]\netcd = [{}]\nca_file = \"{}\"\n\
+             cert_file = \"{}\"\nkey_file = \"{}\"\nprefix = \"{PREFIX}\"\nsite = \"{name}\"\n\
+             gateway = \"{gateway}\"\nadvertise = [\"{underlay}:51820\"]\n\
+             subnets = [\"10.{n}.0.0/24\", \"fd00:{n}::/64\"]\n",
+            cluster.endpoints(),
+            certs.join("ca.pem").display(),
+            certs.join("client.pem").display(),
+            certs.join("client.key").display(),
+        );
+        Site {
+            name,
+            gateway,
+            key,
+            public,
+            ifname: unique_name("fl"),
+            body,
+        }
+    }
+
+    fn start(&self, ns: &NetNs) -> Gateway {
+        step(&format!("start gateway {}/{}", self.name, self.gateway));
+        Gateway::start(ns, &self.ifname, &self.key, &self.body)
+    }
+}
+
+fn peers(ns: &NetNs, ifname: &str) -> BTreeSet<String> {
+    ns.run(&["wg", "show", ifname, "peers"])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn wait_peers(ns: &NetNs, ifname: &str, want: &[&Site], what: &str) {
+    let want: BTreeSet<String> = want.iter().map(|s| s.public.clone()).collect();
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let have = peers(ns, ifname);
+        if have == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: peers are {have:?}, want {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Pings `addr` from `ns` until it answers; the time it took.
+fn reachable(ns: &NetNs, addr: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        let out = ns.output(&["ping", "-c", "1", "-W", "1", addr]);
+        if out.status.success() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < CONVERGE,
+            "{addr} unreachable from {} for {CONVERGE:?}",
+            ns.name()
+        );
+    }
+}
+
+fn show(ns: &NetNs, ifname: &str) -> String {
+    let out = ns.output(&[common::TUNNELD, "show", ifname]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Pings every 50 ms (bounded to `seconds`) and tells when replies resumed after an event.
+struct Probe {
+    child: Child,
+    out: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Probe {
+    fn start(ns: &NetNs, addr: &str, seconds: u32) -> Probe {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ping.out");
+        let child = ns
+            .command("ping")
+            .args([
+                "-D",
+                "-n",
+                "-i",
+                "0.05",
+                "-W",
+                "1",
+                "-w",
+                &seconds.to_string(),
+                addr,
+            ])
+            .stdout(fs::File::create(&out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Probe {
+            child,
+            out,
+            _dir: dir,
+        }
+    }
+
+    fn reply_times(&self) -> Vec<f64> {
+        fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("bytes from"))
+            .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+            .collect()
+    }
+
+    /// Seconds from `event` (Unix time) until replies flowed again after the gap it caused;
+    /// waits for them (bounded).
+    fn resumed_after(&self, event: f64) -> f64 {
+        let deadline = Instant::now() + CONVERGE;
+        loop {
+            let times = self.reply_times();
+            let mut previous = times.iter().copied().rfind(|t| *t <= event);
+            for t in times.iter().copied().filter(|t| *t > event) {
+                // A reply that left before the event may still arrive just after it.
+                if t - previous.unwrap_or(event) > 0.3 {
+                    return t - event;
+                }
+                previous = Some(t);
+            }
+            if Instant::now() > deadline {
+                // No gap: traffic never stopped.
+                if times.iter().any(|t| *t > event + 1.0) {
+                    return 0.0;
+                }
+                panic!("no reply after the event");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `len` bytes to `to_addr` in `to`, paced (64 KiB per 10 ms) so that it lasts
+/// through an event; returns a handle that checks every byte arrived.
+fn paced_transfer(
+    from: &NetNs,
+    to: &NetNs,
+    to_addr: SocketAddr,
+    len: usize,
+) -> std::thread::JoinHandle<()> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let receiver = to.spawn_in_ns(move || {
+        let listener = TcpListener::bind(to_addr).expect("listen");
+        ready_tx.send(()).unwrap();
+        let (mut stream, _) = listener.accept().expect("accept");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let mut got = Vec::with_capacity(len);
+        stream.read_to_end(&mut got).expect("receive");
+        got
+    });
+    ready_rx.recv_timeout(WAIT).expect("listener ready");
+    let sender = from.spawn_in_ns(move || {
+        let data = pattern(len, 7);
+        let mut stream = TcpStream::connect_timeout(&to_addr, WAIT).expect("connect");
+        stream
+            .set_write_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        for chunk in data.chunks(64 * 1024) {
+            stream.write_all(chunk).expect("send");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+    });
+    std::thread::spawn(move || {
+        sender.join().expect("sender");
+        let got = receiver.join().expect("receiver");
+        assert_eq!(got.len(), len, "bytes received across the failover");
+        assert!(got == pattern(len, 7), "bytes differ across the failover");
+    })
+}
+
+/// Seconds from `event` (Unix time) to the first log line with `needle` (its UTC
+/// timestamp, `2026-01-02T03:04:05.678901Z`, read as seconds of the day).
+fn logged_after(log: &str, needle: &str, event: f64) -> f64 {
+    let Some(line) = log.lines().find(|l| l.contains(needle)) else {
+        return f64::NAN;
+    };
+    let clock = line.get(11..26).unwrap_or_default();
+    let parts: Vec<f64> = clock.split(':').filter_map(|p| p.parse().ok()).collect();
+    let [h, m, s] = parts[..] else {
+        return f64::NAN;
+    };
+    let logged = h * 3600.0 + m * 60.0 + s;
+    (logged - event.rem_euclid(86_400.0) + 86_400.0).rem_euclid(86_400.0)
+}
+
+fn count(text: &str, needle: &str) -> usize {
+    text.matches(needle).count()
+}
+
+#[test]
+fn a_fleet_forms_fails_over_and_outlives_its_store() {
+    if !require("a_fleet_forms_fails_over_and_outlives_its_store") {
+        return;
+    }
+    let wan = Wan::new();
+    let cluster = Cluster::start(&wan);
+
+    step("namespaces of sites A, B (two gateways and a LAN host) and C");
+    let na = wan.host("192.0.2.21/24");
+    let nb1 = wan.host("192.0.2.22/24");
+    let nb2 = wan.host("192.0.2.23/24");
+    let nc = wan.host("192.0.2.24/24");
+    let nd = wan.host("192.0.2.25/24");
+    let lan = NetNs::new();
+    lan.run(&["ip", "link", "add", "brb", "type", "bridge"]);
+    lan.run(&["ip", "addr", "add", "10.2.0.10/24", "dev", "brb"]);
+    lan.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd00:2::10/64",
+        "dev",
+        "brb",
+        "nodad",
+    ]);
+    lan.run(&["ip", "link", "set", "brb", "up"]);
+    for (ns, own, other) in [(&nb1, "2", "3"), (&nb2, "3", "2")] {
+        let (inside, outside) = link(ns, &lan);
+        ns.run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("10.2.0.{own}/24"),
+            "dev",
+            &inside,
+        ]);
+        ns.run(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("fd00:2::{own}/64"),
+            "dev",
+            &inside,
+            "nodad",
+        ]);
+        ns.run(&["ip", "link", "set", &inside, "up"]);
+        lan.run(&["ip", "link", "set", &outside, "master", "brb", "up"]);
+        ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+        // What this gateway cannot carry (stopped, or standing by) goes to the other one.
+        ns.run(&[
+            "ip",
+            "route",
+            "add",
+            "10.0.0.0/8",
+            "via",
+            &format!("10.2.0.{other}"),
+            "metric",
+            "100",
+        ]);
+        ns.run(&[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "fd00::/16",
+            "via",
+            &format!("fd00:2::{other}"),
+            "metric",
+            "100",
+        ]);
+    }
+    lan.run(&["ip", "route", "add", "10.0.0.0/8", "via", "10.2.0.2"]);
+    lan.run(&["ip", "-6", "route", "add", "fd00::/16", "via", "fd00:2::2"]);
+
+    let a = Site::new(&cluster, "a", "a1", 1, 21, true);
+    let b1 = Site::new(&cluster, "b", "b1", 2, 22, false);
+    let b2 = Site::new(&cluster, "b", "b2", 2, 23, false);
+    let c = Site::new(&cluster, "c", "c1", 3, 24, true);
+    let d = Site::new(&cluster, "d", "d1", 4, 25, true);
+
+    // B1 first, so that it leads site B.
+    let mut gb1 = b1.start(&nb1);
+    wait_until("b1 leads site B", || {
+        show(&nb1, &b1.ifname).contains("gateway b1 (active)")
+    });
+    let mut gb2 = b2.start(&nb2);
+    let ga = a.start(&na);
+    let gc = c.start(&nc);
+
+    step("the mesh forms from empty files");
+    wait_peers(&na, &a.ifname, &[&b1, &c], "A");
+    wait_peers(&nc, &c.ifname, &[&a, &b1], "C");
+    wait_peers(&nb1, &b1.ifname, &[&a, &c], "B1");
+    // The standby keeps its peers warm.
+    wait_peers(&nb2, &b2.ifname, &[&a, &c], "B2 (standby)");
+    for (from, to) in [
+        (&na, "10.2.0.10"),
+        (&na, "fd00:2::10"),
+        (&na, "10.3.0.1"),
+        (&na, "fd00:3::1"),
+        (&nc, "10.2.0.10"),
+        (&nc, "fd00:2::10"),
+        (&lan, "10.1.0.1"),
+        (&lan, "fd00:1::1"),
+    ] {
+        reachable(from, to);
+        ping(from, to);
+    }
+    tcp_transfer(&na, &lan, "10.2.0.10:7001".parse().unwrap(), 16 << 20);
+    tcp_transfer(&na, &nc, "10.3.0.1:7002".parse().unwrap(), 16 << 20);
+    tcp_transfer(&lan, &nc, "10.3.0.1:7003".parse().unwrap(), 16 << 20);
+    let shown = show(&na, &a.ifname);
+    assert!(
+        shown.contains("fleet: site a, gateway a1 (active)"),
+        "{shown}"
+    );
+    assert!(shown.contains("store: up"), "{shown}");
+    assert!(shown.contains("b/b2 (standby)"), "{shown}");
+    assert!(
+        shown.contains("b/b1 (active) at 192.0.2.22:51820"),
+        "{shown}"
+    );
+
+    step("a fourth site joins at run time");
+    let joined_at = Instant::now();
+    let gd = d.start(&nd);
+    for (ns, to) in [
+        (&na, "10.4.0.1"),
+        (&nc, "10.4.0.1"),
+        (&lan, "10.4.0.1"),
+        (&nd, "10.1.0.1"),
+    ] {
+        reachable(ns, to);
+    }
+    eprintln!(
+        "fleet: site D reachable from A, B and C {:.2} s after its tunneld started",
+        joined_at.elapsed().as_secs_f64()
+    );
+    wait_peers(&na, &a.ifname, &[&b1, &c, &d], "A after D joined");
+
+    step("kill -9 of site B's active gateway during a transfer from A");
+    let probe = Probe::start(&na, "10.2.0.10", 40);
+    let transfer = paced_transfer(&na, &lan, "10.2.0.10:7004".parse().unwrap(), 16 << 20);
+    std::thread::sleep(Duration::from_millis(700));
+    let killed = unix_now();
+    gb1.stop_with("KILL");
+    let resumed = probe.resumed_after(killed);
+    eprintln!(
+        "fleet: traffic from A to B resumed {resumed:.2} s after kill -9 of B's active gateway \
+         (A repointed site B after {:.2} s)",
+        logged_after(&ga.log_text(), "site b is served by b2 now", killed)
+    );
+    transfer.join().expect("the transfer survives the failover");
+    wait_peers(&na, &a.ifname, &[&b2, &c, &d], "A after B1 died");
+    wait_peers(&nc, &c.ifname, &[&a, &b2, &d], "C after B1 died");
+    assert!(show(&nb2, &b2.ifname).contains("gateway b2 (active)"));
+    drop(probe);
+
+    step("B1 comes back as a standby; SIGTERM of B2 hands site B back to it");
+    let gb1_again = b1.start(&nb1);
+    wait_until("b1 stands by", || {
+        show(&nb1, &b1.ifname).contains("gateway b1 (standby)")
+    });
+    let probe = Probe::start(&na, "10.2.0.10", 30);
+    std::thread::sleep(Duration::from_millis(500));
+    let stopped = unix_now();
+    let status = gb2.stop_with("TERM");
+    assert!(status.success(), "B2 exits cleanly on SIGTERM");
+    let resumed = probe.resumed_after(stopped);
+    eprintln!(
+        "fleet: traffic from A to B resumed {resumed:.2} s after SIGTERM of B's active gateway \
+         (A repointed site B after {:.2} s)",
+        logged_after(&ga.log_text(), "site b is served by b1 now", stopped)
+    );
+    wait_peers(&na, &a.ifname, &[&b1, &c, &d], "A after B2 left");
+    assert!(
+        gb2.log_text().contains("left the fleet (lease revoked)"),
+        "{}",
+        gb2.log_text()
+    );
+    drop(probe);
+    let mut gb1 = gb1_again;
+
+    let removed_lines = |g: &Gateway| count(&g.log_text(), "peer removed");
+    let transfers = |ns: &NetNs, ifname: &str| -> Vec<u64> {
+        wg_dump(ns, ifname)
+            .iter()
+            .skip(1)
+            .map(|l| l[5].parse::<u64>().unwrap_or(0))
+            .collect()
+    };
+
+    step("one etcd member of three dies: nothing changes");
+    let mut members = cluster;
+    let before = (removed_lines(&ga), peers(&na, &a.ifname));
+    members.members[2].stop("KILL");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!((removed_lines(&ga), peers(&na, &a.ifname)), before);
+    ping(&na, "10.2.0.10");
+    members.members[2].start();
+    members.wait_healthy(&wan.ns);
+
+    step("the whole store stops for 60 s: traffic goes on, no peer is dropped");
+    let before_removed = (removed_lines(&ga), removed_lines(&gc), removed_lines(&gd));
+    let before_peers = peers(&na, &a.ifname);
+    let rx_before = transfers(&na, &a.ifname);
+    for m in &mut members.members {
+        m.stop("TERM");
+    }
+    let outage = Instant::now();
+    wait_until("A sees the store down", || {
+        show(&na, &a.ifname).contains("store: down")
+    });
+    while outage.elapsed() < Duration::from_secs(60) {
+        ping(&na, "10.2.0.10");
+        ping(&nc, "10.1.0.1");
+        assert_eq!(peers(&na, &a.ifname), before_peers);
+        std::thread::sleep(Duration::from_secs(10));
+    }
+    assert_eq!(
+        count(&ga.log_text(), "the store is unreachable"),
+        1,
+        "said once:\n{}",
+        ga.log_text()
+    );
+    for m in &mut members.members {
+        m.start();
+    }
+    members.wait_healthy(&wan.ns);
+    for (ns, ifname) in [
+        (&na, &a.ifname),
+        (&nc, &c.ifname),
+        (&nd, &d.ifname),
+        (&nb1, &b1.ifname),
+    ] {
+        wait_until("the gateway reconciles with the store", || {
+            show(ns, ifname).contains("store: up")
+        });
+    }
+    assert_eq!(
+        (removed_lines(&ga), removed_lines(&gc), removed_lines(&gd)),
+        before_removed,
+        "no peer was removed through the outage"
+    );
+    assert_eq!(peers(&na, &a.ifname), before_peers);
+    // Counters of a peer removed and added again would have started over.
+    let rx_after = transfers(&na, &a.ifname);
+    assert!(rx_after
+        .iter()
+        .zip(&rx_before)
+        .all(|(after, before)| after >= before));
+    ping(&na, "10.2.0.10");
+    assert!(show(&na, &a.ifname).contains("fleet: site a, gateway a1 (active)"));
+
+    step("records written by hand: an invalid one, and a claim on site B's subnet");
+    let bad = format!("{PREFIX}/gateways/x/x1");
+    let out = members.etcdctl(&wan.ns, &["put", &bad, "{\"public_key\": \"not a key\"}"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let thief = pubkey(&genkey());
+    let claim = format!(
+        "{{\"public_key\":\"{thief}\",\"endpoints\":[\"192.0.2.99:51820\"],\"subnets\":[\"10.2.0.0/25\"],\"role\":\"active\"}}"
+    );
+    for (key, value) in [
+        (format!("{PREFIX}/gateways/evil/e1"), claim.as_str()),
+        (format!("{PREFIX}/elections/evil/1"), "e1"),
+    ] {
+        let out = members.etcdctl(&wan.ns, &["put", &key, value]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    wait_until("A refuses both records", || {
+        let log = ga.log_text();
+        log.contains(&format!("ignoring the record {bad}: "))
+            && log.contains("claimed first by site b")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let log = ga.log_text();
+    assert_eq!(
+        count(&log, &format!("ignoring the record {bad}:")),
+        1,
+        "logged once"
+    );
+    assert!(show(&na, &a.ifname).contains("records rejected: 2"));
+    assert_eq!(peers(&na, &a.ifname), before_peers, "nothing hijacked");
+    ping(&na, "10.2.0.10");
+
+    step("a gateway without a client certificate is refused by etcd");
+    let mut e = Site::new(&members, "e", "e1", 5, 26, true);
+    e.body = e
+        .body
+        .lines()
+        .filter(|l| !l.starts_with("cert_file") && !l.starts_with("key_file"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let ne = wan.host("192.0.2.26/24");
+    let ge = e.start(&ne);
+    wait_until("E says the store refuses it", || {
+        show(&ne, &e.ifname).contains("store: down")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!peers(&na, &a.ifname).contains(&e.public), "E never joined");
+    assert!(ge.log_text().contains("the store is unreachable"));
+
+    step("stop everything; the gateways leave the fleet");
+    gb1.stop_with("TERM");
+    drop((ga, gc, gd, ge));
+}
