@@ -5,6 +5,7 @@ mod bench;
 mod closed_loop;
 mod demo;
 mod embedded_bench;
+mod fleet_bench;
 mod fuzz;
 mod kernel_wg;
 #[cfg(test)]
@@ -52,6 +53,12 @@ commands:
                    tunneld's TUN path: 1 stream, 64 connections' requests, CPU, memory;
                    --local keeps the rows built from this repository (no downloads);
                    report in target/bench-report/embedded-report.md
+  bench-fleet [--quick] [--kills N] [--sizes N,...] [--update-docs]
+                   the fleet on a three-member etcd cluster in namespaces: failover time
+                   after kill -9 and SIGTERM of a site's active gateway (p50/p99 over N
+                   each, default 10), time for a new site to be reachable from N = 10 and
+                   50 others, etcd requests per gateway per minute, CPU and memory at rest;
+                   report in target/bench-report/fleet-report.md
   fuzz <target|all|list> [--time N]
                    coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
                    installed when missing); default 60 s each
@@ -79,7 +86,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if matches!(
         args.first().map(String::as_str),
-        Some("demo" | "bench" | "bench-tls" | "bench-embedded")
+        Some("demo" | "bench" | "bench-tls" | "bench-embedded" | "bench-fleet")
     ) {
         system::catch_interrupts();
     }
@@ -89,6 +96,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&args[1..]),
         Some("bench-tls") => tls_bench::run(&args[1..]),
         Some("bench-embedded") => embedded_bench::run(&args[1..]),
+        Some("bench-fleet") => fleet_bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("tlsfuzzer") => tlsfuzzer::run(&args[1..]),
         Some("kernel-wg") => system::install_tools().and_then(|()| kernel_wg::run(&args[1..])),
@@ -321,6 +329,12 @@ fn test() -> ExitCode {
         if let Err(e) = embedded_bench::run(&["--quick".to_string(), "--local".to_string()]) {
             eprintln!("bench-embedded --quick --local: {e}");
             failures.push("bench-embedded --quick --local".into());
+        }
+        // The fleet's: one failover each way and a mesh of three, on a real etcd cluster.
+        eprintln!("==> fleet bench smoke run: cargo xtask bench-fleet --quick");
+        if let Err(e) = fleet_bench::run(&["--quick".to_string()]) {
+            eprintln!("bench-fleet --quick: {e}");
+            failures.push("bench-fleet --quick".into());
         }
     } else if let Err(e) = skip_step(
         "benchmark harness smoke run",

@@ -18,9 +18,10 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tunneld_testnet::etcd::{link, Bridge, Cluster};
 use tunneld_testnet::{require_tool, unique_name, NetNs};
 
 const PREFIX: &str = "/tunneld/test";
@@ -33,328 +34,6 @@ fn require(test: &str) -> bool {
         && require_tool(test, "etcd")
         && require_tool(test, "etcdctl")
         && require_tool(test, "openssl")
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = output_bounded(Command::new("openssl").current_dir(dir).args(args));
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// `ca.pem`/`ca.key`, a server certificate per member (`e<i>.pem`, for its IP address) and
-/// one client certificate (`client.pem`) in `dir`.
-fn make_certificates(dir: &Path) {
-    let key = |name: &str| {
-        openssl(
-            dir,
-            &[
-                "genpkey",
-                "-algorithm",
-                "EC",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-out",
-                &format!("{name}.key"),
-            ],
-        )
-    };
-    key("ca");
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            "ca.key",
-            "-subj",
-            "/CN=fleet-ca",
-            "-days",
-            "2",
-            "-out",
-            "ca.pem",
-        ],
-    );
-    let mut leaves: Vec<(String, String)> = MEMBERS
-        .iter()
-        .enumerate()
-        .map(|(i, ip)| (format!("e{i}"), format!("IP:{ip},IP:127.0.0.1")))
-        .collect();
-    leaves.push(("client".into(), "DNS:gateway".into()));
-    for (name, san) in leaves {
-        key(&name);
-        fs::write(
-            dir.join(format!("{name}.ext")),
-            format!("subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"),
-        )
-        .unwrap();
-        openssl(
-            dir,
-            &[
-                "req",
-                "-new",
-                "-key",
-                &format!("{name}.key"),
-                "-subj",
-                &format!("/CN={name}"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        );
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
-        );
-    }
-}
-
-/// The underlay: a bridge in a namespace of its own, 192.0.2.1/24 on it.
-struct Wan {
-    ns: NetNs,
-}
-
-impl Wan {
-    fn new() -> Wan {
-        let ns = NetNs::new();
-        ns.run(&["ip", "link", "add", "br0", "type", "bridge"]);
-        ns.run(&["ip", "addr", "add", "192.0.2.1/24", "dev", "br0"]);
-        ns.run(&["ip", "link", "set", "br0", "up"]);
-        Wan { ns }
-    }
-
-    /// A new namespace on the bridge with `addr` (CIDR).
-    fn host(&self, addr: &str) -> NetNs {
-        let ns = NetNs::new();
-        let (inside, outside) = link(&ns, &self.ns);
-        ns.run(&["ip", "addr", "add", addr, "dev", &inside]);
-        ns.run(&["ip", "link", "set", &inside, "up"]);
-        self.ns
-            .run(&["ip", "link", "set", &outside, "master", "br0", "up"]);
-        ns
-    }
-}
-
-/// A veth pair between two namespaces, both ends down and without addresses.
-fn link(a: &NetNs, b: &NetNs) -> (String, String) {
-    let (ia, ib) = (unique_name("fa"), unique_name("fb"));
-    tunneld_testnet::run_ok(Command::new("ip").args([
-        "link",
-        "add",
-        &ia,
-        "netns",
-        a.name(),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &ib,
-        "netns",
-        b.name(),
-    ]));
-    (ia, ib)
-}
-
-/// One etcd member in its own namespace; stopped (SIGKILL) when dropped.
-struct Member {
-    index: usize,
-    ns: NetNs,
-    child: Option<Child>,
-    dir: PathBuf,
-}
-
-impl Member {
-    fn start(&mut self) {
-        let ip = MEMBERS[self.index];
-        let cluster: Vec<String> = MEMBERS
-            .iter()
-            .enumerate()
-            .map(|(i, ip)| format!("e{i}=http://{ip}:2380"))
-            .collect();
-        let certs = self.dir.join("certs");
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("e{}.log", self.index)))
-            .unwrap();
-        let child = self
-            .ns
-            .command("etcd")
-            .args([
-                &format!("--name=e{}", self.index),
-                &format!(
-                    "--data-dir={}",
-                    self.dir.join(format!("e{}", self.index)).display()
-                ),
-                &format!("--listen-client-urls=https://{ip}:2379"),
-                &format!("--advertise-client-urls=https://{ip}:2379"),
-                &format!("--listen-peer-urls=http://{ip}:2380"),
-                &format!("--initial-advertise-peer-urls=http://{ip}:2380"),
-                &format!("--initial-cluster={}", cluster.join(",")),
-                "--initial-cluster-state=new",
-                "--initial-cluster-token=tunneld-fleet-test",
-                &format!(
-                    "--cert-file={}",
-                    certs.join(format!("e{}.pem", self.index)).display()
-                ),
-                &format!(
-                    "--key-file={}",
-                    certs.join(format!("e{}.key", self.index)).display()
-                ),
-                &format!("--trusted-ca-file={}", certs.join("ca.pem").display()),
-                "--client-cert-auth",
-                "--logger=zap",
-                "--log-outputs=stderr",
-            ])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start etcd");
-        self.child = Some(child);
-    }
-
-    fn stop(&mut self, signal: &str) {
-        if let Some(mut child) = self.child.take() {
-            Command::new("kill")
-                .args([&format!("-{signal}"), &child.id().to_string()])
-                .status()
-                .unwrap();
-            let deadline = Instant::now() + WAIT;
-            while child.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            tunneld_testnet::stop_process(&mut child);
-        }
-    }
-}
-
-struct Cluster {
-    members: Vec<Member>,
-    dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    fn start(wan: &Wan) -> Cluster {
-        step("etcd: certificates and three members");
-        let dir = tempfile::tempdir().unwrap();
-        let certs = dir.path().join("certs");
-        fs::create_dir(&certs).unwrap();
-        make_certificates(&certs);
-        let mut members: Vec<Member> = (0..3)
-            .map(|index| Member {
-                index,
-                ns: wan.host(&format!("{}/24", MEMBERS[index])),
-                child: None,
-                dir: dir.path().to_path_buf(),
-            })
-            .collect();
-        for m in &mut members {
-            m.start();
-        }
-        let cluster = Cluster { members, dir };
-        cluster.wait_healthy(&wan.ns);
-        cluster
-    }
-
-    fn certs(&self) -> PathBuf {
-        self.dir.path().join("certs")
-    }
-
-    fn endpoints(&self) -> String {
-        MEMBERS
-            .iter()
-            .map(|ip| format!("\"https://{ip}:2379\""))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    /// `etcdctl` with the client certificate, from `ns`.
-    fn etcdctl(&self, ns: &NetNs, args: &[&str]) -> std::process::Output {
-        let certs = self.certs();
-        let endpoints: Vec<String> = MEMBERS
-            .iter()
-            .map(|ip| format!("https://{ip}:2379"))
-            .collect();
-        output_bounded(
-            ns.command("etcdctl")
-                .env("ETCDCTL_API", "3")
-                .arg(format!("--endpoints={}", endpoints.join(",")))
-                .arg(format!("--cacert={}", certs.join("ca.pem").display()))
-                .arg(format!("--cert={}", certs.join("client.pem").display()))
-                .arg(format!("--key={}", certs.join("client.key").display()))
-                .arg("--command-timeout=3s")
-                .args(args),
-        )
-    }
-
-    fn wait_healthy(&self, ns: &NetNs) {
-        let deadline = Instant::now() + CONVERGE;
-        loop {
-            let out = self.etcdctl(ns, &["endpoint", "health"]);
-            if out.status.success() {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "etcd did not become healthy: {}\n{}",
-                    String::from_utf8_lossy(&out.stderr),
-                    self.logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    fn logs(&self) -> String {
-        (0..3)
-            .map(|i| {
-                let text = fs::read_to_string(self.dir.path().join(format!("e{i}.log")))
-                    .unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                format!(
-                    "--- etcd e{i} (last lines) ---\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("{}", self.logs());
-        }
-    }
 }
 
 /// A site's gateway: its namespace, key and config body (to restart it).
@@ -380,6 +59,11 @@ impl Site {
         let public = pubkey(&key);
         let underlay = format!("192.0.2.{host}");
         let certs = cluster.certs();
+        let endpoints: Vec<String> = cluster
+            .endpoints()
+            .iter()
+            .map(|e| format!("\"{e}\""))
+            .collect();
         let address = if own_address {
             format!("address = [\"10.{n}.0.1/32\", \"fd00:{n}::1/128\"]\n")
         } else {
@@ -390,7 +74,7 @@ impl Site {
              cert_file = \"{}\"\nkey_file = \"{}\"\nprefix = \"{PREFIX}\"\nsite = \"{name}\"\n\
              gateway = \"{gateway}\"\nadvertise = [\"{underlay}:51820\"]\n\
              subnets = [\"10.{n}.0.0/24\", \"fd00:{n}::/64\"]\n",
-            cluster.endpoints(),
+            endpoints.join(", "),
             certs.join("ca.pem").display(),
             certs.join("client.pem").display(),
             certs.join("client.key").display(),
@@ -604,8 +288,9 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     if !require("a_fleet_forms_fails_over_and_outlives_its_store") {
         return;
     }
-    let wan = Wan::new();
-    let cluster = Cluster::start(&wan);
+    let wan = Bridge::new("192.0.2.1/24");
+    step("etcd: certificates and three members");
+    let cluster = Cluster::start(&wan, &MEMBERS, true);
 
     step("namespaces of sites A, B (two gateways and a LAN host) and C");
     let na = wan.host("192.0.2.21/24");
@@ -798,19 +483,19 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     step("one etcd member of three dies: nothing changes");
     let mut members = cluster;
     let before = (removed_lines(&ga), peers(&na, &a.ifname));
-    members.members[2].stop("KILL");
+    members.stop_member(2, "KILL");
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!((removed_lines(&ga), peers(&na, &a.ifname)), before);
     ping(&na, "10.2.0.10");
-    members.members[2].start();
+    members.start_member(2);
     members.wait_healthy(&wan.ns);
 
     step("the whole store stops for 60 s: traffic goes on, no peer is dropped");
     let before_removed = (removed_lines(&ga), removed_lines(&gc), removed_lines(&gd));
     let before_peers = peers(&na, &a.ifname);
     let rx_before = transfers(&na, &a.ifname);
-    for m in &mut members.members {
-        m.stop("TERM");
+    for i in 0..members.len() {
+        members.stop_member(i, "TERM");
     }
     let outage = Instant::now();
     wait_until("A sees the store down", || {
@@ -828,8 +513,8 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         "said once:\n{}",
         ga.log_text()
     );
-    for m in &mut members.members {
-        m.start();
+    for i in 0..members.len() {
+        members.start_member(i);
     }
     members.wait_healthy(&wan.ns);
     for (ns, ifname) in [

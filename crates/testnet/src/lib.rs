@@ -5,6 +5,7 @@
 //! Every skip in the workspace goes through [`skip_unless`] (module [`skip`]), which
 //! `TUNNELD_REQUIRE_ALL=1` turns into a failure unless what is missing is hardware.
 
+pub mod etcd;
 pub mod fixture;
 pub mod link;
 pub mod skip;

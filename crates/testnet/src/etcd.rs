@@ -1,0 +1,359 @@
+//! An underlay bridge and a real etcd cluster on it, for the fleet's test and its bench:
+//! each member in a namespace of its own, with TLS and client certificates (made with the
+//! `openssl` command) or plain HTTP. Everything goes when dropped.
+
+use crate::{run_ok, stop_process, unique_name, NetNs, WAIT};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A bridge in a namespace of its own (with an address on it, so that tools can run there),
+/// and namespaces plugged into it.
+#[derive(Debug)]
+pub struct Bridge {
+    pub ns: NetNs,
+}
+
+impl Bridge {
+    /// The bridge, with `addr` (CIDR) on it.
+    pub fn new(addr: &str) -> Bridge {
+        let ns = NetNs::new();
+        ns.run(&["ip", "link", "add", "br0", "type", "bridge"]);
+        ns.run(&["ip", "addr", "add", addr, "dev", "br0"]);
+        ns.run(&["ip", "link", "set", "br0", "up"]);
+        Bridge { ns }
+    }
+
+    /// A new namespace plugged into the bridge with `addr` (CIDR).
+    pub fn host(&self, addr: &str) -> NetNs {
+        let ns = NetNs::new();
+        self.plug(&ns, addr);
+        ns
+    }
+
+    /// Plugs `ns` into the bridge with `addr` (CIDR); returns its interface's name.
+    pub fn plug(&self, ns: &NetNs, addr: &str) -> String {
+        let (inside, outside) = link(ns, &self.ns);
+        ns.run(&["ip", "addr", "add", addr, "dev", &inside]);
+        ns.run(&["ip", "link", "set", &inside, "up"]);
+        self.ns
+            .run(&["ip", "link", "set", &outside, "master", "br0", "up"]);
+        inside
+    }
+}
+
+/// A veth pair between two namespaces, both ends down and without addresses.
+pub fn link(a: &NetNs, b: &NetNs) -> (String, String) {
+    let (ia, ib) = (unique_name("fa"), unique_name("fb"));
+    run_ok(Command::new("ip").args([
+        "link",
+        "add",
+        &ia,
+        "netns",
+        a.name(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &ib,
+        "netns",
+        b.name(),
+    ]));
+    (ia, ib)
+}
+
+/// A directory removed when dropped.
+#[derive(Debug)]
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One member: its namespace and process.
+#[derive(Debug)]
+struct Member {
+    ip: String,
+    ns: NetNs,
+    child: Option<Child>,
+}
+
+/// An etcd cluster, one member per namespace on a [`Bridge`].
+#[derive(Debug)]
+pub struct Cluster {
+    members: Vec<Member>,
+    tls: bool,
+    dir: Dir,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    run_ok(Command::new("openssl").current_dir(dir).args(args));
+}
+
+/// `ca.pem`, a server certificate per member IP (`e<i>.pem`/`.key`) and a client
+/// certificate (`client.pem`/`.key`) in `dir`.
+fn make_certificates(dir: &Path, ips: &[String]) {
+    let key = |name: &str| {
+        openssl(
+            dir,
+            &[
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                &format!("{name}.key"),
+            ],
+        )
+    };
+    key("ca");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=fleet-ca",
+            "-days",
+            "2",
+            "-out",
+            "ca.pem",
+        ],
+    );
+    let mut leaves: Vec<(String, String)> = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| (format!("e{i}"), format!("IP:{ip},IP:127.0.0.1")))
+        .collect();
+    leaves.push(("client".into(), "DNS:gateway".into()));
+    for (name, san) in leaves {
+        key(&name);
+        fs::write(
+            dir.join(format!("{name}.ext")),
+            format!("subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"),
+        )
+        .unwrap();
+        openssl(
+            dir,
+            &[
+                "req",
+                "-new",
+                "-key",
+                &format!("{name}.key"),
+                "-subj",
+                &format!("/CN={name}"),
+                "-out",
+                &format!("{name}.csr"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
+                &format!("{name}.pem"),
+            ],
+        );
+    }
+}
+
+impl Cluster {
+    /// Members at `ips` (on `bridge`'s /24), with TLS and client certificates when `tls`,
+    /// started and healthy.
+    pub fn start(bridge: &Bridge, ips: &[&str], tls: bool) -> Cluster {
+        let dir = std::env::temp_dir().join(unique_name("etcd"));
+        fs::create_dir_all(dir.join("certs")).unwrap();
+        let dir = Dir(dir);
+        let ips: Vec<String> = ips.iter().map(|s| s.to_string()).collect();
+        if tls {
+            make_certificates(&dir.0.join("certs"), &ips);
+        }
+        let members = ips
+            .iter()
+            .map(|ip| Member {
+                ip: ip.clone(),
+                ns: bridge.host(&format!("{ip}/24")),
+                child: None,
+            })
+            .collect();
+        let mut cluster = Cluster { members, tls, dir };
+        for i in 0..cluster.members.len() {
+            cluster.start_member(i);
+        }
+        cluster.wait_healthy(&bridge.ns);
+        cluster
+    }
+
+    /// The client URLs.
+    pub fn endpoints(&self) -> Vec<String> {
+        let scheme = if self.tls { "https" } else { "http" };
+        self.members
+            .iter()
+            .map(|m| format!("{scheme}://{}:2379", m.ip))
+            .collect()
+    }
+
+    /// Where the CA and the client certificate and key are (with TLS).
+    pub fn certs(&self) -> PathBuf {
+        self.dir.0.join("certs")
+    }
+
+    /// Member `i`'s Prometheus metrics URL (plain HTTP on port 2381).
+    pub fn metrics_url(&self, i: usize) -> String {
+        format!("http://{}:2381/metrics", self.members[i].ip)
+    }
+
+    /// Starts member `i` (again: with the data it had).
+    pub fn start_member(&mut self, i: usize) {
+        let cluster: Vec<String> = self
+            .members
+            .iter()
+            .enumerate()
+            .map(|(j, m)| format!("e{j}=http://{}:2380", m.ip))
+            .collect();
+        let (scheme, certs) = (if self.tls { "https" } else { "http" }, self.certs());
+        let ip = self.members[i].ip.clone();
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.0.join(format!("e{i}.log")))
+            .unwrap();
+        let mut cmd = self.members[i].ns.command("etcd");
+        cmd.args([
+            format!("--name=e{i}"),
+            format!("--data-dir={}", self.dir.0.join(format!("e{i}")).display()),
+            format!("--listen-client-urls={scheme}://{ip}:2379"),
+            format!("--advertise-client-urls={scheme}://{ip}:2379"),
+            format!("--listen-peer-urls=http://{ip}:2380"),
+            format!("--initial-advertise-peer-urls=http://{ip}:2380"),
+            format!("--listen-metrics-urls=http://{ip}:2381"),
+            format!("--initial-cluster={}", cluster.join(",")),
+            "--initial-cluster-state=new".into(),
+            "--initial-cluster-token=tunneld-fleet".into(),
+            "--logger=zap".into(),
+            "--log-outputs=stderr".into(),
+        ]);
+        if self.tls {
+            cmd.args([
+                format!("--cert-file={}", certs.join(format!("e{i}.pem")).display()),
+                format!("--key-file={}", certs.join(format!("e{i}.key")).display()),
+                format!("--trusted-ca-file={}", certs.join("ca.pem").display()),
+                "--client-cert-auth".into(),
+            ]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        self.members[i].child = Some(child);
+    }
+
+    /// Stops member `i` with `signal` (`KILL`, `TERM`) and waits for it.
+    pub fn stop_member(&mut self, i: usize, signal: &str) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + WAIT;
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// `etcdctl` (v3, with the client certificate under TLS) from `ns`, bounded in time.
+    pub fn etcdctl(&self, ns: &NetNs, args: &[&str]) -> Output {
+        let mut cmd = ns.command("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.endpoints().join(",")))
+            .arg("--command-timeout=3s")
+            .arg("--dial-timeout=2s");
+        if self.tls {
+            let certs = self.certs();
+            cmd.arg(format!("--cacert={}", certs.join("ca.pem").display()))
+                .arg(format!("--cert={}", certs.join("client.pem").display()))
+                .arg(format!("--key={}", certs.join("client.key").display()));
+        }
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run etcdctl")
+    }
+
+    /// Waits until every member answers (panics with the logs after 30 s).
+    pub fn wait_healthy(&self, ns: &NetNs) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = self.etcdctl(ns, &["endpoint", "health"]);
+            if out.status.success() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "etcd did not become healthy: {}\n{}",
+                    String::from_utf8_lossy(&out.stderr),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The last lines of every member's log.
+    pub fn logs(&self) -> String {
+        (0..self.members.len())
+            .map(|i| {
+                let text =
+                    fs::read_to_string(self.dir.0.join(format!("e{i}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!("--- etcd e{i} (last lines) ---\n{}", tail.join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            if let Some(mut child) = m.child.take() {
+                stop_process(&mut child);
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+    }
+}

@@ -1,0 +1,695 @@
+//! `cargo xtask bench-fleet`: the fleet on a real etcd cluster (three members, TLS with
+//! client certificates, each in a namespace), with `tunneld up` gateways in namespaces on
+//! one underlay bridge.
+//!
+//! - Failover: site B has two gateways and a LAN host; site A pings that host every 50 ms
+//!   while B's active gateway is killed (-9) or stopped (SIGTERM), again and again, the
+//!   dead one brought back as the standby each time. Time until replies flow again: p50/p99.
+//! - Joining: N sites (N = 10, 50) form a mesh; then one more starts, and every one of the N
+//!   pings it until it answers: time until the last does, from the new tunneld's start.
+//! - At rest, with the N + 1 gateways: etcd requests per gateway per minute (gRPC messages
+//!   the members received, from their metrics), CPU and memory of a gateway with `[fleet]`
+//!   against the same gateway without it (the fleet client's share).
+
+use crate::report::{self, cell, median, percentile, Table};
+use crate::system;
+use crate::testbed::{cpu_seconds, wait_for_socket, Guard};
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tunneld_testnet::etcd::{link, Bridge, Cluster};
+use tunneld_testnet::{unique_name, NetNs};
+
+const MEMBERS: [&str; 3] = ["192.0.2.11", "192.0.2.12", "192.0.2.13"];
+/// The longest any one step may take before the bench gives up on it.
+const STEP_LIMIT: Duration = Duration::from_secs(40);
+
+struct Options {
+    kills: usize,
+    sizes: Vec<usize>,
+    rest_seconds: u64,
+    quick: bool,
+    update_docs: bool,
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        kills: 10,
+        sizes: vec![10, 50],
+        rest_seconds: 30,
+        quick: false,
+        update_docs: false,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => {
+                o.quick = true;
+                o.kills = 1;
+                o.sizes = vec![3];
+                o.rest_seconds = 5;
+            }
+            "--update-docs" => o.update_docs = true,
+            "--kills" => {
+                o.kills = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n| *n > 0)
+                    .ok_or("--kills takes a number above 0")?
+            }
+            "--sizes" => {
+                o.sizes = it
+                    .next()
+                    .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+                    .filter(|v: &Vec<usize>| {
+                        !v.is_empty() && v.iter().all(|n| (2..=200).contains(n))
+                    })
+                    .ok_or("--sizes takes numbers 2-200, comma-separated")?
+            }
+            other => return Err(format!("bench-fleet: unknown option {other:?}")),
+        }
+    }
+    if o.quick && o.update_docs {
+        return Err("--update-docs takes a full run, not --quick".into());
+    }
+    Ok(o)
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let options = parse(args)?;
+    if let Some(why) = tunneld_testnet::netns_unusable() {
+        return Err(format!("bench-fleet needs network namespaces: {why}"));
+    }
+    system::install_tools()?;
+    let tunneld = system::build_tunneld()?;
+    let dir = std::env::temp_dir().join(unique_name("fleetb"));
+    fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let result = measure(&tunneld, &dir, &options);
+    if std::env::var_os("FLEET_BENCH_KEEP").is_none() {
+        let _ = fs::remove_dir_all(&dir);
+    }
+    let markdown = result?;
+    let root = system::repo_root()?;
+    let report_dir = system::target_dir(&root).join("bench-report");
+    let markdown = format!(
+        "{}\n\n{markdown}",
+        report::measured_line("bench-fleet", args)
+    );
+    report::write(&report_dir, "fleet-report.md", &markdown)?;
+    if options.update_docs {
+        report::update_front_page(&root, "fleet", &markdown)?;
+    }
+    Ok(())
+}
+
+/// A gateway's config and process.
+struct Gateway {
+    ns_name: String,
+    ifname: String,
+    config: PathBuf,
+    log: PathBuf,
+    process: Option<std::process::Child>,
+}
+
+impl Gateway {
+    fn start(&mut self, tunneld: &Path) -> Result<(), String> {
+        let log = fs::File::create(&self.log).map_err(|e| e.to_string())?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns_name])
+            .arg(tunneld)
+            .arg("up")
+            .arg(&self.config)
+            .env("TUNNELD_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start tunneld: {e}"))?;
+        self.process = Some(child);
+        wait_for_socket(&self.ifname).map_err(|e| format!("{e}\n{}", self.log_text()))
+    }
+
+    /// Stops it with `signal`, reaped.
+    fn stop(&mut self, signal: &str) {
+        if let Some(mut child) = self.process.take() {
+            let _ = Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = fs::remove_file(format!("/var/run/wireguard/{}.sock", self.ifname));
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(std::process::Child::id)
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn show(&self, tunneld: &Path) -> String {
+        let out = Command::new(tunneld)
+            .args(["show", &self.ifname])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+        out.unwrap_or_default()
+    }
+
+    fn peer_count(&self) -> usize {
+        Command::new("wg")
+            .args(["show", &self.ifname, "peers"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop("TERM");
+    }
+}
+
+/// A gateway to start: its underlay address, site and name, own address (/32) and its
+/// site's subnet.
+struct Spec<'a> {
+    underlay: &'a str,
+    site: &'a str,
+    gateway: &'a str,
+    address: Option<&'a str>,
+    subnet: &'a str,
+}
+
+struct Fleet<'a> {
+    tunneld: &'a Path,
+    dir: &'a Path,
+    cluster: &'a Cluster,
+}
+
+impl Fleet<'_> {
+    /// A gateway in `ns` as `spec` says; with no `prefix`, one without `[fleet]`.
+    fn gateway(&self, ns: &NetNs, prefix: Option<&str>, spec: Spec) -> Result<Gateway, String> {
+        let Spec {
+            underlay,
+            site,
+            gateway,
+            address,
+            subnet,
+        } = spec;
+        let ifname = unique_name("fb");
+        let key = tunneld_crypto::PrivateKey::generate();
+        let key_path = self.dir.join(format!("{ifname}.key"));
+        fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(&key_path)
+            .and_then(|mut f| f.write_all(key.to_base64().as_bytes()))
+            .map_err(|e| e.to_string())?;
+        let address = address.map_or(String::new(), |a| format!("address = [\"{a}\"]\n"));
+        let mut text = format!(
+            "[interface]\nname = \"{ifname}\"\nprivate_key_file = \"{}\"\nlisten_port = 51820\n\
+             {address}\n[dataplane]\nworkers = 1\n",
+            key_path.display()
+        );
+        if let Some(prefix) = prefix {
+            let certs = self.cluster.certs();
+            let endpoints: Vec<String> = self
+                .cluster
+                .endpoints()
+                .iter()
+                .map(|e| format!("\"{e}\""))
+                .collect();
+            text.push_str(&format!(
+                "\n[fleet]\netcd = [{}]\nca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\
+                 prefix = \"{prefix}\"\nsite = \"{site}\"\ngateway = \"{gateway}\"\n\
+                 advertise = [\"{underlay}:51820\"]\nsubnets = [\"{subnet}\"]\n",
+                endpoints.join(", "),
+                certs.join("ca.pem").display(),
+                certs.join("client.pem").display(),
+                certs.join("client.key").display(),
+            ));
+        }
+        let config = self.dir.join(format!("{ifname}.toml"));
+        fs::write(&config, text).map_err(|e| e.to_string())?;
+        let mut g = Gateway {
+            ns_name: ns.name().to_string(),
+            log: self.dir.join(format!("{ifname}.log")),
+            ifname,
+            config,
+            process: None,
+        };
+        g.start(self.tunneld)?;
+        Ok(g)
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) -> Result<(), String> {
+    let deadline = Instant::now() + STEP_LIMIT;
+    while !ok() {
+        system::check_interrupted()?;
+        if Instant::now() > deadline {
+            return Err(format!("{what}: not within {} s", STEP_LIMIT.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// A ping every 50 ms from `ns` to `addr`, its replies' times read back.
+struct Probe {
+    /// Stopped with the probe.
+    _process: Guard,
+    out: PathBuf,
+}
+
+impl Probe {
+    fn start(ns: &NetNs, addr: &str, out: PathBuf) -> Result<Probe, String> {
+        let file = fs::File::create(&out).map_err(|e| e.to_string())?;
+        let child = ns
+            .command("ping")
+            .args(["-D", "-n", "-i", "0.05", "-W", "1", "-w", "60", addr])
+            .stdout(file)
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start ping: {e}"))?;
+        Ok(Probe {
+            _process: Guard(child),
+            out,
+        })
+    }
+
+    /// Seconds from `event` (Unix time) to the first reply after the gap it caused (0 when
+    /// replies never stopped for more than 0.3 s).
+    fn resumed_after(&self, event: f64) -> Result<f64, String> {
+        let deadline = Instant::now() + STEP_LIMIT;
+        loop {
+            let text = fs::read_to_string(&self.out).unwrap_or_default();
+            let times: Vec<f64> = text
+                .lines()
+                .filter(|l| l.contains("bytes from"))
+                .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+                .collect();
+            let mut previous = times.iter().copied().rfind(|t| *t <= event);
+            for t in times.iter().copied().filter(|t| *t > event) {
+                if t - previous.unwrap_or(event) > 0.3 {
+                    return Ok(t - event);
+                }
+                previous = Some(t);
+            }
+            if times.iter().any(|t| *t > event + 2.0) {
+                return Ok(0.0);
+            }
+            system::check_interrupted()?;
+            if Instant::now() > deadline {
+                return Err("no ping reply after the failover".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, String> {
+    let wan = Bridge::new("192.0.2.1/24");
+    eprintln!("==> etcd: three members with TLS");
+    let cluster = Cluster::start(&wan, &MEMBERS, true);
+    let fleet = Fleet {
+        tunneld,
+        dir,
+        cluster: &cluster,
+    };
+    let (kill, term) = failovers(&fleet, &wan, options)?;
+    let mut table = Table::new(&[
+        "measure",
+        "p50 (median)",
+        "p99 (joining: the last)",
+        "samples",
+    ]);
+    for (name, samples) in [
+        (
+            "traffic resumes after `kill -9` of the active gateway",
+            &kill,
+        ),
+        ("traffic resumes after SIGTERM of the active gateway", &term),
+    ] {
+        table.row(&[
+            name.into(),
+            cell(percentile(samples, 0.5), 2, " s"),
+            cell(percentile(samples, 0.99), 2, " s"),
+            samples.len().to_string(),
+        ]);
+    }
+    let mut rest = String::new();
+    for &n in &options.sizes {
+        let joined = join(&fleet, &wan, n, options, &mut rest)?;
+        table.row(&[
+            format!("a new site reachable from each of N = {n} others"),
+            cell(median(joined.clone()), 2, " s"),
+            cell(joined.iter().copied().fold(f64::NAN, f64::max), 2, " s"),
+            joined.len().to_string(),
+        ]);
+    }
+    Ok(format!(
+        "Failover: site B's two gateways, the active one stopped {} times each way, brought \
+         back as the standby each time; a ping every 50 ms from site A to a host on B's LAN \
+         tells when traffic flows again (lease TTL 3 s, the default). Joining: N sites in a \
+         mesh, then one more started; the time from its start until each of the N reaches it.\n\n{}\n{rest}",
+        options.kills,
+        table.render()
+    ))
+}
+
+/// Site A and site B (two gateways, a LAN host): the failover samples, kill -9 then SIGTERM.
+fn failovers(
+    fleet: &Fleet,
+    wan: &Bridge,
+    options: &Options,
+) -> Result<(Vec<f64>, Vec<f64>), String> {
+    eprintln!("==> failover: {} kills each way", options.kills);
+    let prefix = "/tunneld/bench-failover";
+    let na = wan.host("192.0.2.21/24");
+    let nb: Vec<NetNs> = ["192.0.2.22/24", "192.0.2.23/24"]
+        .iter()
+        .map(|a| wan.host(a))
+        .collect();
+    let lan = NetNs::new();
+    lan.run(&["ip", "link", "add", "brb", "type", "bridge"]);
+    lan.run(&["ip", "addr", "add", "10.2.0.10/24", "dev", "brb"]);
+    lan.run(&["ip", "link", "set", "brb", "up"]);
+    for (i, ns) in nb.iter().enumerate() {
+        let (own, other) = (2 + i, 3 - i);
+        let (inside, outside) = link(ns, &lan);
+        ns.run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("10.2.0.{own}/24"),
+            "dev",
+            &inside,
+        ]);
+        ns.run(&["ip", "link", "set", &inside, "up"]);
+        lan.run(&["ip", "link", "set", &outside, "master", "brb", "up"]);
+        ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        ns.run(&[
+            "ip",
+            "route",
+            "add",
+            "10.0.0.0/8",
+            "via",
+            &format!("10.2.0.{other}"),
+            "metric",
+            "100",
+        ]);
+    }
+    lan.run(&["ip", "route", "add", "10.0.0.0/8", "via", "10.2.0.2"]);
+    let a = fleet.gateway(
+        &na,
+        Some(prefix),
+        Spec {
+            underlay: "192.0.2.21",
+            site: "a",
+            gateway: "a1",
+            address: Some("10.1.0.1/32"),
+            subnet: "10.1.0.0/24",
+        },
+    )?;
+    let mut b = vec![fleet.gateway(
+        &nb[0],
+        Some(prefix),
+        Spec {
+            underlay: "192.0.2.22",
+            site: "b",
+            gateway: "b1",
+            address: None,
+            subnet: "10.2.0.0/24",
+        },
+    )?];
+    wait_for("b1 leads site b", || {
+        b[0].show(fleet.tunneld).contains("gateway b1 (active)")
+    })?;
+    b.push(fleet.gateway(
+        &nb[1],
+        Some(prefix),
+        Spec {
+            underlay: "192.0.2.23",
+            site: "b",
+            gateway: "b2",
+            address: None,
+            subnet: "10.2.0.0/24",
+        },
+    )?);
+    wait_for("A reaches B's LAN", || {
+        na.output(&["ping", "-c", "1", "-W", "1", "10.2.0.10"])
+            .status
+            .success()
+    })?;
+    let mut active = 0;
+    let mut samples = (Vec::new(), Vec::new());
+    for (signal, into) in [("KILL", &mut samples.0), ("TERM", &mut samples.1)] {
+        for round in 0..options.kills {
+            system::check_interrupted()?;
+            let standby = 1 - active;
+            let name = |i: usize| format!("gateway b{} (", i + 1);
+            wait_for("the standby is ready", || {
+                b[standby]
+                    .show(fleet.tunneld)
+                    .contains(&format!("{}standby)", name(standby)))
+            })?;
+            let probe = Probe::start(&na, "10.2.0.10", fleet.dir.join("probe.out"))?;
+            std::thread::sleep(Duration::from_millis(500));
+            let event = unix_now();
+            b[active].stop(signal);
+            let resumed = probe.resumed_after(event)?;
+            drop(probe);
+            let new_name = format!("b{}", standby + 1);
+            let repointed = repointed_after(&a.log_text(), &new_name, event);
+            eprintln!(
+                "    {signal} {}: traffic resumed after {resumed:.2} s (site A repointed site b after {repointed:.2} s)",
+                round + 1
+            );
+            if resumed > 6.0 {
+                eprintln!(
+                    "--- site A's log ---\n{}\n--- {new_name}'s log ---\n{}",
+                    a.log_text(),
+                    b[standby].log_text()
+                );
+            }
+            into.push(resumed);
+            b[active].start(fleet.tunneld)?;
+            active = standby;
+        }
+    }
+    Ok(samples)
+}
+
+/// N sites in a mesh, then one more: per origin, the seconds until it reached the new one.
+/// Also measures the fleet at rest into `rest`.
+fn join(
+    fleet: &Fleet,
+    wan: &Bridge,
+    n: usize,
+    options: &Options,
+    rest: &mut String,
+) -> Result<Vec<f64>, String> {
+    eprintln!("==> joining: a mesh of {n} sites, then one more");
+    let prefix = format!("/tunneld/bench-join-{n}");
+    let mut namespaces = Vec::new();
+    let mut gateways = Vec::new();
+    for i in 0..n {
+        let underlay = format!("192.0.2.{}", 100 + i);
+        let ns = wan.host(&format!("{underlay}/24"));
+        let g = fleet.gateway(
+            &ns,
+            Some(&prefix),
+            Spec {
+                underlay: &underlay,
+                site: &format!("s{i}"),
+                gateway: "g",
+                address: Some(&format!("10.64.{i}.1/32")),
+                subnet: &format!("10.64.{i}.0/24"),
+            },
+        )?;
+        namespaces.push(ns);
+        gateways.push(g);
+    }
+    wait_for("the mesh forms", || {
+        gateways.iter().all(|g| g.peer_count() == n - 1)
+    })?;
+    let new_ns = wan.host("192.0.2.99/24");
+    let started = Instant::now();
+    let newcomer = fleet.gateway(
+        &new_ns,
+        Some(&prefix),
+        Spec {
+            underlay: "192.0.2.99",
+            site: "new",
+            gateway: "g",
+            address: Some("10.65.0.1/32"),
+            subnet: "10.65.0.0/24",
+        },
+    )?;
+    let pingers: Vec<_> = namespaces
+        .iter()
+        .map(|ns| {
+            ns.spawn_in_ns(move || {
+                let deadline = Instant::now() + STEP_LIMIT;
+                while Instant::now() < deadline {
+                    let ok = Command::new("ping")
+                        .args(["-c", "1", "-W", "0.2", "10.65.0.1"])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    if ok {
+                        return Some(Instant::now());
+                    }
+                }
+                None
+            })
+        })
+        .collect();
+    let mut joined = Vec::new();
+    for p in pingers {
+        match p.join().ok().flatten() {
+            Some(at) => joined.push(at.duration_since(started).as_secs_f64()),
+            None => {
+                return Err(format!(
+                    "a site never reached the new one:\n{}",
+                    newcomer.log_text()
+                ))
+            }
+        }
+    }
+    gateways.push(newcomer);
+
+    eprintln!("==> at rest: {} s", options.rest_seconds);
+    let plain_ns = wan.host("192.0.2.98/24");
+    let plain = fleet.gateway(
+        &plain_ns,
+        None,
+        Spec {
+            underlay: "192.0.2.98",
+            site: "",
+            gateway: "",
+            address: Some("10.66.0.1/32"),
+            subnet: "",
+        },
+    )?;
+    std::thread::sleep(Duration::from_secs(2));
+    let pids: Vec<u32> = gateways.iter().filter_map(Gateway::pid).collect();
+    let plain_pid: Vec<u32> = plain.pid().into_iter().collect();
+    let messages_before = etcd_messages(fleet.cluster, &wan.ns)?;
+    let (cpu_before, plain_before) = (cpu_seconds(&pids), cpu_seconds(&plain_pid));
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(options.rest_seconds));
+    let seconds = t0.elapsed().as_secs_f64();
+    let messages = etcd_messages(fleet.cluster, &wan.ns)? - messages_before;
+    let cpu = (cpu_seconds(&pids) - cpu_before) / pids.len().max(1) as f64;
+    let plain_cpu = cpu_seconds(&plain_pid) - plain_before;
+    let rss = median(pids.iter().map(|p| rss_kib(*p) as f64).collect());
+    let plain_rss = plain_pid.first().map_or(f64::NAN, |p| rss_kib(*p) as f64);
+    let per_minute = messages / pids.len().max(1) as f64 * 60.0 / seconds;
+    rest.push_str(&format!(
+        "\nAt rest with N + 1 = {} gateways, over {seconds:.0} s: **{per_minute:.0} etcd requests \
+         per gateway per minute** (gRPC messages the members received: the lease keep-alives, \
+         one per third of the TTL); CPU of a gateway {} with `[fleet]` against {} without it; \
+         resident memory {} against {} (the fleet client's share is the difference).\n",
+        pids.len(),
+        cell(cpu * 1000.0 / seconds * 60.0, 0, " ms per minute"),
+        cell(plain_cpu * 1000.0 / seconds * 60.0, 0, " ms"),
+        cell(rss / 1024.0, 1, " MiB"),
+        cell(plain_rss / 1024.0, 1, " MiB"),
+    ));
+    drop(plain);
+    drop(gateways);
+    Ok(joined)
+}
+
+/// Seconds from `event` (Unix time) to site A's log line saying site b is served by `name`
+/// (the last such line; its UTC time of day read off the line).
+fn repointed_after(log: &str, name: &str, event: f64) -> f64 {
+    let needle = format!("site b is served by {name} now");
+    let Some(line) = log.lines().rev().find(|l| l.contains(&needle)) else {
+        return f64::NAN;
+    };
+    let parts: Vec<f64> = line
+        .get(11..26)
+        .unwrap_or_default()
+        .split(':')
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    let [h, m, s] = parts[..] else {
+        return f64::NAN;
+    };
+    (h * 3600.0 + m * 60.0 + s - event.rem_euclid(86_400.0) + 86_400.0).rem_euclid(86_400.0)
+}
+
+/// gRPC messages the members have received, summed (from each one's metrics, read from
+/// `ns`, a namespace on their bridge).
+fn etcd_messages(cluster: &Cluster, ns: &NetNs) -> Result<f64, String> {
+    let mut total = 0.0;
+    for i in 0..cluster.len() {
+        let url = cluster.metrics_url(i);
+        let (host, path) = url
+            .strip_prefix("http://")
+            .and_then(|r| r.split_once('/'))
+            .map(|(h, p)| (h.to_string(), format!("/{p}")))
+            .ok_or("bad metrics URL")?;
+        let body = ns.in_ns(move || http_get(&host, &path))?;
+        total += body
+            .lines()
+            .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    Ok(total)
+}
+
+/// A plain HTTP/1.0 GET (etcd's metrics listener), bounded in time.
+fn http_get(host: &str, path: &str) -> Result<String, String> {
+    use std::io::Read as _;
+    let addr: std::net::SocketAddr = host.parse().map_err(|_| format!("bad address {host}"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("GET {host}{path}: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .map_err(|e| format!("GET {host}{path}: {e}"))?;
+    let mut body = String::new();
+    stream
+        .read_to_string(&mut body)
+        .map_err(|e| format!("GET {host}{path}: {e}"))?;
+    Ok(body)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
