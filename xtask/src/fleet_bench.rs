@@ -262,12 +262,20 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn wait_for(what: &str, mut ok: impl FnMut() -> bool) -> Result<(), String> {
-    let deadline = Instant::now() + STEP_LIMIT;
+fn wait_for(what: &str, ok: impl FnMut() -> bool) -> Result<(), String> {
+    wait_for_within(what, STEP_LIMIT, ok)
+}
+
+fn wait_for_within(
+    what: &str,
+    limit: Duration,
+    mut ok: impl FnMut() -> bool,
+) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
     while !ok() {
         system::check_interrupted()?;
         if Instant::now() > deadline {
-            return Err(format!("{what}: not within {} s", STEP_LIMIT.as_secs()));
+            return Err(format!("{what}: not within {} s", limit.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -530,9 +538,13 @@ fn join(
         namespaces.push(ns);
         gateways.push(g);
     }
-    wait_for("the mesh forms", || {
-        gateways.iter().all(|g| g.peer_count() == n - 1)
-    })?;
+    // Many gateways joining at once are many writes for etcd (a lease, a record, an
+    // election key each), which a loaded machine's disk may take a while to sync.
+    wait_for_within(
+        "the mesh forms",
+        STEP_LIMIT + Duration::from_secs(2 * n as u64),
+        || gateways.iter().all(|g| g.peer_count() == n - 1),
+    )?;
     let new_ns = wan.host("192.0.2.99/24");
     let started = Instant::now();
     let newcomer = fleet.gateway(

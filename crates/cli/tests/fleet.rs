@@ -139,6 +139,20 @@ fn show(ns: &NetNs, ifname: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Site A's `GET /metrics`, from inside its namespace.
+fn scrape(ns: &NetNs) -> String {
+    ns.in_ns(|| {
+        let mut stream = TcpStream::connect("127.0.0.1:9586").expect("metrics listener");
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).unwrap();
+        text
+    })
+}
+
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -362,7 +376,9 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     lan.run(&["ip", "route", "add", "10.0.0.0/8", "via", "10.2.0.2"]);
     lan.run(&["ip", "-6", "route", "add", "fd00::/16", "via", "fd00:2::2"]);
 
-    let a = Site::new(&cluster, "a", "a1", 1, 21, true);
+    let mut a = Site::new(&cluster, "a", "a1", 1, 21, true);
+    a.body
+        .push_str("\n[metrics]\nlisten = \"127.0.0.1:9586\"\n");
     let b1 = Site::new(&cluster, "b", "b1", 2, 22, false);
     let b2 = Site::new(&cluster, "b", "b2", 2, 23, false);
     let c = Site::new(&cluster, "c", "c1", 3, 24, true);
@@ -410,6 +426,16 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         shown.contains("b/b1 (active) at 192.0.2.22:51820"),
         "{shown}"
     );
+
+    let metrics = scrape(&na);
+    for line in [
+        "tunneld_fleet_members{site=\"a\",gateway=\"a1\"} 4",
+        "tunneld_fleet_active{site=\"a\",gateway=\"a1\"} 1",
+        "tunneld_fleet_store_up{site=\"a\",gateway=\"a1\"} 1",
+        "tunneld_fleet_rejected_records_total{site=\"a\",gateway=\"a1\"} 0",
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
 
     step("a fourth site joins at run time");
     let joined_at = Instant::now();
@@ -578,6 +604,15 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         "logged once"
     );
     assert!(show(&na, &a.ifname).contains("records rejected: 2"));
+    let metrics = scrape(&na);
+    for line in [
+        "tunneld_fleet_rejected_records_total{site=\"a\",gateway=\"a1\"} 2",
+        // B1 to B2, then back.
+        "tunneld_fleet_failovers_total{site=\"a\",gateway=\"a1\"} 2",
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
+    assert!(!metrics.contains("tunneld_fleet_store_errors_total{site=\"a\",gateway=\"a1\"} 0"));
     assert_eq!(peers(&na, &a.ifname), before_peers, "nothing hijacked");
     ping(&na, "10.2.0.10");
 

@@ -1328,3 +1328,106 @@ fn xdp_checksum_offload_is_on_by_default_and_goes_with_the_xdp_backend_only() {
         "dataplane.xdp_checksum_offload: is only used with backend = \"xdp\" (this config says `uring`)",
     );
 }
+
+const FLEET_INTERFACE: &str = "[interface]\nname = \"wg0\"\nprivate_key_file = \"k\"\n";
+
+fn fleet(body: &str) -> String {
+    format!("{FLEET_INTERFACE}\n[fleet]\n{body}")
+}
+
+const FLEET_OK: &str = r#"etcd = ["https://192.0.2.11:2379", "https://[2001:db8::1]:2379"]
+ca_file = "ca.pem"
+cert_file = "gw.pem"
+key_file = "gw.key"
+prefix = "/tunneld/corp/"
+site = "berlin"
+advertise = ["192.0.2.21:51820"]
+subnets = ["10.2.0.1/24", "fd00:2::/64"]
+"#;
+
+#[test]
+fn a_fleet_section_parses_with_its_defaults() {
+    let c = ok(&fleet(FLEET_OK));
+    let f = c.fleet.expect("the fleet");
+    assert_eq!(f.prefix, "/tunneld/corp");
+    assert_eq!(f.site, "berlin");
+    assert_eq!(f.gateway, None);
+    assert_eq!(f.lease_ttl, config::DEFAULT_LEASE_TTL);
+    assert_eq!(f.persistent_keepalive, config::DEFAULT_FLEET_KEEPALIVE);
+    assert_eq!(
+        f.subnets[0].to_string(),
+        "10.2.0.0/24",
+        "truncated to the network"
+    );
+    assert!(f.client_cert.is_some() && !f.insecure);
+    let plain = ok(&fleet(
+        "etcd = [\"http://127.0.0.1:2379\"]\ninsecure = true\nprefix = \"/f\"\nsite = \"a\"\n\
+         advertise = [\"192.0.2.1:51820\"]\nsubnets = []\nlease_ttl = 10\n",
+    ));
+    assert!(plain.fleet.unwrap().insecure);
+}
+
+#[test]
+fn fleet_errors_name_the_field_in_one_line() {
+    let with = |from: &str, to: &str| fleet(&FLEET_OK.replace(from, to));
+    let cases: Vec<(String, &str)> = vec![
+        (
+            with("https://192.0.2.11:2379", "http://192.0.2.11:2379"),
+            "fleet.etcd[0]: `http://192.0.2.11:2379` is plain HTTP",
+        ),
+        (
+            with("https://192.0.2.11:2379", "192.0.2.11:2379"),
+            "is not an etcd URL",
+        ),
+        (
+            with("https://192.0.2.11:2379", "https://192.0.2.11"),
+            "has no port",
+        ),
+        (
+            with("ca_file = \"ca.pem\"\n", ""),
+            "fleet: missing `ca_file`",
+        ),
+        (
+            with("key_file = \"gw.key\"\n", ""),
+            "`cert_file` needs `key_file`",
+        ),
+        (
+            with("/tunneld/corp/", "tunneld"),
+            "fleet.prefix: `tunneld` must start with `/`",
+        ),
+        (
+            with("/tunneld/corp/", "/a b"),
+            "fleet.prefix: component `a b` may hold only",
+        ),
+        (
+            with("\"berlin\"", "\"ber/lin\""),
+            "fleet.site: `ber/lin` may hold only",
+        ),
+        (
+            with("192.0.2.21:51820", "gw.example:51820"),
+            "fleet.advertise[0]: `gw.example:51820` is not an address:port",
+        ),
+        (
+            with("\"fd00:2::/64\"", "\"10.2.0.128/25\""),
+            "fleet.subnets[1]: 10.2.0.128/25 overlaps 10.2.0.0/24",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}lease_ttl = 1\n")),
+            "fleet.lease_ttl: 1 is out of range 2-300",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}ttl = 3\n")),
+            "fleet: unknown field `ttl`",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = error(&text);
+        assert!(e.contains(want), "want {want:?} in {e:?}");
+        assert!(!e.contains('\n'));
+    }
+    let e = errors(&format!("[fleet]\n{FLEET_OK}"));
+    assert!(
+        e.iter().any(|l| l.contains("fleet: needs an [interface]")),
+        "{e:?}"
+    );
+}

@@ -168,6 +168,8 @@ impl Fleet {
             leaders: HashMap::new(),
             backoff: MIN_BACKOFF,
             failures: 0,
+            active_since: None,
+            keepalive_on: false,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -211,6 +213,16 @@ impl Drop for Fleet {
 }
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF_WITHOUT_LEASE: Duration = Duration::from_secs(5);
+
+/// A number in [0, 1), different at each call (the standard library's randomly seeded
+/// hasher; this needs no more than that).
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
 /// The longest a leave may wait for the store, per request.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -249,7 +261,16 @@ struct Member<S: Store> {
     /// a second), so that one member going away, which the next attempt routes around, is
     /// no outage.
     failures: u32,
+    /// Since when this gateway leads its site (`None` while it stands by).
+    active_since: Option<tokio::time::Instant>,
+    /// Whether the peers' keepalives are on (`ACTIVATION_QUIET` after becoming active).
+    keepalive_on: bool,
 }
+
+/// How long a gateway that became active leaves its peers' keepalives off: the other sites
+/// add it with theirs on and start the handshake at once; two initiations crossing would
+/// cost a retry.
+const ACTIVATION_QUIET: Duration = Duration::from_secs(1);
 
 /// Failed attempts in a row after which the store counts as unreachable.
 const DOWN_AFTER: u32 = 3;
@@ -279,9 +300,16 @@ impl<S: Store> Member<S> {
                 Interruption::Unreachable(e) => {
                     self.failures += 1;
                     self.store_failed(&e);
-                    let wait = self.backoff;
-                    // Never wait so long that a lease still alive in etcd expires unseen.
-                    let most = Duration::from_millis(u64::from(self.ttl) * 1000 / 3);
+                    // Between half and all of the backoff, so that gateways that failed
+                    // together do not all come back at the same moment.
+                    let wait = self.backoff.mul_f64(0.5 + 0.5 * jitter());
+                    // With a lease that may still live, never so long that it expires
+                    // unseen; with none to save, longer, to spare a struggling store.
+                    let most = if self.lease.is_some() {
+                        Duration::from_millis(u64::from(self.ttl) * 1000 / 3)
+                    } else {
+                        MAX_BACKOFF_WITHOUT_LEASE
+                    };
                     self.backoff = (self.backoff * 2).min(most.max(MIN_BACKOFF));
                     tokio::select! {
                         biased;
@@ -326,7 +354,14 @@ impl<S: Store> Member<S> {
         let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let quiet_until = self
+                .active_since
+                .filter(|_| !self.keepalive_on)
+                .map(|since| since + ACTIVATION_QUIET);
             tokio::select! {
+                _ = tokio::time::sleep_until(quiet_until.unwrap_or_else(tokio::time::Instant::now)), if quiet_until.is_some() => {
+                    self.reconcile(&view);
+                }
                 won = &mut campaign, if campaigning => {
                     campaigning = false;
                     match won {
@@ -479,7 +514,14 @@ impl<S: Store> Member<S> {
             }
         }
         let own_active = fleet.is_active(&self.record.site, &self.record.gateway);
-        let mut wanted = fleet.wanted_peers(&self.record.site, own_active, self.keepalive);
+        let now = tokio::time::Instant::now();
+        let since = *self.active_since.get_or_insert(now);
+        if !own_active {
+            self.active_since = None;
+        }
+        self.keepalive_on = own_active && now >= since + ACTIVATION_QUIET;
+        let keepalive = if self.keepalive_on { self.keepalive } else { 0 };
+        let mut wanted = fleet.wanted_peers(&self.record.site, own_active, keepalive);
         wanted.retain(|k, _| !self.refused_keys.contains(k));
         for op in diff(&self.applied, &wanted) {
             self.apply(op);
