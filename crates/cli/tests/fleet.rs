@@ -293,6 +293,17 @@ fn logged_after(log: &str, needle: &str, event: f64) -> f64 {
     (logged - event.rem_euclid(86_400.0) + 86_400.0).rem_euclid(86_400.0)
 }
 
+/// The log lines from `event` (Unix time) to `seconds` after it.
+fn log_window(log: &str, event: f64, seconds: f64) -> String {
+    log.lines()
+        .filter(|l| {
+            let t = logged_after(l, "", event);
+            t.is_finite() && t <= seconds
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn count(text: &str, needle: &str) -> usize {
     text.matches(needle).count()
 }
@@ -488,6 +499,25 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
          (A repointed site B after {:.2} s)",
         logged_after(&ga.log_text(), "site b is served by b1 now", stopped)
     );
+    if resumed > 1.0 {
+        let gaps: Vec<String> = probe
+            .reply_times()
+            .windows(2)
+            .filter(|w| w[1] > stopped - 1.0 && w[1] - w[0] > 0.2)
+            .map(|w| format!("{:.2}..{:.2}", w[0] - stopped, w[1] - stopped))
+            .collect();
+        eprintln!("gaps in the replies (s from SIGTERM): {gaps:?}");
+        for (name, log) in [
+            ("A", ga.log_text()),
+            ("B1", gb1_again.log_text()),
+            ("B2", gb2.log_text()),
+        ] {
+            eprintln!(
+                "--- {name}, the 2 s after SIGTERM ---\n{}",
+                log_window(&log, stopped, 2.0)
+            );
+        }
+    }
     wait_peers(&na, &a.ifname, &[&b1, &c, &d], "A after B2 left");
     assert!(
         gb2.log_text().contains("left the fleet (lease revoked)"),
