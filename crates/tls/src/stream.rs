@@ -204,11 +204,18 @@ impl RecordStream {
     /// then our FIN. What it sent after the record is read and dropped first (without
     /// waiting), since closing a socket with unread data resets the connection, and a reset
     /// can overtake the alert.
+    ///
+    /// Records sealed before the alert (a session ticket or KeyUpdate owed) go first: the
+    /// alert's sequence number follows theirs, so it cannot be read without them.
     fn refused(&mut self, e: records::RecordError) -> anyhow::Error {
         if let Some(alert) = e.alert_owed() {
             let mut buf = [0; 64];
             if let Ok(n) = self.records.alert(&mut buf, alert) {
-                let _ = self.tls.write(&buf[..n]);
+                let pending = &self.sealed[self.sealed_at..self.sealed_end];
+                if write_some(&self.tls, pending) == pending.len() {
+                    let _ = write_some(&self.tls, &buf[..n]);
+                }
+                self.sealed_at = self.sealed_end;
             }
             let _ = self.tls.shutdown(std::net::Shutdown::Write);
             super::drain(&self.tls, &mut self.received);
@@ -248,4 +255,19 @@ impl RecordStream {
             self.piece_taken = 0;
         }
     }
+}
+
+/// Writes what the non-blocking socket takes of `bytes` now, without waiting; returns how
+/// much.
+fn write_some(mut sock: &TcpStream, bytes: &[u8]) -> usize {
+    let mut done = 0;
+    while done < bytes.len() {
+        match sock.write(&bytes[done..]) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    done
 }
