@@ -14,7 +14,7 @@
 //! a clean end).
 
 use super::handshake::Established;
-use super::stream::RecordStream;
+use super::stream::{self, RecordStream};
 use super::ListenerStats;
 use anyhow::{bail, Context};
 use std::io::{self, ErrorKind, IoSlice, Read, Write};
@@ -147,6 +147,9 @@ impl Relay {
                 self.stats
                     .to_tls_bytes
                     .fetch_add(n as u64, Ordering::Relaxed);
+                // Short of the slots: the socket is drained until its next readiness
+                // event (see `RecordStream::receive`).
+                self.plain_readable = n == stream::SLOTS_BYTES;
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 self.plain_readable = false;
