@@ -1488,7 +1488,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut got = 0;
         while got == 0 && Instant::now() < deadline {
-            relay.mark_readable(false);
+            relay.mark_readable(false, false);
             relay.step().unwrap();
             match conn.read_tls(&mut sock) {
                 Ok(n) => got += n,

@@ -41,8 +41,12 @@ pub struct RecordStream {
     eof: bool,
     /// The other side's close_notify has come.
     closed: bool,
-    /// Whether a read may find something: set by readiness, cleared by `WouldBlock`.
+    /// Whether a read may find something: set by readiness, cleared by `WouldBlock` or by
+    /// a read short of its room (see `receive`).
     readable: bool,
+    /// A readiness event said the other side closed (or the socket failed): an end of
+    /// stream may wait behind the data, which no further event announces.
+    hangup: bool,
 }
 
 impl RecordStream {
@@ -72,6 +76,7 @@ impl RecordStream {
             eof: false,
             closed: peer_closed,
             readable: true,
+            hangup: false,
         };
         Ok((stream, early))
     }
@@ -80,9 +85,11 @@ impl RecordStream {
         &self.tls
     }
 
-    /// Notes that the socket may have something to read.
-    pub fn mark_readable(&mut self) {
+    /// Notes that the socket may have something to read; `hangup`: the event said the other
+    /// side closed, or the socket failed.
+    pub fn mark_readable(&mut self, hangup: bool) {
         self.readable = true;
+        self.hangup |= hangup;
     }
 
     /// Whether the other side's close_notify has come (nothing after it is read).
@@ -183,10 +190,12 @@ impl RecordStream {
                 Ok(n) => {
                     self.received_end += n;
                     // A read that did not fill the room drained the socket: what comes
-                    // later is a new readiness event, so reading again now would only
-                    // return WouldBlock (a system call per wake-up, measured: a fifth of
-                    // the receiving side's reads).
-                    self.readable = self.received_end == self.received.len();
+                    // later is a new readiness event (edge-triggered epoll signals each
+                    // arrival), so reading again now would only return WouldBlock (a
+                    // system call per wake-up, measured: a fifth of the receiving side's
+                    // reads). Not after a hang-up: the end of the stream that came with
+                    // the data shows only to the next read.
+                    self.readable = self.hangup || self.received_end == self.received.len();
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => self.readable = false,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
