@@ -63,13 +63,15 @@ commands:
                    coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
                    installed when missing); default 60 s each
   tlsfuzzer [SCRIPT...]
-                   tlsfuzzer's TLS 1.3 record-layer scripts (conversation, keyupdate, lengths,
-                   ...; all without names) against tunneld's [[tls.listen]] in a namespace;
-                   needs root and the vendored copy in ../shared/vendor/tlsfuzzer (or
-                   TUNNELD_TLSFUZZER_DIR); installs python3-ecdsa when missing
+                   tlsfuzzer's TLS 1.3 scripts (without names, the test step's 32: conversation,
+                   keyupdate, lengths, ...) against tunneld's [[tls.listen]] and openssl
+                   s_server side by side in a namespace, every probe; fails when a probe that
+                   passes on OpenSSL does not on tunneld; report in
+                   target/tlsfuzzer-step/report.md; needs root and the vendored copy in
+                   ../shared/vendor/tlsfuzzer (or TUNNELD_TLSFUZZER_DIR); installs
+                   python3-ecdsa when missing
   tlsfuzzer --compare-all [--limit SECONDS] [--only openssl|tunneld] [--report] [SCRIPT...]
-                   every TLS 1.3 script against openssl s_server -www and tunneld side by
-                   side (default 240 s per script); report in
+                   the same for every TLS 1.3 script (default 240 s per script); report in
                    target/tlsfuzzer-compare/report.md
   kernel-wg        tunneld against kernel WireGuard in two namespaces: each side initiating,
                    a preshared key, ping and TCP both ways over IPv4 and IPv6, a rekey,
@@ -282,8 +284,8 @@ fn test() -> ExitCode {
         eprintln!("package: {e}");
         failures.push("package (not root)".into());
     }
-    // tlsfuzzer's record-layer scripts against a [[tls.listen]]; each script counts in the
-    // summary as one test. Skipped (counted so) without the vendored copy or without root.
+    // tlsfuzzer's scripts against a [[tls.listen]] and OpenSSL side by side; each script
+    // counts in the summary as one test. Skipped (counted so) without the vendored copy or without root.
     match tlsfuzzer::step() {
         Ok(Some(counts)) => {
             tally.passed += counts.passed;

@@ -9,7 +9,8 @@
 //! TLS is 1.3 with TLS_AES_256_GCM_SHA384 for stunnel; the certificates (a throwaway CA and a
 //! server certificate for `tunneld-bench.test`) are made once per run with the openssl CLI.
 //!
-//! Phases, in this order: iperf3 (one stream, with the proxies' CPU), keep-alive echo
+//! Phases, in this order: iperf3 (one stream, then [`STREAMS`], each with the proxies' CPU),
+//! keep-alive echo
 //! latency, new-connection latency, then many connections: [`CONCURRENT`] connections each
 //! with one request always outstanding, from one client thread (poll(2)), for requests per
 //! second, the proxies' CPU per request and the round trips' p50/p99.
@@ -72,6 +73,8 @@ const PHASE_LIMIT: Duration = Duration::from_secs(60);
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest the proxies may take to listen.
 const READY_LIMIT: Duration = Duration::from_secs(10);
+/// The parallel streams of the second iperf3 run.
+const STREAMS: usize = 4;
 /// Longest an iperf3 client may run beyond its `-t` seconds before it is stopped.
 const IPERF_GRACE: Duration = Duration::from_secs(20);
 
@@ -104,6 +107,9 @@ struct Sample {
     tcp1_gbits: f64,
     /// CPU seconds of both proxies during the iperf3 run (NaN without proxies).
     proxy_cpu: f64,
+    /// The same with [`STREAMS`] parallel streams (`iperf3 -P`).
+    tcp4_gbits: f64,
+    proxy_cpu4: f64,
     keepalive_p50_us: f64,
     keepalive_p99_us: f64,
     new_conn_p50_us: f64,
@@ -289,33 +295,43 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
         Route::WireGuard(_) | Route::WireGuardOverTls(_) => bed.pids(),
         _ => proxies.iter().map(|p| p.guard.0.id()).collect(),
     };
-    let _iperf_server = iperf_server(&bed.b, service_host)?;
-    let cpu0 = cpu_seconds(&pids);
-    let out = system::output_within(
-        bed.a.command("iperf3").args([
-            "-c",
-            iperf_target,
-            "-p",
-            &iperf_port.to_string(),
-            "-t",
-            &o.seconds.to_string(),
-            "-J",
-            "-C",
-            &o.tcp_cc,
-        ]),
-        Duration::from_secs(o.seconds.into()) + IPERF_GRACE,
-    )?;
-    let cpu1 = cpu_seconds(&pids);
-    let json = String::from_utf8_lossy(&out.stdout);
-    check_congestion_control(&json, Some(&o.tcp_cc))?;
-    let bps =
-        json_number_after(&json, "\"sum_received\"", "\"bits_per_second\"").ok_or_else(|| {
-            format!(
-                "iperf3 gave no result: {}{}",
-                json.chars().take(400).collect::<String>(),
-                logs(&proxies)
-            )
-        })?;
+    let iperf = |streams: usize| -> Result<(f64, f64), String> {
+        let _iperf_server = iperf_server(&bed.b, service_host)?;
+        let cpu0 = cpu_seconds(&pids);
+        let out = system::output_within(
+            bed.a.command("iperf3").args([
+                "-c",
+                iperf_target,
+                "-p",
+                &iperf_port.to_string(),
+                "-t",
+                &o.seconds.to_string(),
+                "-P",
+                &streams.to_string(),
+                "-J",
+                "-C",
+                &o.tcp_cc,
+            ]),
+            Duration::from_secs(o.seconds.into()) + IPERF_GRACE,
+        )?;
+        let cpu1 = cpu_seconds(&pids);
+        let json = String::from_utf8_lossy(&out.stdout);
+        check_congestion_control(&json, Some(&o.tcp_cc))?;
+        // The last `sum_received` is the whole run's, over all streams.
+        let bps = json_number_after(&json, "\"sum_received\"", "\"bits_per_second\"").ok_or_else(
+            || {
+                format!(
+                    "iperf3 gave no result: {}{}",
+                    json.chars().take(400).collect::<String>(),
+                    logs(&proxies)
+                )
+            },
+        )?;
+        Ok((bps, cpu1 - cpu0))
+    };
+    let (bps, cpu) = iperf(1)?;
+    system::check_interrupted()?;
+    let (bps4, cpu4) = iperf(STREAMS)?;
     system::check_interrupted()?;
 
     let keepalive = keepalive_rtts_us(&bed.a, echo_target)
@@ -327,14 +343,16 @@ fn measure(which: &Route, certs: &Certs, o: &Options) -> Result<Sample, String> 
     let many = many_connections(&bed.a, echo_target, pids.clone())
         .map_err(|e| format!("{CONCURRENT} connections echo: {e}{}", logs(&proxies)))?;
 
-    let (proxy_cpu, many_cpu, peak_rss_kib) = if !pids.is_empty() {
-        (cpu1 - cpu0, many.cpu, peak_rss_kib(&pids) as f64)
+    let (proxy_cpu, proxy_cpu4, many_cpu, peak_rss_kib) = if !pids.is_empty() {
+        (cpu, cpu4, many.cpu, peak_rss_kib(&pids) as f64)
     } else {
-        (f64::NAN, f64::NAN, f64::NAN)
+        (f64::NAN, f64::NAN, f64::NAN, f64::NAN)
     };
     Ok(Sample {
         tcp1_gbits: bps / 1e9,
         proxy_cpu,
+        tcp4_gbits: bps4 / 1e9,
+        proxy_cpu4,
         keepalive_p50_us: percentile(&keepalive, 0.50),
         keepalive_p99_us: percentile(&keepalive, 0.99),
         new_conn_p50_us: percentile(&new_conn, 0.50),
@@ -876,7 +894,8 @@ fn markdown(contenders: &[Contender], o: &Options, measured: &str) -> String {
         out,
         "{measured}\n\nTCP forwarded over TLS 1.3 (stunnel: TLS_AES_256_GCM_SHA384; P-256 certificates) \
          between two namespaces over a veth, and through tunneld's WireGuard tunnel for \
-         comparison (its row's CPU is the two tunnelds'). {} round(s), {} s per iperf3 run, \
+         comparison (its row's CPU is the two tunnelds'). {} round(s), {} s per iperf3 run \
+         (1 stream, then 4), \
          medians. Both proxies and the traffic share this machine's cores: Gbit per proxy \
          CPU-second is the comparable figure. Latency: {MESSAGE_BYTES}-byte requests echoed from B; \
          keep-alive is {KEEPALIVE_ROUND_TRIPS} round trips on one connection, new \
@@ -889,12 +908,15 @@ fn markdown(contenders: &[Contender], o: &Options, measured: &str) -> String {
         crate::bench::congestion_control_note(&o.tcp_cc)
     );
     let concurrent_requests = format!("{CONCURRENT} conns: requests/s");
+    let streams = format!("TCP {STREAMS} streams");
     let concurrent_p50 = format!("{CONCURRENT} conns p50");
     let mut table = Table::new(&[
         "path",
         "TCP 1 stream",
         "Gbit per proxy CPU-s",
         "proxy CPU-s",
+        &streams,
+        "Gbit per proxy CPU-s (4)",
         "keep-alive p50",
         "p99",
         "new connection p50",
@@ -923,6 +945,13 @@ fn markdown(contenders: &[Contender], o: &Options, measured: &str) -> String {
                 .map(|s| s.tcp1_gbits * f64::from(o.seconds) / s.proxy_cpu)
                 .collect(),
         );
+        let per_cpu4 = median(
+            c.samples
+                .iter()
+                .filter(|s| s.proxy_cpu4 > 0.0)
+                .map(|s| s.tcp4_gbits * f64::from(o.seconds) / s.proxy_cpu4)
+                .collect(),
+        );
         let per_cpu_ms = median(
             c.samples
                 .iter()
@@ -935,6 +964,8 @@ fn markdown(contenders: &[Contender], o: &Options, measured: &str) -> String {
             cell(m(|s| s.tcp1_gbits), 2, " Gbit/s"),
             cell(per_cpu, 2, ""),
             cell(m(|s| s.proxy_cpu), 2, ""),
+            cell(m(|s| s.tcp4_gbits), 2, " Gbit/s"),
+            cell(per_cpu4, 2, ""),
             cell(m(|s| s.keepalive_p50_us), 0, " µs"),
             cell(m(|s| s.keepalive_p99_us), 0, " µs"),
             cell(m(|s| s.new_conn_p50_us), 0, " µs"),

@@ -1,5 +1,6 @@
 //! `cargo xtask tlsfuzzer [SCRIPT…]`, and the `tlsfuzzer` step of `cargo xtask test`:
-//! tlsfuzzer's TLS 1.3 record-layer scripts against a `[[tls.listen]]` of the release tunneld.
+//! tlsfuzzer's TLS 1.3 scripts against a `[[tls.listen]]` of the release tunneld and, side by
+//! side, against OpenSSL's `s_server -tls1_3` (the reference), with no probe excluded.
 //!
 //! tlsfuzzer and tlslite-ng are vendored outside the repository, in `../shared/vendor/tlsfuzzer`
 //! from its root (`TUNNELD_TLSFUZZER_DIR` names another copy); they are a test tool, never
@@ -10,13 +11,15 @@
 //! `[[tls.listen]]` (an RSA-2048 certificate from the openssl CLI: most scripts offer only
 //! RSA-PSS signatures), one forwarding to an HTTP backend that answers each `GET` with one
 //! write (so the answer is one TLS record, as `openssl s_server -www`'s is), the other to a
-//! line-echo backend for `lengths` (each line back in one write). Both backends are threads of
-//! this process. Each script runs with a time limit and with the probes of [`SCRIPTS`]
-//! excluded (each with its reason, the same as docs/reliability.md's table); a script that
-//! exits non-zero fails the step with its failed probes' names. Afterwards an ordinary TLS
-//! client (`openssl s_client`, verifying the certificate) must still get an answer through
-//! the listener (`TUNNELD_TLSFUZZER_VERBOSE=1` prints a failed script's whole output). The namespace, the processes and the temporary directory are removed at the
-//! end, also on failure and on Ctrl-C.
+//! line-echo backend for `lengths` (each line back in one write); and OpenSSL with `-www` and
+//! `-rev` (which sends each line back) on two more ports, same certificate. Both backends are
+//! threads of this process. Every script runs all its probes (`-n 0`) on both servers at
+//! once, with a time limit; a script fails when a probe that passes on OpenSSL does not pass
+//! on tunneld (see `compare.rs`). Afterwards an ordinary TLS client (`openssl s_client`,
+//! verifying the certificate) must still get an answer through the listener. The report,
+//! with each script's whole output on both servers, is in `target/tlsfuzzer-step/`. The
+//! namespace, the processes and the temporary directory are removed at the end, also on
+//! failure and on Ctrl-C.
 
 use crate::system;
 use crate::testbed::Guard;
@@ -49,30 +52,13 @@ const TLS_ECHO: &str = "127.0.0.1:4434";
 const HTTP_BACKEND: &str = "127.0.0.1:8080";
 const ECHO_BACKEND: &str = "127.0.0.1:8081";
 
-/// Longest any one script may run before it is stopped (and fails).
+/// Longest any one script may run, on each server, in the step (`--compare-all` takes
+/// `--limit`).
 const SCRIPT_LIMIT: Duration = Duration::from_secs(90);
 /// Longest tunneld may take to listen.
 const READY_LIMIT: Duration = Duration::from_secs(10);
 /// Longest a backend connection blocks on a read or write.
 const BACKEND_IO: Duration = Duration::from_secs(10);
-
-/// A probe left out of a script, and why.
-#[derive(Debug)]
-struct Exclusion {
-    probe: &'static str,
-    why: &'static str,
-}
-
-/// One tlsfuzzer script (`scripts/test-tls13-<name>.py`) and how it runs.
-#[derive(Debug)]
-struct Script {
-    name: &'static str,
-    /// Options beyond `-h`/`-p` and the exclusions.
-    options: &'static [&'static str],
-    /// Through the echo backend (else the HTTP one).
-    echo: bool,
-    excluded: &'static [Exclusion],
-}
 
 /// `lengths`' probes that run: the sanity one and these sizes of application data (an `A…A\n`
 /// line, echoed back as one record). The script's default is 1000 random sizes of 1..=2^14,
@@ -83,184 +69,88 @@ const LENGTHS: &[usize] = &[
     8192, 8193, 12345, 16383, 16384,
 ];
 
-/// The eleven record-layer scripts (GitHub issue 29). `-n 0` where a script's default is a
-/// random subset of its probes, so every run is the same.
-const SCRIPTS: &[Script] = &[
-    Script {
-        name: "conversation",
-        options: &[],
-        echo: false,
-        excluded: &[],
-    },
-    Script {
-        name: "keyupdate",
-        // Each update_requested KeyUpdate gets its own back, as OpenSSL answers, so the
-        // script passes without --coalescing.
-        options: &["-n", "0"],
-        echo: false,
-        excluded: &[],
-    },
-    Script {
-        name: "keyupdate-from-server",
-        options: &[],
-        echo: false,
-        excluded: &[Exclusion {
-            probe: "post-handshake KeyUpdate msg from server",
-            why: "needs the server to start a KeyUpdate on demand (s_server's `K` command); \
-                  OpenSSL fails it too without one",
-        }],
-    },
-    Script {
-        name: "record-layer-limits",
-        options: &["-n", "0"],
-        echo: false,
-        excluded: &[
-            Exclusion {
-                probe: "max size payload (2**14) of Finished msg, with 16348 bytes of left \
-                        padding, cipher TLS_AES_128_GCM_SHA256",
-                why: "during the handshake, which rustls runs; OpenSSL fails it too",
-            },
-            Exclusion {
-                probe: "max size payload (2**14) of Finished msg, with 16348 bytes of left \
-                        padding, cipher TLS_CHACHA20_POLY1305_SHA256",
-                why: "during the handshake, which rustls runs; OpenSSL fails it too",
-            },
-        ],
-    },
-    Script {
-        name: "record-padding",
-        options: &[],
-        echo: false,
-        excluded: &[],
-    },
-    Script {
-        name: "zero-length-data",
-        options: &[],
-        echo: false,
-        excluded: &[],
-    },
-    Script {
-        name: "zero-content-type",
-        options: &[],
-        echo: false,
-        excluded: &[
-            Exclusion {
-                probe: "zero content type during handshake",
-                why: "under the handshake keys, which only rustls holds: it refuses the \
-                      record (IllegalTlsInnerPlaintext) but sends no alert for that error",
-            },
-            Exclusion {
-                probe: "zero content type with padding during handshake",
-                why: "under the handshake keys, which only rustls holds: it refuses the \
-                      record (IllegalTlsInnerPlaintext) but sends no alert for that error",
-            },
-        ],
-    },
-    Script {
-        name: "lengths",
-        options: &["-n", "0"],
-        echo: true,
-        excluded: &[],
-    },
-    Script {
-        name: "empty-alert",
-        options: &[],
-        echo: false,
-        excluded: &[
-            Exclusion {
-                probe: "empty alert with no padding using handshake keys",
-                why: "under the handshake keys, which only rustls holds: it answers an empty \
-                      alert with decode_error, not unexpected_message",
-            },
-            Exclusion {
-                probe: "empty alert with 2 bytes of padding using handshake keys",
-                why: "under the handshake keys, which only rustls holds: it answers an empty \
-                      alert with decode_error, not unexpected_message",
-            },
-            Exclusion {
-                probe: "empty alert with 5 bytes of padding using handshake keys",
-                why: "under the handshake keys, which only rustls holds: it answers an empty \
-                      alert with decode_error, not unexpected_message",
-            },
-            Exclusion {
-                probe: "empty alert with 30 bytes of padding using handshake keys",
-                why: "under the handshake keys, which only rustls holds: it answers an empty \
-                      alert with decode_error, not unexpected_message",
-            },
-        ],
-    },
-    Script {
-        name: "unencrypted-alert",
-        options: &[],
-        echo: false,
-        excluded: &[],
-    },
-    Script {
-        name: "connection-abort",
-        options: &[],
-        echo: false,
-        excluded: &[Exclusion {
-            probe: "After NewSessionTicket",
-            why: "waits for a NewSessionTicket, which rustls sends only to a client that offers \
-                  psk_dhe_ke (tlslite offers no psk_key_exchange_modes): a rustls policy",
-        }],
-    },
+/// The scripts the step (`cargo xtask test`) runs, each against OpenSSL and tunneld side by
+/// side: every TLS 1.3 script of tlsfuzzer where OpenSSL passes some probe and tunneld passes
+/// every probe OpenSSL passes (docs/reliability.md lists the others and why). A script
+/// where OpenSSL passes nothing could show no difference, so it would be a test that cannot
+/// fail; the step refuses such a run. `--compare-all` runs every TLS 1.3 script.
+const STEP_SCRIPTS: &[&str] = &[
+    "0rtt-garbage",
+    "ccs",
+    "certificate-compression",
+    "connection-abort",
+    "conversation",
+    "count-tickets",
+    "ecdsa-support",
+    "eddsa",
+    "empty-alert",
+    "finished",
+    "finished-plaintext",
+    "hrr",
+    "invalid-ciphers",
+    "keyshare-omitted",
+    "keyupdate",
+    "keyupdate-from-server",
+    "large-number-of-extensions",
+    "legacy-version",
+    "lengths",
+    "multiple-ccs-messages",
+    "nociphers",
+    "pkcs-signature",
+    "record-layer-limits",
+    "record-padding",
+    "rsa-signatures",
+    "session-resumption",
+    "shuffled-extentions",
+    "symetric-ciphers",
+    "unencrypted-alert",
+    "version-negotiation",
+    "zero-content-type",
+    "zero-length-data",
 ];
 
-/// Scripts passed and failed in one run.
+/// Scripts compared and how many showed a difference, in one run.
 #[derive(Debug, Default)]
 pub struct Counts {
     pub passed: u64,
     pub failed: u64,
+    /// Scripts where OpenSSL passed no probe (so none can differ).
+    pub vacuous: Vec<String>,
 }
 
-/// `cargo xtask tlsfuzzer [SCRIPT…]`: the named scripts (all without names).
+/// `cargo xtask tlsfuzzer [SCRIPT…]`: the named scripts (the step's without names), each
+/// against OpenSSL and tunneld; or `--compare-all`.
 pub fn run(args: &[String]) -> Result<(), String> {
     if args.iter().any(|a| a == "--compare-all") {
         return compare::compare_all(args);
     }
-    let scripts = select(args)?;
-    match run_scripts(&scripts)? {
+    let names: Vec<String> = if args.is_empty() {
+        STEP_SCRIPTS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.iter().map(|a| compare::short_name(a)).collect()
+    };
+    match run_scripts(&names)? {
         None => Err("tlsfuzzer did not run".into()),
         Some(counts) if counts.failed == 0 => Ok(()),
         Some(counts) => Err(format!(
-            "{} of {} tlsfuzzer scripts failed",
+            "{} of {} tlsfuzzer scripts differ from OpenSSL",
             counts.failed,
             counts.passed + counts.failed
         )),
     }
 }
 
-/// The `tlsfuzzer` step of `cargo xtask test`: every script. `Ok(None)` when it was skipped
-/// (no vendored tlsfuzzer, or no network namespaces, without `TUNNELD_REQUIRE_ALL=1`).
+/// The `tlsfuzzer` step of `cargo xtask test`: [`STEP_SCRIPTS`]. `Ok(None)` when it was
+/// skipped (no vendored tlsfuzzer, or no network namespaces, without
+/// `TUNNELD_REQUIRE_ALL=1`).
 pub fn step() -> Result<Option<Counts>, String> {
-    run_scripts(&SCRIPTS.iter().collect::<Vec<_>>())
+    let names: Vec<String> = STEP_SCRIPTS.iter().map(|s| s.to_string()).collect();
+    run_scripts(&names)
 }
 
 /// How many scripts the step runs (what a skip counts).
 pub fn script_count() -> u64 {
-    SCRIPTS.len() as u64
-}
-
-fn select(names: &[String]) -> Result<Vec<&'static Script>, String> {
-    if names.is_empty() {
-        return Ok(SCRIPTS.iter().collect());
-    }
-    names
-        .iter()
-        .map(|name| {
-            let name = name
-                .trim_start_matches("test-tls13-")
-                .trim_end_matches(".py");
-            SCRIPTS.iter().find(|s| s.name == name).ok_or_else(|| {
-                let known: Vec<&str> = SCRIPTS.iter().map(|s| s.name).collect();
-                format!(
-                    "no tlsfuzzer script {name:?} here; the scripts: {}",
-                    known.join(" ")
-                )
-            })
-        })
-        .collect()
+    STEP_SCRIPTS.len() as u64
 }
 
 /// A skip, or a failure under `TUNNELD_REQUIRE_ALL=1` ([`crate::skip_step`]).
@@ -275,7 +165,9 @@ fn vendored_dir() -> Result<PathBuf, String> {
     }
 }
 
-fn run_scripts(scripts: &[&Script]) -> Result<Option<Counts>, String> {
+/// Runs `names` against both servers and compares them ([`compare::run_and_report`]); the
+/// report goes to `target/tlsfuzzer-step/`.
+fn run_scripts(names: &[String]) -> Result<Option<Counts>, String> {
     let vendored = vendored_dir()?;
     if !vendored.join("scripts/_stub.py").is_file() {
         return skip(&format!(
@@ -286,70 +178,10 @@ fn run_scripts(scripts: &[&Script]) -> Result<Option<Counts>, String> {
     if !crate::netns_usable() {
         return skip("needs root for a network namespace");
     }
-    // Ctrl-C from here on stops at the next script, and the guards below clean up.
-    system::catch_interrupts();
-    let started = Instant::now();
-    let python = system::python_with_module("ecdsa", "python3-ecdsa")?;
-    let tunneld = system::build_tunneld()?;
-
-    // Dropped in reverse: tunneld, the backends, the directory, the namespace.
-    let ns = NetNs::new();
-    let dir = TempDir::new()?;
-    let tlsfuzzer = dir.0.join("tlsfuzzer");
-    copy_tree(&vendored, &tlsfuzzer)?;
-    relink_scripts(&tlsfuzzer.join("scripts"))?;
-    let (cert, key) = certificate(&dir.0)?;
-    let _http = Backend::start(&ns, sock(HTTP_BACKEND), http_connection)?;
-    let _echo = Backend::start(&ns, sock(ECHO_BACKEND), echo_connection)?;
-    let log = dir.0.join("tunneld.log");
-    let mut server = start_tunneld(&ns, &tunneld, &dir.0, &cert, &key, &log)?;
-    eprintln!(
-        "==> tlsfuzzer: {} script(s) against tunneld's [[tls.listen]] on {TLS_HTTP} (HTTP) and \
-         {TLS_ECHO} (echo) in namespace {}",
-        scripts.len(),
-        ns.name()
-    );
-
-    let mut counts = Counts::default();
-    let mut failed_names = Vec::new();
-    for script in scripts {
-        system::check_interrupted()?;
-        match run_script(&ns, &python, &tlsfuzzer, script) {
-            Ok(()) => counts.passed += 1,
-            Err(e) => {
-                eprintln!("tlsfuzzer {}: FAILED: {e}", script.name);
-                counts.failed += 1;
-                failed_names.push(script.name);
-            }
-        }
-        if let Ok(Some(status)) = server.0.try_wait() {
-            return Err(format!(
-                "tunneld exited ({status}) during {}:{}",
-                script.name,
-                tail(&log)
-            ));
-        }
-    }
-    system::check_interrupted()?;
-    still_serves(&ns, &cert).map_err(|e| format!("{e}{}", tail(&log)))?;
-    eprintln!(
-        "tlsfuzzer: after the scripts, openssl s_client still gets an answer through {TLS_HTTP}"
-    );
-    if !failed_names.is_empty() {
-        eprintln!("tunneld's log, last lines:{}", tail(&log));
-    }
-    eprintln!(
-        "tlsfuzzer: {} script(s) passed, {} failed{}, in {:.0} s",
-        counts.passed,
-        counts.failed,
-        if failed_names.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", failed_names.join(", "))
-        },
-        started.elapsed().as_secs_f64()
-    );
-    drop(server);
+    let report_dir = system::target_dir(&system::repo_root()?).join("tlsfuzzer-step");
+    let scripts = compare::script_names(&vendored.join("scripts"), names)?;
+    let counts =
+        compare::run_and_report(&scripts, &["openssl", "tunneld"], SCRIPT_LIMIT, &report_dir)?;
     Ok(Some(counts))
 }
 
@@ -533,87 +365,6 @@ fn tail(log: &Path) -> String {
     out
 }
 
-// ----------------------------------------------------------------------------------------
-// The scripts
-
-fn run_script(ns: &NetNs, python: &Path, tlsfuzzer: &Path, script: &Script) -> Result<(), String> {
-    let started = Instant::now();
-    let file = tlsfuzzer.join(format!("scripts/test-tls13-{}.py", script.name));
-    let (host, port) = if script.echo { TLS_ECHO } else { TLS_HTTP }
-        .split_once(':')
-        .expect("host:port");
-    let mut cmd = ns.command(&python.to_string_lossy());
-    cmd.arg(&file)
-        .args(["-h", host, "-p", port])
-        .args(script.options)
-        .current_dir(tlsfuzzer)
-        .env("PYTHONPATH", tlsfuzzer);
-    for exclusion in script.excluded {
-        cmd.args(["-e", exclusion.probe]);
-    }
-    if script.echo {
-        // Named probes, after the options (getopt stops at the first of them).
-        cmd.arg("sanity");
-        cmd.args(LENGTHS.iter().map(|n| format!("length: {n}")));
-    }
-    let out = system::output_within(&mut cmd, SCRIPT_LIMIT)?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let count = |label: &str| {
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(label))
-            .and_then(|n| n.trim().parse::<u64>().ok())
-    };
-    let (pass, fail) = (count("PASS: "), count("FAIL: "));
-    let summary = format!(
-        "{} passed, {} failed, {} excluded ({:.1} s)",
-        pass.map_or("?".into(), |n| n.to_string()),
-        fail.map_or("?".into(), |n| n.to_string()),
-        script.excluded.len(),
-        started.elapsed().as_secs_f64()
-    );
-    if out.status.success() && pass.is_some_and(|n| n > 0) {
-        eprintln!("tlsfuzzer {}: ok, {summary}", script.name);
-        for e in script.excluded {
-            eprintln!("    excluded {:?}: {}", e.probe, e.why);
-        }
-        return Ok(());
-    }
-    if std::env::var("TUNNELD_TLSFUZZER_VERBOSE").as_deref() == Ok("1") {
-        eprintln!(
-            "--- {} output ---\n{stdout}{}",
-            script.name,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let failed = failed_probes(&stdout);
-    let detail = if failed.is_empty() {
-        // No list: the script stopped early; its last lines say why.
-        let text = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n  ")
-    } else {
-        failed.join("\n  ")
-    };
-    Err(format!("{summary}, exit {}:\n  {detail}", out.status))
-}
-
-/// The probe names listed after `FAILED:` (each on a tab-indented line, Python `repr`s).
-fn failed_probes(stdout: &str) -> Vec<String> {
-    let mut lines = stdout.lines().skip_while(|l| l.trim() != "FAILED:").skip(1);
-    let mut names = Vec::new();
-    while let Some(line) = lines.next().filter(|l| l.starts_with('\t')) {
-        let name = line.trim();
-        let name = name
-            .strip_prefix('\'')
-            .and_then(|n| n.strip_suffix('\''))
-            .or_else(|| name.strip_prefix('"').and_then(|n| n.strip_suffix('"')))
-            .unwrap_or(name);
-        names.push(name.to_string());
-    }
-    names
-}
-
 /// An ordinary TLS client (`openssl s_client`, verifying the certificate and its name) gets
 /// the HTTP answer through the listener.
 fn still_serves(ns: &NetNs, cert: &Path) -> Result<(), String> {
@@ -762,26 +513,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failed_probe_names_are_read_from_the_summary() {
-        let out = "PASS: 8\nFAIL: 2\n====================\nFAILED:\n\t'zero content type during handshake'\n\t\"it's quoted\"\n";
-        assert_eq!(
-            failed_probes(out),
-            ["zero content type during handshake", "it's quoted"]
-        );
-        assert!(failed_probes("PASS: 3\nFAIL: 0\n").is_empty());
-    }
-
-    #[test]
-    fn scripts_are_named_as_tlsfuzzer_names_them() {
-        assert_eq!(SCRIPTS.len(), 11);
-        let picked = select(&["test-tls13-lengths.py".into(), "keyupdate".into()]).unwrap();
-        assert_eq!(picked[0].name, "lengths");
-        assert_eq!(picked[1].name, "keyupdate");
-        assert!(select(&["nope".into()]).is_err());
-        for script in SCRIPTS {
-            for e in script.excluded {
-                assert!(!e.why.is_empty() && !e.probe.is_empty());
-            }
-        }
+    fn the_step_runs_tls13_scripts_once_each() {
+        let mut names = STEP_SCRIPTS.to_vec();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), STEP_SCRIPTS.len());
+        assert_eq!(compare::short_name("test-tls13-lengths.py"), "lengths");
     }
 }

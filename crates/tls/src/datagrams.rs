@@ -96,7 +96,8 @@ pub fn bridge(
             }
         }
         // TLS → UDP: the bridge polls level-triggered, so every turn may read.
-        stream.mark_readable();
+        // Read until WouldBlock, as level-triggered polling wants.
+        stream.mark_readable(true);
         progress |= stream.receive()?;
         let destination = to(*learnt);
         while stream.has_pending() {

@@ -4,7 +4,7 @@
 //! (`datagrams.rs`) start from.
 
 use super::records::{
-    Kernel, Records, ALERT, APPLICATION_DATA, HANDSHAKE, HEADER, MAX_PLAINTEXT, TAG,
+    self, Kernel, Records, Suite, ALERT, APPLICATION_DATA, HANDSHAKE, HEADER, MAX_PLAINTEXT, TAG,
 };
 use anyhow::bail;
 use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
@@ -13,10 +13,13 @@ use rustls::unbuffered::{
     ConnectionState, EncodeError, InsufficientSizeError, UnbufferedConnectionCommon,
     UnbufferedStatus,
 };
-use rustls::AlertDescription;
+use rustls::{AlertDescription, InvalidMessage, PeerMisbehaved, ServerConfig};
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use zeroize::Zeroizing;
 
 /// Bytes read from the plaintext side at once, and held for it at most.
 pub const CHUNK: usize = 256 * 1024;
@@ -53,7 +56,117 @@ pub struct Established {
 /// A connection to run the handshake of with [`handshake_for_records`].
 pub enum Unbuffered {
     Client(UnbufferedClientConnection),
-    Server(UnbufferedServerConnection),
+    /// A server's connection, with what it tells the handshake when it was made by
+    /// [`Unbuffered::server`] (without that, rustls's alerts are sent as rustls chose them).
+    Server(UnbufferedServerConnection, Option<Arc<ServerWatch>>),
+}
+
+impl Unbuffered {
+    /// A server connection of `config` that answers as RFC 8446 and OpenSSL do where rustls
+    /// answers otherwise (see [`Screen`]): a copy of the config for this connection alone
+    /// (sharing the certificate, the session cache and everything else) whose key log and
+    /// certificate resolver report to a [`ServerWatch`].
+    pub fn server(config: &Arc<ServerConfig>) -> Result<Unbuffered, rustls::Error> {
+        let watch = Arc::new(ServerWatch::default());
+        let mut config = ServerConfig::clone(config);
+        config.key_log = watch.clone();
+        config.cert_resolver = Arc::new(SchemeCheck {
+            inner: config.cert_resolver.clone(),
+            watch: watch.clone(),
+        });
+        let conn = UnbufferedServerConnection::new(Arc::new(config))?;
+        Ok(Unbuffered::Server(conn, Some(watch)))
+    }
+}
+
+/// What rustls tells one server connection's handshake through the hooks it has (a key log
+/// and a certificate resolver):
+///
+/// - the key the server writes with while it waits for the client's second flight: its
+///   first application traffic secret (RFC 8446 7.1: a server sends its Finished under its
+///   handshake key and switches at once), as rustls hands it to a key log (the only way it
+///   gives it out). Kept in memory only, zeroed when dropped, never printed; used to seal
+///   one alert under it ([`records::handshake_alert`]);
+/// - that the client offered no signature scheme the certificate's key can make in TLS 1.3
+///   ([`SchemeCheck`]).
+#[derive(Default)]
+pub struct ServerWatch {
+    secret: Mutex<Option<Zeroizing<Vec<u8>>>>,
+    no_scheme: AtomicBool,
+}
+
+impl std::fmt::Debug for ServerWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerWatch(..)")
+    }
+}
+
+/// rustls's name for the secret kept.
+const SERVER_SECRET: &str = "SERVER_TRAFFIC_SECRET_0";
+
+impl rustls::KeyLog for ServerWatch {
+    fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
+        if label == SERVER_SECRET {
+            *self.secret.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(Zeroizing::new(secret.to_vec()));
+        }
+    }
+
+    fn will_log(&self, label: &str) -> bool {
+        label == SERVER_SECRET
+    }
+}
+
+impl ServerWatch {
+    /// `alert` sealed under the secret as the first record: rustls's server sends nothing
+    /// under it before the client's Finished (no data before the handshake ends here).
+    fn alert(&self, suite: Suite, alert: AlertDescription) -> Option<Vec<u8>> {
+        let secret = self.secret.lock().unwrap_or_else(|p| p.into_inner());
+        records::handshake_alert(suite, secret.as_ref()?, 0, alert).ok()
+    }
+}
+
+/// The certificate resolver of a connection made by [`Unbuffered::server`]: the config's
+/// own, which declines (and tells the watch) when the certificate's key can make none of
+/// the signature schemes the client offers for TLS 1.3. rustls would otherwise choose the
+/// scheme only when it signs, after its ServerHello, and refuse there (handshake_failure);
+/// OpenSSL refuses at the ClientHello, before any ServerHello, and so does tunneld now (the
+/// driver answers the decline with handshake_failure, see [`refusal_of`]).
+#[derive(Debug)]
+struct SchemeCheck {
+    inner: Arc<dyn rustls::server::ResolvesServerCert>,
+    watch: Arc<ServerWatch>,
+}
+
+impl rustls::server::ResolvesServerCert for SchemeCheck {
+    fn resolve(
+        &self,
+        hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        // RFC 8446 4.2.3: no PKCS#1 v1.5 and no SHA-1 signatures in TLS 1.3.
+        use rustls::SignatureScheme as S;
+        let tls13: Vec<S> = hello
+            .signature_schemes()
+            .iter()
+            .copied()
+            .filter(|s| {
+                !matches!(
+                    s,
+                    S::RSA_PKCS1_SHA1
+                        | S::RSA_PKCS1_SHA256
+                        | S::RSA_PKCS1_SHA384
+                        | S::RSA_PKCS1_SHA512
+                        | S::ECDSA_SHA1_Legacy
+                )
+            })
+            .collect();
+        let key = self.inner.resolve(hello)?;
+        if key.key.choose_scheme(&tls13).is_none() {
+            self.watch.no_scheme.store(true, Ordering::Relaxed);
+            return None;
+        }
+        Some(key)
+    }
 }
 
 /// Runs the handshake on a blocking socket, with a deadline, then moves the connection's
@@ -65,39 +178,60 @@ pub fn handshake_for_records(
 ) -> anyhow::Result<Established> {
     let mut received = vec![0; CHUNK].into_boxed_slice();
     let mut early = Vec::new();
-    let ((received_end, peer_closed), secrets, kernel) = match conn {
+    let (driven, secrets, kernel) = match conn {
         Unbuffered::Client(mut conn) => {
-            let end = drive_handshake(&mut *conn, sock, &mut received, &mut early)?;
+            let driven = drive_handshake(&mut *conn, None, sock, &mut received, &mut early)?;
             let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
-            (end, secrets, Kernel::Client(kernel))
+            (driven, secrets, Kernel::Client(kernel))
         }
-        Unbuffered::Server(mut conn) => {
-            let end = drive_handshake(&mut *conn, sock, &mut received, &mut early)?;
+        Unbuffered::Server(mut conn, secret) => {
+            let driven = drive_handshake(
+                &mut *conn,
+                secret.as_deref(),
+                sock,
+                &mut received,
+                &mut early,
+            )?;
             let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
-            (end, secrets, Kernel::Server(kernel))
+            (driven, secrets, Kernel::Server(kernel))
         }
     };
     sock.set_read_timeout(None)?;
     sock.set_write_timeout(None)?;
+    let mut records = Records::new(secrets, kernel, use_ring)?;
+    if driven.owe_ticket {
+        records.owe_ticket();
+    }
     Ok(Established {
-        records: Records::new(secrets, kernel, use_ring)?,
+        records,
         received,
-        received_end,
+        received_end: driven.received_end,
         early,
-        peer_closed,
+        peer_closed: driven.peer_closed,
     })
 }
 
+/// What [`drive_handshake`] leaves for the record layer.
+struct Driven {
+    /// How many bytes at the front of the receive buffer are past the handshake (the start
+    /// of the records that follow).
+    received_end: usize,
+    /// The other side's close_notify has already come.
+    peer_closed: bool,
+    /// A server whose client offered no psk_dhe_ke, to which rustls sent no session ticket:
+    /// the record layer sends one (`Records::owe_ticket`), as OpenSSL does.
+    owe_ticket: bool,
+}
+
 /// Drives rustls's unbuffered state machine until the handshake is over and nothing is
-/// left to send. Returns how many bytes at the front of `received` are past the handshake
-/// (the start of the records that follow), and whether the other side's close_notify has
-/// already come.
+/// left to send. `secret`: a server's [`ServerWatch`].
 fn drive_handshake<C: Process>(
     conn: &mut C,
+    secret: Option<&ServerWatch>,
     sock: &TcpStream,
     received: &mut [u8],
     early: &mut Vec<u8>,
-) -> anyhow::Result<(usize, bool)> {
+) -> anyhow::Result<Driven> {
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let mut sock = sock;
     let mut received_end = 0;
@@ -107,10 +241,16 @@ fn drive_handshake<C: Process>(
     let mut offered = 0;
     let mut outgoing = vec![0; 4096];
     let mut outgoing_end = 0;
-    let mut screen = Screen::default();
+    let mut screen = Screen {
+        server: conn.is_server(),
+        ..Screen::default()
+    };
     // The start of the last record offered, while rustls has neither used nor discarded it
     // and it may be early data rustls is skipping (see `skipped`).
     let mut unanswered: Option<usize> = None;
+    // The start of the last record offered (rustls decrypts in place: after an error there,
+    // what it held is readable; see `refusal_of`).
+    let mut last_offer = 0;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -122,9 +262,22 @@ fn drive_handshake<C: Process>(
         let state = match state {
             Ok(state) => state,
             Err(e) => {
+                // An error rustls answers otherwise than RFC 8446 and OpenSSL: ours goes
+                // instead, under the key we write with once our flight is encrypted.
+                let last = received.get(last_offer..offered).unwrap_or(&[]);
+                let ours = match (refusal_of(&e, last, secret, &screen, conn.suite()), secret) {
+                    (Some((alert, false)), _) => Some(vec![ALERT, 3, 3, 0, 2, 2, u8::from(alert)]),
+                    (Some((alert, true)), Some(watch)) => {
+                        conn.suite().and_then(|suite| watch.alert(suite, alert))
+                    }
+                    _ => None,
+                };
                 received.copy_within(discard..offered, 0);
                 offered -= discard;
-                send_queued_alert(conn, sock, received, offered);
+                match ours {
+                    Some(record) => send_alert(sock, &record, received),
+                    None => send_queued_alert(conn, sock, received, offered),
+                }
                 return Err(e.into());
             }
         };
@@ -173,20 +326,22 @@ fn drive_handshake<C: Process>(
         // has decrypted in place and which must not reach the record layer.
         if discard > 0 {
             unanswered = None;
+            last_offer = last_offer.saturating_sub(discard);
             received.copy_within(discard..received_end, 0);
             received_end -= discard;
             offered -= discard;
         }
-        if done {
-            return Ok((received_end, false));
-        }
-        if peer_closed {
+        if done || peer_closed {
             // Closed in the handshake: a probe. After it: a request sent with the client's
             // last handshake message, already complete.
-            if conn.handshaking() {
+            if peer_closed && conn.handshaking() {
                 return Err(ClosedEarly.into());
             }
-            return Ok((received_end, true));
+            return Ok(Driven {
+                received_end,
+                peer_closed,
+                owe_ticket: screen.server && !screen.psk_dhe,
+            });
         }
         if read_more {
             // A record of refused early data that rustls skipped goes now, before rustls is
@@ -220,14 +375,23 @@ fn drive_handshake<C: Process>(
             }
             let next = next_offer(&received[offered..received_end]).unwrap_or(0);
             if let Err(refusal) = screen.check(&received[offered..offered + next]) {
-                refuse(sock, refusal.alert, received);
-                bail!("TLS: {} (sent {:?})", refusal.why, refusal.alert);
+                if !refusal.sealed {
+                    refuse(sock, refusal.alert, received);
+                    bail!("TLS: {} (sent {:?})", refusal.why, refusal.alert);
+                }
+                // Without our key (a connection not made by `Unbuffered::server`)
+                // the record goes to rustls, which refuses it with its own alert.
+                if let Some(record) = sealed_alert(conn, secret, refusal.alert) {
+                    send_alert(sock, &record, received);
+                    bail!("TLS: {} (sent {:?})", refusal.why, refusal.alert);
+                }
             }
             // Only once this side has sent its encrypted flight: rustls skips early data
             // from then on, until the client's first handshake message under its key.
             unanswered = (screen.sent_encrypted
                 && maybe_skipped(&received[offered..offered + next]))
             .then_some(offered);
+            last_offer = offered;
             offered += next;
         }
     }
@@ -269,27 +433,48 @@ fn skipped(record: &[u8]) -> bool {
 struct Refusal {
     alert: AlertDescription,
     why: &'static str,
+    /// The alert goes encrypted (this side has sent its encrypted flight).
+    sealed: bool,
 }
 
 /// The checks tunneld makes on each record of the handshake before offering it to rustls,
 /// where rustls 0.23 would refuse the record without an alert, or with another one than
-/// RFC 8446 names: a record of another type between the fragments of a plaintext handshake
-/// message (rustls: `MessageInterleavedWithHandshakeMessage`, no alert; the RFC, section 5.1:
-/// unexpected_message), and a plaintext record over 2^14 bytes (rustls takes up to
-/// 2^14 + 2048, the limit of a protected record; section 5.1: record_overflow).
+/// RFC 8446 (and OpenSSL) gives:
 ///
-/// Only while this side has sent nothing encrypted: its alert then goes out in plaintext,
-/// which is what the other side can read. Afterwards the other side's records are
-/// encrypted, and what is left to refuse is rustls's to refuse with its keys.
+/// - a record of another type between the fragments of a plaintext handshake message
+///   (rustls: `MessageInterleavedWithHandshakeMessage`, no alert; section 5.1:
+///   unexpected_message);
+/// - a plaintext record over 2^14 bytes (rustls takes up to 2^14 + 2048, the limit of a
+///   protected record; section 5.1: record_overflow);
+/// - a TLS 1.3 ClientHello with supported_groups but no key_share, or the other way round
+///   (rustls: handshake_failure; section 9.2: missing_extension);
+/// - a plaintext handshake record once this side's records are encrypted (rustls tries to
+///   open it: bad_record_mac; OpenSSL: unexpected_message, as for any message the state
+///   does not expect, section 6).
+///
+/// The first three go out in plaintext (this side has sent nothing encrypted yet); the
+/// last under the key this side then writes with ([`ServerWatch`]). A server's screen also
+/// notes whether the client offered psk_dhe_ke (see [`Driven::owe_ticket`]).
 #[derive(Debug, Default)]
 struct Screen {
+    /// The screen of a server (which reads ClientHellos).
+    server: bool,
     /// A record of type application data (an encrypted one) has gone out.
     sent_encrypted: bool,
     /// The plaintext handshake message in progress: its header bytes seen so far (while
     /// fewer than 4) and the body bytes still to come.
     header: Vec<u8>,
     body_left: usize,
+    /// The body of a ClientHello in progress, gathered to be read when whole.
+    hello: Option<Vec<u8>>,
+    /// The (last) ClientHello offered psk_dhe_ke.
+    psk_dhe: bool,
 }
+
+/// Handshake message types the screen reads.
+const CLIENT_HELLO: u8 = 1;
+/// rustls's limit for a handshake message (a larger ClientHello is refused by it anyway).
+const MAX_HELLO: usize = 0xffff;
 
 impl Screen {
     /// Notes the records about to be sent (whole ones: rustls encodes records).
@@ -307,6 +492,13 @@ impl Screen {
             return Ok(());
         };
         if self.sent_encrypted {
+            if header[0] == HANDSHAKE {
+                return Err(Refusal {
+                    alert: AlertDescription::UnexpectedMessage,
+                    why: "a plaintext handshake record after encryption started",
+                    sealed: true,
+                });
+            }
             return Ok(());
         }
         let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
@@ -317,12 +509,14 @@ impl Screen {
             return Err(Refusal {
                 alert: AlertDescription::UnexpectedMessage,
                 why: "a record between the fragments of a handshake message",
+                sealed: false,
             });
         }
         if len > MAX_PLAINTEXT {
             return Err(Refusal {
                 alert: AlertDescription::RecordOverflow,
                 why: "a plaintext record over 2^14 bytes",
+                sealed: false,
             });
         }
         let mut body = record.get(HEADER..).unwrap_or(&[]);
@@ -330,26 +524,255 @@ impl Screen {
             if self.body_left > 0 {
                 let n = self.body_left.min(body.len());
                 self.body_left -= n;
+                if let Some(hello) = &mut self.hello {
+                    hello.extend_from_slice(&body[..n]);
+                }
                 body = &body[n..];
+                if self.body_left == 0 {
+                    self.hello_done()?;
+                }
             } else {
                 self.header.push(body[0]);
                 body = &body[1..];
-                if let &[_, a, b, c] = self.header.as_slice() {
+                if let &[kind, a, b, c] = self.header.as_slice() {
                     self.body_left = u32::from_be_bytes([0, a, b, c]) as usize;
                     self.header.clear();
+                    self.hello =
+                        (self.server && kind == CLIENT_HELLO && self.body_left <= MAX_HELLO)
+                            .then(|| Vec::with_capacity(self.body_left));
+                    if self.body_left == 0 {
+                        self.hello_done()?;
+                    }
                 }
             }
         }
         Ok(())
     }
+
+    /// Reads a ClientHello just made whole, if one was gathered.
+    fn hello_done(&mut self) -> Result<(), Refusal> {
+        let Some(body) = self.hello.take() else {
+            return Ok(());
+        };
+        // One rustls refuses as malformed is left to it.
+        let Some(hello) = ClientHello::read(&body) else {
+            return Ok(());
+        };
+        self.psk_dhe = hello.psk_dhe;
+        if hello.legacy_version < 0x0301 {
+            return Err(Refusal {
+                alert: AlertDescription::ProtocolVersion,
+                why: "a ClientHello whose legacy_version is below TLS 1.0",
+                sealed: false,
+            });
+        }
+        if !hello.tls13 {
+            return Ok(());
+        }
+        if hello.key_share != hello.supported_groups {
+            return Err(Refusal {
+                alert: AlertDescription::MissingExtension,
+                why: "a ClientHello with only one of supported_groups and key_share",
+                sealed: false,
+            });
+        }
+        if hello.share_outside_groups {
+            return Err(Refusal {
+                alert: AlertDescription::IllegalParameter,
+                why: "a ClientHello with a key share of a group it does not list",
+                sealed: false,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What the screen reads of a ClientHello (RFC 8446 4.1.2): which of its extensions are
+/// there.
+#[derive(Debug, Default, PartialEq)]
+struct ClientHello {
+    legacy_version: u16,
+    /// supported_versions offers TLS 1.3.
+    tls13: bool,
+    key_share: bool,
+    supported_groups: bool,
+    /// psk_key_exchange_modes offers psk_dhe_ke.
+    psk_dhe: bool,
+    /// key_share has an entry for a group supported_groups does not list (RFC 8446 4.2.8:
+    /// a server may refuse it with illegal_parameter; OpenSSL does).
+    share_outside_groups: bool,
+}
+
+/// Big-endian fields off the front of a slice.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Fields<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (field, rest) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = rest;
+        Some(field)
+    }
+    fn u8(&mut self) -> Option<usize> {
+        self.take(1).map(|b| usize::from(b[0]))
+    }
+    fn u16(&mut self) -> Option<usize> {
+        self.take(2)
+            .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+    }
+    /// A vector with a one- or two-byte length.
+    fn vec8(&mut self) -> Option<&'a [u8]> {
+        let n = self.u8()?;
+        self.take(n)
+    }
+    fn vec16(&mut self) -> Option<&'a [u8]> {
+        let n = self.u16()?;
+        self.take(n)
+    }
+}
+
+impl ClientHello {
+    /// The extensions of a ClientHello's body; `None` when it does not parse.
+    fn read(body: &[u8]) -> Option<ClientHello> {
+        let mut f = Fields(body);
+        let mut hello = ClientHello {
+            legacy_version: f.u16()? as u16,
+            ..ClientHello::default()
+        };
+        f.take(32)?; // random
+        f.vec8()?; // legacy_session_id
+        f.vec16()?; // cipher_suites
+        f.vec8()?; // legacy_compression_methods
+        if f.0.is_empty() {
+            return Some(hello); // no extensions at all: no TLS 1.3
+        }
+        let mut extensions = Fields(f.vec16()?);
+        let (mut groups, mut shares): (&[u8], Vec<&[u8]>) = (&[], Vec::new());
+        while !extensions.0.is_empty() {
+            let kind = extensions.u16()?;
+            let data = extensions.vec16()?;
+            match kind {
+                SUPPORTED_VERSIONS => {
+                    let versions = Fields(data).vec8()?;
+                    hello.tls13 = versions.chunks_exact(2).any(|v| v == [3, 4]);
+                }
+                KEY_SHARE => {
+                    hello.key_share = true;
+                    let mut entries = Fields(Fields(data).vec16()?);
+                    while !entries.0.is_empty() {
+                        shares.push(entries.take(2)?);
+                        entries.vec16()?;
+                    }
+                }
+                SUPPORTED_GROUPS => {
+                    hello.supported_groups = true;
+                    groups = Fields(data).vec16()?;
+                }
+                PSK_KEY_EXCHANGE_MODES => {
+                    hello.psk_dhe = Fields(data).vec8()?.contains(&PSK_DHE_KE);
+                }
+                _ => {}
+            }
+        }
+        hello.share_outside_groups = hello.supported_groups
+            && shares
+                .iter()
+                .any(|share| !groups.chunks_exact(2).any(|g| g == *share));
+        Some(hello)
+    }
+}
+
+/// Extension types (RFC 8446 4.2) and the psk_dhe_ke mode.
+const SUPPORTED_GROUPS: usize = 10;
+const SUPPORTED_VERSIONS: usize = 43;
+const PSK_KEY_EXCHANGE_MODES: usize = 45;
+const KEY_SHARE: usize = 51;
+const PSK_DHE_KE: u8 = 1;
+
+/// The alert RFC 8446 and OpenSSL give where rustls, refusing the handshake with `e`,
+/// gives another or none; and whether it goes sealed (under the key this side writes with,
+/// once its flight is encrypted) rather than in plaintext. `last` is the last record rustls
+/// was offered, decrypted in place if rustls opened it. `None`: rustls's own answer stands.
+///
+/// - The client offered no signature scheme the certificate's key can make in TLS 1.3
+///   ([`SchemeCheck`] declined): handshake_failure (rustls: access_denied, for any
+///   resolver that declines), before any ServerHello, as from OpenSSL.
+/// - A record with no content type under the client's handshake key (rustls:
+///   `IllegalTlsInnerPlaintext`, no alert; RFC 8446 5.4: unexpected_message).
+/// - An empty alert record under that key (rustls: decode_error; section 5.1:
+///   unexpected_message, as for any zero-length alert fragment).
+/// - A Finished whose length is not the hash's (rustls compares it with the expected
+///   verify_data and answers decrypt_error; OpenSSL: decode_error, a malformed message,
+///   section 6.2).
+fn refusal_of(
+    e: &rustls::Error,
+    last: &[u8],
+    watch: Option<&ServerWatch>,
+    screen: &Screen,
+    suite: Option<Suite>,
+) -> Option<(AlertDescription, bool)> {
+    if !screen.sent_encrypted {
+        let declined = watch.is_some_and(|w| w.no_scheme.load(Ordering::Relaxed));
+        return (declined && matches!(e, rustls::Error::General(_)))
+            .then_some((AlertDescription::HandshakeFailure, false));
+    }
+    match e {
+        rustls::Error::PeerMisbehaved(PeerMisbehaved::IllegalTlsInnerPlaintext)
+        | rustls::Error::InvalidMessage(InvalidMessage::MissingData("AlertLevel")) => {
+            Some((AlertDescription::UnexpectedMessage, true))
+        }
+        rustls::Error::DecryptError => {
+            let hash_len = suite?.hash_len();
+            let len = finished_length(last)?;
+            (len != hash_len).then_some((AlertDescription::DecodeError, true))
+        }
+        _ => None,
+    }
+}
+
+/// The handshake message type of a Finished.
+const FINISHED: u8 = 20;
+
+/// The length a Finished in `record` (a protected record rustls has opened in place: inner
+/// plaintext, then its tag) gives its verify_data; `None` when the record holds no
+/// handshake record's plaintext (it did not open: a failed open leaves zeros) or no
+/// Finished.
+fn finished_length(record: &[u8]) -> Option<usize> {
+    let inner = opened_part(record);
+    let end = inner.iter().rposition(|&b| b != 0)?;
+    if inner[end] != HANDSHAKE {
+        return None;
+    }
+    let mut messages = &inner[..end];
+    while let [kind, a, b, c, rest @ ..] = messages {
+        let len = u32::from_be_bytes([0, *a, *b, *c]) as usize;
+        if *kind == FINISHED {
+            return Some(len);
+        }
+        messages = rest.get(len..)?;
+    }
+    None
+}
+
+/// `alert` sealed as this server's next record while it waits for the client's second
+/// flight: `None` without the secret (or a suite known).
+fn sealed_alert<C: Process>(
+    conn: &C,
+    secret: Option<&ServerWatch>,
+    alert: AlertDescription,
+) -> Option<Vec<u8>> {
+    secret?.alert(conn.suite()?, alert)
+}
+
+/// Sends an alert record (best effort), then closes as [`send_queued_alert`] does.
+fn send_alert(sock: &TcpStream, record: &[u8], buf: &mut [u8]) {
+    let mut sock = sock;
+    let _ = sock.write_all(record);
+    close_after_alert(sock, buf);
 }
 
 /// Sends a fatal alert in plaintext (best effort), then closes as [`send_queued_alert`] does.
 fn refuse(sock: &TcpStream, alert: AlertDescription, buf: &mut [u8]) {
-    let record = [ALERT, 3, 3, 0, 2, 2, u8::from(alert)];
-    let mut sock = sock;
-    let _ = sock.write_all(&record);
-    close_after_alert(sock, buf);
+    send_alert(sock, &[ALERT, 3, 3, 0, 2, 2, u8::from(alert)], buf);
 }
 
 /// The lowest TLS content type (20); alert, handshake and application data follow it.
@@ -382,6 +805,9 @@ trait Process {
         received: &'i mut [u8],
     ) -> UnbufferedStatus<'c, 'i, Self::Data>;
     fn handshaking(&self) -> bool;
+    /// The cipher suite chosen, once it is.
+    fn suite(&self) -> Option<Suite>;
+    fn is_server(&self) -> bool;
 }
 
 impl Process for UnbufferedConnectionCommon<ClientConnectionData> {
@@ -395,6 +821,12 @@ impl Process for UnbufferedConnectionCommon<ClientConnectionData> {
     fn handshaking(&self) -> bool {
         self.is_handshaking()
     }
+    fn suite(&self) -> Option<Suite> {
+        Suite::of(self.negotiated_cipher_suite()?.suite())
+    }
+    fn is_server(&self) -> bool {
+        false
+    }
 }
 
 impl Process for UnbufferedConnectionCommon<ServerConnectionData> {
@@ -407,6 +839,12 @@ impl Process for UnbufferedConnectionCommon<ServerConnectionData> {
     }
     fn handshaking(&self) -> bool {
         self.is_handshaking()
+    }
+    fn suite(&self) -> Option<Suite> {
+        Suite::of(self.negotiated_cipher_suite()?.suite())
+    }
+    fn is_server(&self) -> bool {
+        true
     }
 }
 
@@ -486,9 +924,8 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (sock, _) = listener.accept().unwrap();
-            let conn =
-                rustls::server::UnbufferedServerConnection::new(Arc::new(server_config())).unwrap();
-            match handshake_for_records(Unbuffered::Server(conn), &sock, true) {
+            let conn = Unbuffered::server(&Arc::new(server_config())).unwrap();
+            match handshake_for_records(conn, &sock, true) {
                 Ok(_) => "no error".to_string(),
                 Err(e) => format!("{e:#}"),
             }
@@ -542,7 +979,7 @@ mod tests {
             let conn =
                 rustls::server::UnbufferedServerConnection::new(Arc::new(server_config())).unwrap();
             // Fails when the client goes away after the ServerHello.
-            let _ = handshake_for_records(Unbuffered::Server(conn), &sock, true);
+            let _ = handshake_for_records(Unbuffered::Server(conn, None), &sock, true);
         });
         let mut sock = TcpStream::connect(addr).unwrap();
         sock.write_all(&bytes).unwrap();
@@ -680,7 +1117,7 @@ mod tests {
                     let server = std::thread::spawn(move || {
                         let (sock, _) = listener.accept().unwrap();
                         let conn = UnbufferedServerConnection::new(Arc::new(refuser)).unwrap();
-                        handshake_for_records(Unbuffered::Server(conn), &sock, true)
+                        handshake_for_records(Unbuffered::Server(conn, None), &sock, true)
                             .map_err(|e| format!("{e:#}"))
                     });
                     let mut sock = TcpStream::connect(addr).unwrap();
@@ -719,5 +1156,414 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A server config and a client config that trusts its certificate; the client logs
+    /// its secrets into `log` and, like tlsfuzzer's, offers no psk_key_exchange_modes unless
+    /// `resumption`.
+    fn trusting_pair(
+        log: Arc<Secrets>,
+        resumption: bool,
+    ) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let der = cert.cert.der().clone();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+        let mut server = rustls::ServerConfig::builder_with_provider(crate::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![der.clone()], key)
+            .unwrap();
+        server.enable_secret_extraction = true;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let mut client = rustls::ClientConfig::builder_with_provider(crate::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.key_log = log;
+        client.enable_secret_extraction = true;
+        if !resumption {
+            client.resumption = rustls::client::Resumption::disabled();
+        }
+        (Arc::new(server), Arc::new(client))
+    }
+
+    /// The secrets a client logs, by label.
+    #[derive(Debug, Default)]
+    struct Secrets(Mutex<Vec<(String, Vec<u8>)>>);
+
+    impl rustls::KeyLog for Secrets {
+        fn log(&self, label: &str, _client_random: &[u8], secret: &[u8]) {
+            self.0.lock().unwrap().push((label.into(), secret.to_vec()));
+        }
+    }
+
+    impl Secrets {
+        fn get(&self, label: &str) -> Vec<u8> {
+            let log = self.0.lock().unwrap();
+            log.iter().find(|(l, _)| l == label).unwrap().1.clone()
+        }
+    }
+
+    /// A rustls client handshakes with a listener's server (`Unbuffered::server`) up to the
+    /// server's Finished; then, instead of the client's Finished, what `second` makes of
+    /// the suite and the client's handshake traffic secret goes. Returns the server's error
+    /// and its answer opened under the server's key (what a client reads there).
+    fn second_flight_answer(
+        second: impl FnOnce(Suite, &[u8]) -> Vec<u8>,
+    ) -> (String, Result<Vec<u8>, AlertDescription>) {
+        let log = Arc::new(Secrets::default());
+        let (server_config, client_config) = trusting_pair(log.clone(), false);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn = Unbuffered::server(&server_config).unwrap();
+            match handshake_for_records(conn, &sock, true) {
+                Ok(_) => "no error".to_string(),
+                Err(e) => format!("{e:#}"),
+            }
+        });
+        let mut sock = TcpStream::connect(addr).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut client = rustls::ClientConnection::new(client_config, name).unwrap();
+        client.write_tls(&mut sock).unwrap();
+        while client.is_handshaking() {
+            assert!(client.read_tls(&mut sock).unwrap() > 0, "the server closed");
+            client.process_new_packets().unwrap();
+        }
+        // The client's own second flight (its Finished) is dropped.
+        client.write_tls(&mut Vec::new()).unwrap();
+        let suite = Suite::of(client.negotiated_cipher_suite().unwrap().suite()).unwrap();
+        let client_secret = log.get("CLIENT_HANDSHAKE_TRAFFIC_SECRET");
+        sock.write_all(&second(suite, &client_secret)).unwrap();
+        let mut answer = Vec::new();
+        // Ends at the server's FIN: a reset or a timeout fails the test.
+        sock.read_to_end(&mut answer).unwrap();
+        let mut records = Records::from_secrets(
+            suite,
+            true,
+            &client_secret,
+            &log.get("SERVER_TRAFFIC_SECRET_0"),
+            false,
+        )
+        .unwrap();
+        let mut plaintext = Vec::new();
+        let opened = match records.open(&mut answer, &mut plaintext) {
+            Ok(_) => Ok(answer),
+            Err(records::RecordError::Alert(alert)) => Err(alert),
+            Err(e) => panic!("the server's answer: {e}"),
+        };
+        (server.join().unwrap(), opened)
+    }
+
+    /// `inner` (a TLSInnerPlaintext) sealed under the client's handshake key, as its first
+    /// record.
+    fn under_client_handshake_key(suite: Suite, secret: &[u8], inner: &[u8]) -> Vec<u8> {
+        let mut records = Records::from_secrets(suite, true, secret, secret, false).unwrap();
+        let mut buf = vec![0; HEADER + inner.len() + TAG];
+        buf[HEADER..HEADER + inner.len()].copy_from_slice(inner);
+        let n = records.seal_inner(&mut buf, inner.len()).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    /// tlsfuzzer's `zero content type during handshake` (and `... with padding`): a record
+    /// under the client's handshake key whose inner plaintext is all zeros, which rustls
+    /// refuses with no alert, gets unexpected_message under the server's key.
+    #[test]
+    fn a_record_with_no_content_type_in_the_handshake_gets_unexpected_message() {
+        for inner in [&[0u8][..], &[0; 10]] {
+            let (error, answer) = second_flight_answer(|suite, secret| {
+                under_client_handshake_key(suite, secret, inner)
+            });
+            assert_eq!(answer, Err(AlertDescription::UnexpectedMessage), "{error}");
+        }
+    }
+
+    /// tlsfuzzer's `empty alert ... using handshake keys`: an alert record with no alert in
+    /// it (padding or not) under the client's handshake key, which rustls answers with
+    /// decode_error, gets unexpected_message (RFC 8446 5.1), as from OpenSSL.
+    #[test]
+    fn an_empty_alert_in_the_handshake_gets_unexpected_message() {
+        for padding in [0, 2, 5, 30] {
+            let mut inner = vec![ALERT];
+            inner.resize(1 + padding, 0);
+            let (error, answer) = second_flight_answer(|suite, secret| {
+                under_client_handshake_key(suite, secret, &inner)
+            });
+            assert_eq!(answer, Err(AlertDescription::UnexpectedMessage), "{error}");
+        }
+    }
+
+    /// tlsfuzzer's `Unencrypted Finished message`: a plaintext handshake record once the
+    /// server's flight is encrypted, which rustls tries to open (bad_record_mac), gets
+    /// unexpected_message under the server's key.
+    #[test]
+    fn a_plaintext_finished_gets_unexpected_message() {
+        let (error, answer) = second_flight_answer(|suite, _| {
+            let mut record = vec![HANDSHAKE, 3, 3];
+            let len = 4 + suite.hash_len();
+            record.extend_from_slice(&(len as u16).to_be_bytes());
+            record.extend_from_slice(&[20, 0, 0, suite.hash_len() as u8]);
+            record.resize(HEADER + len, 0);
+            record
+        });
+        assert_eq!(answer, Err(AlertDescription::UnexpectedMessage), "{error}");
+        assert!(error.contains("plaintext handshake record"), "{error}");
+    }
+
+    /// `hello` (a ClientHello record) without the extension of type `kind`.
+    fn without_extension(hello: &[u8], kind: u16) -> Vec<u8> {
+        edit_extension(hello, kind, None)
+    }
+
+    /// `hello` (a ClientHello record) with the extension of type `kind` holding `data`
+    /// instead (`None`: left out).
+    fn edit_extension(hello: &[u8], kind: u16, data: Option<&[u8]>) -> Vec<u8> {
+        let body = &hello[HEADER + 4..];
+        let mut f = Fields(body);
+        f.take(2 + 32).unwrap();
+        f.vec8().unwrap();
+        f.vec16().unwrap();
+        f.vec8().unwrap();
+        let before = body.len() - f.0.len();
+        let mut extensions = Fields(f.vec16().unwrap());
+        let mut kept = Vec::new();
+        while !extensions.0.is_empty() {
+            let start = extensions.0;
+            let t = extensions.u16().unwrap();
+            extensions.vec16().unwrap();
+            if t != usize::from(kind) {
+                kept.extend_from_slice(&start[..start.len() - extensions.0.len()]);
+            } else if let Some(data) = data {
+                kept.extend_from_slice(&kind.to_be_bytes());
+                kept.extend_from_slice(&(data.len() as u16).to_be_bytes());
+                kept.extend_from_slice(data);
+            }
+        }
+        let mut out = body[..before].to_vec();
+        out.extend_from_slice(&(kept.len() as u16).to_be_bytes());
+        out.extend_from_slice(&kept);
+        let mut message = vec![CLIENT_HELLO];
+        message.extend_from_slice(&(out.len() as u32).to_be_bytes()[1..]);
+        message.extend_from_slice(&out);
+        let mut record = vec![HANDSHAKE, 3, 1];
+        record.extend_from_slice(&(message.len() as u16).to_be_bytes());
+        record.extend_from_slice(&message);
+        record
+    }
+
+    /// tlsfuzzer's `legacy-version`: a ClientHello whose legacy_version is below TLS 1.0
+    /// (SSL 3.0 or nonsense), TLS 1.3 in supported_versions, is protocol_version (RFC 8446
+    /// D.5 for SSL 3.0; OpenSSL for all), in plaintext.
+    #[test]
+    fn a_client_hello_below_tls_1_0_gets_protocol_version() {
+        for version in [[3, 0], [1, 3], [0, 2]] {
+            let mut hello = client_hello();
+            hello[HEADER + 4..HEADER + 6].copy_from_slice(&version);
+            let (error, answer) = server_answer(&hello);
+            assert_eq!(answer, [ALERT, 3, 3, 0, 2, 2, 70], "{error}");
+        }
+    }
+
+    /// tlsfuzzer's `obsolete-curves` (inconsistent extensions): a key share of a group that
+    /// supported_groups does not list is illegal_parameter (RFC 8446 4.2.8, as OpenSSL;
+    /// rustls ignored the share and asked for another), in plaintext.
+    #[test]
+    fn a_key_share_outside_supported_groups_gets_illegal_parameter() {
+        // secp384r1 only; rustls's shares are X25519MLKEM768 and X25519.
+        let hello = edit_extension(
+            &client_hello(),
+            SUPPORTED_GROUPS as u16,
+            Some(&[0, 2, 0, 24]),
+        );
+        let (error, answer) = server_answer(&hello);
+        assert_eq!(answer, [ALERT, 3, 3, 0, 2, 2, 47], "{error}");
+    }
+
+    /// tlsfuzzer's signature scheme scripts (`pkcs-signature`, `rsa-signatures`, ...): a
+    /// client offering no scheme the key can make in TLS 1.3 gets handshake_failure in
+    /// plaintext, before any ServerHello (rustls: after it). The test certificate's key is
+    /// ECDSA P-256; the client offers RSA-PSS and PKCS#1 with SHA-256, and then also ECDSA
+    /// P-256 with SHA-1, which TLS 1.3 does not allow.
+    #[test]
+    fn a_client_with_no_usable_signature_scheme_gets_handshake_failure() {
+        for schemes in [&[0, 4, 8, 4, 4, 1][..], &[0, 2, 2, 3]] {
+            let hello = edit_extension(&client_hello(), 13, Some(schemes));
+            let (error, answer) = server_answer(&hello);
+            assert_eq!(answer, [ALERT, 3, 3, 0, 2, 2, 40], "{error}");
+        }
+        // ECDSA P-256 with SHA-256: a ServerHello.
+        let hello = edit_extension(&client_hello(), 13, Some(&[0, 2, 4, 3]));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn = Unbuffered::server(&Arc::new(server_config())).unwrap();
+            // Fails when the client goes away after the ServerHello.
+            let _ = handshake_for_records(conn, &sock, true);
+        });
+        let mut sock = TcpStream::connect(addr).unwrap();
+        sock.write_all(&hello).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut first = [0; 1];
+        sock.read_exact(&mut first).unwrap();
+        assert_eq!(first[0], HANDSHAKE, "no ServerHello");
+        drop(sock);
+        server.join().unwrap();
+    }
+
+    /// tlsfuzzer's `finished` (padding and truncation): a Finished whose verify_data is not
+    /// the hash's length is decode_error (rustls: decrypt_error, as for a wrong one of the
+    /// right length, which stays decrypt_error).
+    #[test]
+    fn a_finished_of_the_wrong_length_gets_decode_error() {
+        for (extra, alert) in [
+            (1, AlertDescription::DecodeError),
+            (-1, AlertDescription::DecodeError),
+            (0, AlertDescription::DecryptError),
+        ] {
+            let (error, answer) = second_flight_answer(|suite, secret| {
+                let len = suite.hash_len().checked_add_signed(extra).unwrap();
+                let mut inner = vec![FINISHED, 0, 0, len as u8];
+                inner.resize(4 + len, 0x55);
+                inner.push(HANDSHAKE);
+                under_client_handshake_key(suite, secret, &inner)
+            });
+            assert_eq!(answer, Err(alert), "{error}");
+        }
+    }
+
+    /// What the screen reads of a rustls client's ClientHello.
+    #[test]
+    fn a_client_hello_is_read() {
+        let hello = client_hello();
+        let read = ClientHello::read(&hello[HEADER + 4..]).unwrap();
+        let all = ClientHello {
+            legacy_version: 0x0303,
+            share_outside_groups: false,
+            tls13: true,
+            key_share: true,
+            supported_groups: true,
+            psk_dhe: true,
+        };
+        assert_eq!(read, all);
+        let no_modes = without_extension(&hello, PSK_KEY_EXCHANGE_MODES as u16);
+        let read = ClientHello::read(&no_modes[HEADER + 4..]).unwrap();
+        assert!(!read.psk_dhe);
+        // Any cut of it is refused or read, never a panic.
+        for end in 0..hello.len() - HEADER - 4 {
+            let _ = ClientHello::read(&hello[HEADER + 4..HEADER + 4 + end]);
+        }
+    }
+
+    /// tlsfuzzer's `key_share extension omitted`: a TLS 1.3 ClientHello with
+    /// supported_groups but no key_share is missing_extension (RFC 8446 9.2; rustls:
+    /// handshake_failure), in plaintext; and the other way round.
+    #[test]
+    fn a_client_hello_without_key_share_gets_missing_extension() {
+        for kind in [KEY_SHARE, SUPPORTED_GROUPS] {
+            let hello = without_extension(&client_hello(), kind as u16);
+            let (error, answer) = server_answer(&hello);
+            assert_eq!(answer, [ALERT, 3, 3, 0, 2, 2, 109], "{error}");
+            assert!(error.contains("supported_groups and key_share"), "{error}");
+        }
+    }
+
+    /// Counts the TLS 1.3 tickets a client takes.
+    #[derive(Debug, Default)]
+    struct Tickets(std::sync::atomic::AtomicUsize);
+
+    impl rustls::client::ClientSessionStore for Tickets {
+        fn set_kx_hint(&self, _: rustls::pki_types::ServerName<'static>, _: rustls::NamedGroup) {}
+        fn kx_hint(&self, _: &rustls::pki_types::ServerName<'_>) -> Option<rustls::NamedGroup> {
+            None
+        }
+        fn set_tls12_session(
+            &self,
+            _: rustls::pki_types::ServerName<'static>,
+            _: rustls::client::Tls12ClientSessionValue,
+        ) {
+        }
+        fn tls12_session(
+            &self,
+            _: &rustls::pki_types::ServerName<'_>,
+        ) -> Option<rustls::client::Tls12ClientSessionValue> {
+            None
+        }
+        fn remove_tls12_session(&self, _: &rustls::pki_types::ServerName<'static>) {}
+        fn insert_tls13_ticket(
+            &self,
+            _: rustls::pki_types::ServerName<'static>,
+            _: rustls::client::Tls13ClientSessionValue,
+        ) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        fn take_tls13_ticket(
+            &self,
+            _: &rustls::pki_types::ServerName<'static>,
+        ) -> Option<rustls::client::Tls13ClientSessionValue> {
+            None
+        }
+    }
+
+    /// tlsfuzzer's `connection-abort` (`After NewSessionTicket`) waits for a ticket, which
+    /// rustls sends only to a client that offers psk_dhe_ke (every rustls client does:
+    /// tlsfuzzer's does not, see `a_client_hello_is_read` for how that is told). Such a
+    /// client is owed none by the record layer; the ticket it owes otherwise
+    /// (`Records::owe_ticket`) goes first and a rustls client takes it as a ticket, after
+    /// rustls's two.
+    #[test]
+    fn an_owed_ticket_is_a_ticket_to_a_rustls_client() {
+        let tickets = Arc::new(Tickets::default());
+        let (server_config, client_config) = trusting_pair(Arc::default(), true);
+        let mut client_config = rustls::ClientConfig::clone(&client_config);
+        client_config.resumption = rustls::client::Resumption::store(tickets.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn = Unbuffered::server(&server_config).unwrap();
+            let mut established = handshake_for_records(conn, &sock, true).unwrap();
+            let mut buf = vec![0; 4096];
+            assert_eq!(
+                established.records.due(&mut buf, 1).unwrap(),
+                0,
+                "none owed"
+            );
+            established.records.owe_ticket();
+            let n = established.records.due(&mut buf, 1).unwrap();
+            assert!(n > 0, "a ticket owed");
+            (&sock).write_all(&buf[..n]).unwrap();
+            // Open until the client has read everything.
+            let _ = (&sock).read(&mut buf);
+        });
+        let sock = TcpStream::connect(addr).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let conn = UnbufferedClientConnection::new(Arc::new(client_config), name).unwrap();
+        let mut client = handshake_for_records(Unbuffered::Client(conn), &sock, true).unwrap();
+        let mut got = client.received[..client.received_end].to_vec();
+        let mut sock = &sock;
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut plaintext = Vec::new();
+        while tickets.0.load(std::sync::atomic::Ordering::SeqCst) < 3 && Instant::now() < deadline {
+            let mut more = [0; 4096];
+            if let Ok(n) = sock.read(&mut more) {
+                got.extend_from_slice(&more[..n]);
+            }
+            let opened = client.records.open(&mut got, &mut plaintext).unwrap();
+            got.drain(..opened.consumed);
+        }
+        assert_eq!(tickets.0.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert!(plaintext.is_empty(), "tickets, no data");
+        drop(sock.shutdown(std::net::Shutdown::Both));
+        server.join().unwrap();
     }
 }

@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 
 mod datagrams;
+mod groups;
 mod handshake;
 mod pool;
 pub mod records;
@@ -153,8 +154,11 @@ pub enum PeerTraffic {
 /// The crypto every TLS connection uses: aws-lc-rs, whose default key exchange groups lead
 /// with the post-quantum hybrid X25519MLKEM768 (classic X25519 and P-256 stay as fallbacks),
 /// except for the record crypto (where the bytes go) on CPUs where ring's is the faster.
+///
+/// After the provider's groups, secp521r1 (`groups.rs`), which OpenSSL also offers.
 fn provider() -> Arc<CryptoProvider> {
-    let aws_lc = rustls::crypto::aws_lc_rs::default_provider();
+    let mut aws_lc = rustls::crypto::aws_lc_rs::default_provider();
+    aws_lc.kx_groups.push(groups::SECP521R1);
     if !ring_has_faster_aes_gcm() {
         return Arc::new(aws_lc);
     }
@@ -621,14 +625,11 @@ fn connection(
             wg_port,
         } => {
             let config = config.read().unwrap_or_else(|p| p.into_inner()).clone();
-            let conn = rustls::server::UnbufferedServerConnection::new(config)
+            let conn = handshake::Unbuffered::server(&config)
                 .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
-            let established = handshake::handshake_for_records(
-                handshake::Unbuffered::Server(conn),
-                &accepted,
-                ring_has_faster_aes_gcm(),
-            )
-            .context("TLS handshake failed")?;
+            let established =
+                handshake::handshake_for_records(conn, &accepted, ring_has_faster_aes_gcm())
+                    .context("TLS handshake failed")?;
             match &listen.forward_to {
                 TlsTarget::Tcp(to) => {
                     let target = connect(to)?;

@@ -154,7 +154,8 @@ fn run(mut poll: Poll, from_pool: mpsc::Receiver<Carried>, carried: Arc<AtomicUs
                 continue;
             };
             if event.is_readable() || event.is_read_closed() || event.is_error() {
-                c.relay.mark_readable(plain);
+                c.relay
+                    .mark_readable(plain, event.is_read_closed() || event.is_error());
             }
             if !ready.contains(&slot) {
                 ready.push(slot);

@@ -247,6 +247,18 @@ impl Suite {
         }
     }
 
+    /// The suite rustls negotiated, if it is one of the three.
+    pub fn of(suite: rustls::CipherSuite) -> Option<Suite> {
+        match suite {
+            rustls::CipherSuite::TLS13_AES_128_GCM_SHA256 => Some(Suite::Aes128GcmSha256),
+            rustls::CipherSuite::TLS13_AES_256_GCM_SHA384 => Some(Suite::Aes256GcmSha384),
+            rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256 => {
+                Some(Suite::Chacha20Poly1305Sha256)
+            }
+            _ => None,
+        }
+    }
+
     /// Hash.length: the size of a traffic secret.
     pub fn hash_len(self) -> usize {
         match self {
@@ -545,6 +557,46 @@ pub struct Opened {
     pub close_notify: bool,
 }
 
+/// A NewSessionTicket handshake message (RFC 8446 4.6.1) whose ticket_lifetime is 0, which
+/// tells the client to discard it at once: its ticket is 32 random bytes that no ticketer
+/// of ours knows, so offered later it could only lead to a full handshake anyway.
+fn discarded_ticket() -> anyhow::Result<Vec<u8>> {
+    use ring::rand::SecureRandom;
+    let mut random = [0; 4 + 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut random)
+        .map_err(|_| anyhow!("no random bytes for a session ticket"))?;
+    let (age_add, ticket) = random.split_at(4);
+    let mut body = Vec::with_capacity(45);
+    body.extend_from_slice(&0u32.to_be_bytes()); // ticket_lifetime: discard at once
+    body.extend_from_slice(age_add); // ticket_age_add
+    body.push(0); // ticket_nonce: empty
+    body.extend_from_slice(&(ticket.len() as u16).to_be_bytes());
+    body.extend_from_slice(ticket);
+    body.extend_from_slice(&[0, 0]); // no extensions
+    let mut message = vec![NEW_SESSION_TICKET, 0, 0, body.len() as u8];
+    message.extend_from_slice(&body);
+    Ok(message)
+}
+
+/// A fatal alert sealed under the traffic `secret` a side writes with (RFC 8446 7.1, 7.3),
+/// as its record with sequence number `seq`. What `handshake.rs` answers with during a
+/// handshake where rustls, which holds that key, would send another alert or none.
+pub fn handshake_alert(
+    suite: Suite,
+    secret: &[u8],
+    seq: u64,
+    alert: AlertDescription,
+) -> anyhow::Result<Vec<u8>> {
+    let schedule = Tls13Schedule::new(suite, false, secret, secret)?;
+    let (tx, rx) = schedule.current()?;
+    let mut records = Records::with_schedule(Box::new(schedule), (seq, tx), (0, rx), false)?;
+    let mut buf = vec![0; 64];
+    let size = records.alert(&mut buf, alert)?;
+    buf.truncate(size);
+    Ok(buf)
+}
+
 /// The record layer of one connection.
 pub struct Records {
     schedule: Box<dyn KeySchedule>,
@@ -561,6 +613,8 @@ pub struct Records {
     key_updates_owed: u32,
     /// Handshake bytes of a message not yet whole.
     handshake: Vec<u8>,
+    /// A NewSessionTicket of our own goes before our first record ([`Records::owe_ticket`]).
+    ticket_owed: bool,
     /// Empty application-data records, and KeyUpdates, since the last application data.
     empty_records: u32,
     key_updates: u32,
@@ -604,6 +658,7 @@ impl Records {
             use_ring,
             key_updates_owed: 0,
             handshake: Vec::new(),
+            ticket_owed: false,
             empty_records: 0,
             key_updates: 0,
         })
@@ -685,16 +740,30 @@ impl Records {
     /// a KeyUpdate for each the other side asked for (as OpenSSL answers), or ours when the
     /// key has sealed enough. Returns their size (0: none due). `buf` holds
     /// [`MAX_KEY_UPDATES`] KeyUpdate records (under 2 KiB).
+    /// A ticket owed ([`Records::owe_ticket`]) goes before them (under 100 bytes).
     pub fn due(&mut self, buf: &mut [u8], records_next: u64) -> anyhow::Result<usize> {
+        let mut size = 0;
+        if self.ticket_owed {
+            size += self.seal_message(buf, HANDSHAKE, &discarded_ticket()?)?;
+            self.ticket_owed = false;
+        }
         let worn = self.tx.seq.saturating_add(records_next) >= self.tx_key_limit;
         let count = self.key_updates_owed.max(u32::from(worn));
-        let mut size = 0;
         for _ in 0..count {
             // update_not_requested: our key changes; the other side's need not.
             size += self.key_update(&mut buf[size..], false)?;
         }
         self.key_updates_owed = 0;
         Ok(size)
+    }
+
+    /// Owes the other side (a client whose handshake is over) one NewSessionTicket that it
+    /// is to discard at once ([`discarded_ticket`]), sent by [`Records::due`] before
+    /// anything else. For a client that offered no psk_dhe_ke, to which rustls sends no
+    /// tickets: OpenSSL's server sends tickets to every client, and clients and conformance
+    /// suites written against it (tlsfuzzer's `connection-abort`) wait for one.
+    pub fn owe_ticket(&mut self) {
+        self.ticket_owed = true;
     }
 
     /// A close_notify alert sealed into `buf`; returns its size.
@@ -961,7 +1030,7 @@ mod tests {
         let server = std::thread::spawn(move || {
             let (sock, _) = listener.accept().unwrap();
             let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
-            handshake_for_records(Unbuffered::Server(conn), &sock, true).unwrap()
+            handshake_for_records(Unbuffered::Server(conn, None), &sock, true).unwrap()
         });
         let sock = TcpStream::connect(addr).unwrap();
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
@@ -1103,7 +1172,7 @@ mod tests {
         let server = std::thread::spawn(move || {
             let (sock, _) = listener.accept().unwrap();
             let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
-            handshake_for_records(Unbuffered::Server(conn), &sock, true).unwrap()
+            handshake_for_records(Unbuffered::Server(conn, None), &sock, true).unwrap()
         });
         let sock = TcpStream::connect(addr).unwrap();
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
@@ -1159,7 +1228,7 @@ mod tests {
         let server = std::thread::spawn(move || {
             let (sock, _) = listener.accept().unwrap();
             let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
-            handshake_for_records(Unbuffered::Server(conn), &sock, true)
+            handshake_for_records(Unbuffered::Server(conn, None), &sock, true)
         });
         // rustls's buffered client, held back so that its Finished, what was written
         // early and the close_notify leave in one write.
@@ -1203,7 +1272,7 @@ mod tests {
         let server = std::thread::spawn(move || {
             let (sock, _) = listener.accept().unwrap();
             let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
-            let established = handshake_for_records(Unbuffered::Server(conn), &sock, true);
+            let established = handshake_for_records(Unbuffered::Server(conn, None), &sock, true);
             (established.unwrap(), sock)
         });
         let mut sock = TcpStream::connect(addr).unwrap();
@@ -1262,7 +1331,7 @@ mod tests {
                 let (sock, _) = listener.accept().unwrap();
                 let conn =
                     rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
-                handshake_for_records(Unbuffered::Server(conn), &sock, true).unwrap()
+                handshake_for_records(Unbuffered::Server(conn, None), &sock, true).unwrap()
             });
             let mut sock = TcpStream::connect(addr).unwrap();
             let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
@@ -1303,6 +1372,71 @@ mod tests {
         }
     }
 
+    /// An alert goes after the records sealed before it: a ticket owed and sealed, then a
+    /// broken record from the client in the same step. The client reads the ticket, then
+    /// the alert (sealed after it, so unreadable without it).
+    #[test]
+    fn an_alert_follows_what_was_sealed_before_it() {
+        let (mut server, client) = configs();
+        server.send_tls13_tickets = 0;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
+            let mut established =
+                handshake_for_records(Unbuffered::Server(conn, None), &sock, true).unwrap();
+            established.records.owe_ticket();
+            (established, sock)
+        });
+        let mut sock = TcpStream::connect(addr).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut conn = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+        while conn.is_handshaking() {
+            while conn.wants_write() {
+                conn.write_tls(&mut sock).unwrap();
+            }
+            if conn.is_handshaking() {
+                conn.read_tls(&mut sock).unwrap();
+                conn.process_new_packets().unwrap();
+            }
+        }
+        while conn.wants_write() {
+            conn.write_tls(&mut sock).unwrap();
+        }
+        let (established, tls) = server.join().unwrap();
+        // A record that does not authenticate, there before the relay's first step.
+        let mut broken = vec![APPLICATION_DATA, 3, 3, 0, 32];
+        broken.resize(HEADER + 32, 7);
+        std::io::Write::write_all(&mut sock, &broken).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let service = TcpListener::bind("127.0.0.1:0").unwrap();
+        let plain = TcpStream::connect(service.local_addr().unwrap()).unwrap();
+        let _service_side = service.accept().unwrap();
+        tls.set_nonblocking(true).unwrap();
+        let stats = Arc::new(crate::ListenerStats::default());
+        let mut relay = crate::relay::Relay::new(plain, tls, established, stats).unwrap();
+        assert!(
+            relay.step().is_err(),
+            "the broken record ends the connection"
+        );
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let error = loop {
+            assert!(
+                conn.read_tls(&mut sock).unwrap() > 0,
+                "closed without an alert"
+            );
+            if let Err(e) = conn.process_new_packets() {
+                break e;
+            }
+        };
+        assert_eq!(conn.tls13_tickets_received(), 1, "the ticket first");
+        assert_eq!(
+            error,
+            rustls::Error::AlertReceived(AlertDescription::BadRecordMac)
+        );
+    }
+
     /// A KeyUpdate the client asks for is answered at once, while the plaintext side has
     /// nothing to send (tlsfuzzer's `app data split, conversation with KeyUpdate msg`: "GET"
     /// and the request for an update, then nothing until the server's KeyUpdate; the relay
@@ -1319,7 +1453,7 @@ mod tests {
             let (sock, _) = listener.accept().unwrap();
             let conn = rustls::server::UnbufferedServerConnection::new(Arc::new(server)).unwrap();
             (
-                handshake_for_records(Unbuffered::Server(conn), &sock, true).unwrap(),
+                handshake_for_records(Unbuffered::Server(conn, None), &sock, true).unwrap(),
                 sock,
             )
         });
@@ -1358,7 +1492,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut got = 0;
         while got == 0 && Instant::now() < deadline {
-            relay.mark_readable(false);
+            relay.mark_readable(false, false);
             relay.step().unwrap();
             match conn.read_tls(&mut sock) {
                 Ok(n) => got += n,

@@ -14,7 +14,7 @@
 //! a clean end).
 
 use super::handshake::Established;
-use super::stream::RecordStream;
+use super::stream::{self, RecordStream};
 use super::ListenerStats;
 use anyhow::{bail, Context};
 use std::io::{self, ErrorKind, IoSlice, Read, Write};
@@ -58,6 +58,8 @@ pub struct Relay {
     /// cleared by `WouldBlock`, so that a step does not spend a system call on a socket
     /// known empty.
     plain_readable: bool,
+    /// A readiness event on the plaintext socket said its other side closed (or it failed).
+    plain_hangup: bool,
     /// The listener's counters, which the relay adds its bytes to.
     stats: Arc<ListenerStats>,
 }
@@ -80,6 +82,7 @@ impl Relay {
             plain_shut: false,
             tls_shut: false,
             plain_readable: true,
+            plain_hangup: false,
             stats,
         })
     }
@@ -90,11 +93,13 @@ impl Relay {
     }
 
     /// Notes that the plaintext (`plain`) or the TLS socket may have something to read.
-    pub fn mark_readable(&mut self, plain: bool) {
+    /// `hangup`: the event said the other side closed, or the socket failed.
+    pub fn mark_readable(&mut self, plain: bool, hangup: bool) {
         if plain {
             self.plain_readable = true;
+            self.plain_hangup |= hangup;
         } else {
-            self.stream.mark_readable();
+            self.stream.mark_readable(hangup);
         }
     }
 
@@ -147,6 +152,10 @@ impl Relay {
                 self.stats
                     .to_tls_bytes
                     .fetch_add(n as u64, Ordering::Relaxed);
+                // Short of the slots: the socket is drained until its next readiness
+                // event, unless an end of stream may wait behind the data (see
+                // `RecordStream::receive`).
+                self.plain_readable = self.plain_hangup || n == stream::SLOTS_BYTES;
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 self.plain_readable = false;

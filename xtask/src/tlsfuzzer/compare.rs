@@ -17,8 +17,10 @@
 //! The report, `target/tlsfuzzer-compare/report.md`, has a row per script (probes passed/run
 //! on each server) and lists every probe that passes on OpenSSL and fails on tunneld (and
 //! the other way round); each script's whole output is kept beside it
-//! (`openssl/<script>.txt`, `tunneld/<script>.txt`). It is a measurement, not a test: it
-//! fails only when a server cannot be started.
+//! (`openssl/<script>.txt`, `tunneld/<script>.txt`). It fails on any probe that passes on
+//! OpenSSL and not on tunneld, when tunneld dies or stops serving, and when a server cannot
+//! be started. The step of `cargo xtask test` (`tlsfuzzer.rs`) is the same comparison on
+//! fewer scripts.
 
 use super::*;
 use std::collections::BTreeSet;
@@ -60,6 +62,13 @@ struct Outcome {
     seconds: f64,
 }
 
+/// A script's short name, as `cargo xtask tlsfuzzer` takes it (`test-tls13-NAME.py` → NAME).
+pub(super) fn short_name(arg: &str) -> String {
+    arg.trim_start_matches("test-tls13-")
+        .trim_end_matches(".py")
+        .to_string()
+}
+
 pub(super) fn compare_all(args: &[String]) -> Result<(), String> {
     let mut limit = DEFAULT_LIMIT;
     let mut names = Vec::new();
@@ -85,11 +94,7 @@ pub(super) fn compare_all(args: &[String]) -> Result<(), String> {
                 }
                 only = side.map(str::to_string);
             }
-            name => names.push(
-                name.trim_start_matches("test-tls13-")
-                    .trim_end_matches(".py")
-                    .to_string(),
-            ),
+            name => names.push(short_name(name)),
         }
     }
     let vendored = vendored_dir()?;
@@ -101,19 +106,46 @@ pub(super) fn compare_all(args: &[String]) -> Result<(), String> {
     }
     let scripts = script_names(&vendored.join("scripts"), &names)?;
     let report_dir = system::target_dir(&system::repo_root()?).join("tlsfuzzer-compare");
+    let sides: Vec<&str> = if report_only {
+        Vec::new()
+    } else {
+        ["openssl", "tunneld"]
+            .into_iter()
+            .filter(|side| only.as_deref().is_none_or(|o| o == *side))
+            .collect()
+    };
+    let counts = run_and_report(&scripts, &sides, limit, &report_dir)?;
+    if counts.failed > 0 {
+        return Err(format!(
+            "{} of {} scripts differ from OpenSSL (probes that pass on OpenSSL and not on \
+             tunneld); see {}",
+            counts.failed,
+            counts.passed + counts.failed,
+            report_dir.join("report.md").display()
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `scripts` against each of `sides` (none: only the report is made again), the sides
+/// side by side, then makes the report from the saved outputs in `report_dir` (a side not
+/// run keeps its last) and prints each difference. A script passes when every probe that
+/// passed on OpenSSL passed on tunneld too (one tunneld did not finish counts as failed).
+/// `Err` when a server cannot be started, or tunneld died or stopped serving.
+pub(super) fn run_and_report(
+    scripts: &[String],
+    sides: &[&str],
+    limit: Duration,
+    report_dir: &Path,
+) -> Result<Counts, String> {
     for side in ["openssl", "tunneld"] {
         fs::create_dir_all(report_dir.join(side))
             .map_err(|e| format!("cannot create {}: {e}", report_dir.display()))?;
     }
     let mut after = Ok(());
-    if !report_only {
-        let sides: Vec<&str> = ["openssl", "tunneld"]
-            .into_iter()
-            .filter(|side| only.as_deref().is_none_or(|o| o == *side))
-            .collect();
-        after = run_sides(&scripts, &sides, limit, &report_dir)?;
+    if !sides.is_empty() {
+        after = run_sides(scripts, sides, limit, report_dir)?;
     }
-    // The report is made from the saved outputs: a side not run this time keeps its last.
     let saved = |side: &str| -> Vec<Outcome> {
         scripts
             .iter()
@@ -123,17 +155,43 @@ pub(super) fn compare_all(args: &[String]) -> Result<(), String> {
             })
             .collect()
     };
-    let report = report(
-        &scripts,
-        &saved("openssl"),
-        &saved("tunneld"),
-        limit,
-        &after,
-    );
+    let (openssl, tunneld) = (saved("openssl"), saved("tunneld"));
+    let report = report(scripts, &openssl, &tunneld, limit, &after);
     let path = report_dir.join("report.md");
     fs::write(&path, &report).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    eprintln!("tlsfuzzer --compare-all: report in {}", path.display());
-    after
+    let mut counts = Counts::default();
+    for (i, script) in scripts.iter().enumerate() {
+        let worse = differences(&openssl[i], &tunneld[i]);
+        if openssl[i].pass_count == 0 {
+            counts.vacuous.push(script.clone());
+        }
+        if worse.is_empty() {
+            counts.passed += 1;
+        } else {
+            counts.failed += 1;
+            eprintln!(
+                "tlsfuzzer {script}: {} probe(s) pass on OpenSSL and not on tunneld:",
+                worse.len()
+            );
+            for probe in worse {
+                eprintln!("    {probe}");
+            }
+        }
+    }
+    eprintln!(
+        "tlsfuzzer: {} script(s) as on OpenSSL, {} differ; report in {}",
+        counts.passed,
+        counts.failed,
+        path.display()
+    );
+    after?;
+    Ok(counts)
+}
+
+/// The probes that passed on OpenSSL and did not pass (failed, or did not finish) on
+/// tunneld.
+fn differences<'a>(openssl: &'a Outcome, tunneld: &'a Outcome) -> Vec<&'a String> {
+    openssl.passed.difference(&tunneld.passed).collect()
 }
 
 /// Runs every script against each side named, the sides side by side; each script's output
@@ -165,7 +223,7 @@ fn run_sides(
     let _www = start_openssl(&ns, &cert, &key, OPENSSL_WWW, "-www")?;
     let _rev = start_openssl(&ns, &cert, &key, OPENSSL_REV, "-rev")?;
     eprintln!(
-        "==> tlsfuzzer --compare-all: {} script(s), at most {} s each, against {}",
+        "==> tlsfuzzer: {} script(s), at most {} s each, against {}",
         scripts.len(),
         limit.as_secs(),
         sides.join(" and ")
@@ -212,10 +270,7 @@ fn run_sides(
         }
     });
     system::check_interrupted()?;
-    eprintln!(
-        "tlsfuzzer --compare-all: ran in {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("tlsfuzzer: ran in {:.0} s", started.elapsed().as_secs_f64());
     if !matches!(server.0.try_wait(), Ok(None)) {
         return Ok(Err(format!("tunneld exited during the run:{}", tail(&log))));
     }
@@ -223,7 +278,7 @@ fn run_sides(
 }
 
 /// The TLS 1.3 scripts in the copy (`test-tls13-NAME.py`), by NAME, sorted; or the named ones.
-fn script_names(scripts: &Path, wanted: &[String]) -> Result<Vec<String>, String> {
+pub(super) fn script_names(scripts: &Path, wanted: &[String]) -> Result<Vec<String>, String> {
     let list =
         fs::read_dir(scripts).map_err(|e| format!("cannot read {}: {e}", scripts.display()))?;
     let mut names: Vec<String> = list
@@ -425,11 +480,11 @@ fn report(
     let _ = writeln!(
         md,
         "# tlsfuzzer: OpenSSL s_server and tunneld side by side\n\n\
-         `cargo xtask tlsfuzzer --compare-all --limit {}`; \"n/m\": probes passed of probes \
+         At most {} s per script and server; \"n/m\": probes passed of probes \
          run; \"(stopped)\": the script reached the limit and the probes it finished count.\n",
         limit.as_secs()
     );
-    md.push_str("| script | openssl | tunneld | pass on openssl, fail on tunneld | pass on tunneld, fail on openssl |\n|---|---:|---:|---|---|\n");
+    md.push_str("| script | openssl | tunneld | pass on openssl, not on tunneld | pass on tunneld, fail on openssl |\n|---|---:|---:|---|---|\n");
     let cell = |o: &Outcome| {
         format!(
             "{}/{}{}",
@@ -446,7 +501,7 @@ fn report(
             total.0 += side.pass_count;
             total.1 += side.pass_count + side.fail_count;
         }
-        let worse: Vec<&String> = t.failed.intersection(&o.passed).collect();
+        let worse = differences(o, t);
         let better: Vec<&String> = o.failed.intersection(&t.passed).collect();
         let _ = writeln!(
             md,
@@ -459,7 +514,7 @@ fn report(
         if !worse.is_empty() || !better.is_empty() {
             let _ = writeln!(details, "\n## {script}\n");
             for probe in worse {
-                let _ = writeln!(details, "- tunneld fails, openssl passes: `{probe}`");
+                let _ = writeln!(details, "- passes on openssl, not on tunneld: `{probe}`");
             }
             for probe in better {
                 let _ = writeln!(details, "- openssl fails, tunneld passes: `{probe}`");
@@ -502,5 +557,16 @@ mod tests {
         let o = outcome_of(&format!("{out}PASS: 5\nFAIL: 1\n"));
         assert_eq!((o.pass_count, o.fail_count, o.stopped), (5, 1, false));
         assert!(outcome_of(&format!("{out}{STOPPED_MARK}")).stopped);
+    }
+
+    #[test]
+    fn a_difference_is_a_probe_openssl_passes_and_tunneld_does_not() {
+        let openssl = outcome_of("a ...\nOK\nb ...\nOK\nc ...\nError while processing\n");
+        // b failed, c passed where OpenSSL failed, d never finished.
+        let tunneld = outcome_of("a ...\nOK\nb ...\nError while processing\nc ...\nOK\n");
+        assert_eq!(differences(&openssl, &tunneld), ["b"]);
+        let unfinished = outcome_of("a ...\nOK\nb ...\n");
+        assert_eq!(differences(&openssl, &unfinished), ["b"]);
+        assert!(differences(&tunneld, &openssl).contains(&&"c".to_string()));
     }
 }
