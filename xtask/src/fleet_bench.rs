@@ -122,7 +122,7 @@ impl Gateway {
             .arg(tunneld)
             .arg("up")
             .arg(&self.config)
-            .env("TUNNELD_LOG", "info")
+            .env("TUNNELD_LOG", "info,tunneld_fleet=debug")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -558,35 +558,51 @@ fn join(
             subnet: "10.65.0.0/24",
         },
     )?;
-    let pingers: Vec<_> = namespaces
+    // One ping process per site, sending every 100 ms until the first reply (bounded):
+    // cheap enough for 50 at once, and its -D time is when the reply came.
+    let started_unix = unix_now() - started.elapsed().as_secs_f64();
+    let pingers: Vec<std::process::Child> = namespaces
         .iter()
         .map(|ns| {
-            ns.spawn_in_ns(move || {
-                let deadline = Instant::now() + STEP_LIMIT;
-                while Instant::now() < deadline {
-                    let ok = Command::new("ping")
-                        .args(["-c", "1", "-W", "0.2", "10.65.0.1"])
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .status()
-                        .is_ok_and(|s| s.success());
-                    if ok {
-                        return Some(Instant::now());
-                    }
-                }
-                None
-            })
+            ns.command("ping")
+                .args(["-D", "-n", "-c", "1", "-i", "0.1", "-w", "60", "10.65.0.1"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("cannot start ping: {e}"))
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     let mut joined = Vec::new();
-    for p in pingers {
-        match p.join().ok().flatten() {
-            Some(at) => joined.push(at.duration_since(started).as_secs_f64()),
+    for pinger in pingers {
+        let out = pinger.wait_with_output().map_err(|e| e.to_string())?;
+        let reply = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("bytes from"))
+            .find_map(|l| l.strip_prefix('[')?.split(']').next()?.parse::<f64>().ok());
+        match reply {
+            Some(at) => joined.push(at - started_unix),
             None => {
+                // Where its threads are, for the report (gdb, when it is there).
+                let stacks = newcomer
+                    .pid()
+                    .and_then(|pid| {
+                        Command::new("gdb")
+                            .args([
+                                "-p",
+                                &pid.to_string(),
+                                "-batch",
+                                "-ex",
+                                "thread apply all bt 12",
+                            ])
+                            .output()
+                            .ok()
+                    })
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
                 return Err(format!(
-                    "a site never reached the new one:\n{}",
+                    "a site did not reach the new one within 60 s:\n{}\n{stacks}",
                     newcomer.log_text()
-                ))
+                ));
             }
         }
     }

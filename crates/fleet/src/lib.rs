@@ -300,6 +300,14 @@ impl<S: Store> Member<S> {
                 Interruption::Unreachable(e) => {
                     self.failures += 1;
                     self.store_failed(&e);
+                    // Fresh connections every few failures: what fails may be one
+                    // connection (to a member that went away, or a stream stuck), not the
+                    // store.
+                    if self.failures.is_multiple_of(DOWN_AFTER) {
+                        if let Err(e) = self.store.reconnect().await {
+                            tracing::debug!("{}: reconnecting: {e}", self.name());
+                        }
+                    }
                     // Between half and all of the backoff, so that gateways that failed
                     // together do not all come back at the same moment.
                     let wait = self.backoff.mul_f64(0.5 + 0.5 * jitter());

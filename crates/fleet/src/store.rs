@@ -64,6 +64,9 @@ pub trait Store: Clone {
         lease: i64,
     ) -> Result<Leadership, StoreError>;
     async fn resign(&mut self, leadership: Leadership) -> Result<(), StoreError>;
+    /// Drops the connections, so that the next request opens new ones (after failures
+    /// that may be one connection's, not the store's).
+    async fn reconnect(&mut self) -> Result<(), StoreError>;
 }
 
 #[allow(async_fn_in_trait)]
@@ -85,6 +88,7 @@ pub struct EtcdOptions {
 /// etcd v3, through `etcd-client`.
 pub struct Etcd {
     client: Client,
+    options: EtcdOptions,
     timeout: Duration,
     /// The lease kept alive, with its keep-alive stream (one stream serves every renewal).
     keeper: Option<(i64, Box<(LeaseKeeper, LeaseKeepAliveStream)>)>,
@@ -101,6 +105,7 @@ impl Clone for Etcd {
     fn clone(&self) -> Self {
         Etcd {
             client: self.client.clone(),
+            options: self.options.clone(),
             timeout: self.timeout,
             keeper: None,
         }
@@ -111,11 +116,21 @@ impl Etcd {
     /// A client of the members `options` names. It connects lazily: an unreachable store
     /// shows as the first request's error.
     pub async fn connect(options: &EtcdOptions) -> Result<Etcd, StoreError> {
+        Ok(Etcd {
+            client: Self::client(options).await?,
+            options: options.clone(),
+            timeout: options.request_timeout,
+            keeper: None,
+        })
+    }
+
+    async fn client(options: &EtcdOptions) -> Result<Client, StoreError> {
         let mut connect = ConnectOptions::new()
             // Dead connections are noticed within seconds, watches included.
             .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
             .with_keep_alive_while_idle(true)
-            .with_connect_timeout(options.request_timeout)
+            // A loaded machine may take more than a SYN's first retry to connect.
+            .with_connect_timeout(options.request_timeout.max(Duration::from_secs(3)))
             // A member cut off from the others' quorum answers no request (nor keeps a
             // watch), rather than stale data.
             .with_require_leader(true);
@@ -126,14 +141,24 @@ impl Etcd {
             }
             connect = connect.with_tls(tls);
         }
-        let client = Client::connect(&options.endpoints, Some(connect))
+        Client::connect(&options.endpoints, Some(connect))
             .await
-            .map_err(|e| StoreError::from_etcd("connecting to etcd", e))?;
-        Ok(Etcd {
-            client,
-            timeout: options.request_timeout,
-            keeper: None,
-        })
+            .map_err(|e| StoreError::from_etcd("connecting to etcd", e))
+    }
+
+    async fn timed_store<T>(
+        &self,
+        what: &str,
+        request: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, request)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError(format!(
+                    "{what}: no answer within {} ms",
+                    self.timeout.as_millis()
+                )))
+            })
     }
 
     async fn timed<T>(
@@ -274,6 +299,15 @@ impl Store for Etcd {
         self.timed("resigning", client.resign(Some(options)))
             .await
             .map(drop)
+    }
+
+    async fn reconnect(&mut self) -> Result<(), StoreError> {
+        self.keeper = None;
+        let options = self.options.clone();
+        self.client = self
+            .timed_store("reconnecting", Self::client(&options))
+            .await?;
+        Ok(())
     }
 }
 
