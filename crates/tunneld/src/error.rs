@@ -33,6 +33,10 @@ pub enum Error {
     /// The gateway has been shut down, or its workers have stopped.
     #[error("the gateway has stopped")]
     Stopped,
+    /// A wait ([`Gateway::wait_ready`](crate::Gateway::wait_ready)) ended before what it
+    /// waited for; the text says what.
+    #[error("timed out: {0}")]
+    TimedOut(String),
     /// The interface refused a change (as `wg set` would be refused), with the errno the
     /// UAPI answers for it.
     #[error("{message}")]

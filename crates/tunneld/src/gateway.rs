@@ -4,12 +4,15 @@
 use crate::bring_up::{self, RunningWireGuard, StartOptions};
 use crate::control::{lock, ControlHandle};
 use crate::error::Error;
+use crate::events::{GatewayEvents, Monitor, Readiness};
 use crate::plan::{self, Plan, Resolve};
 use crate::reload::{ReloadError, ReloadReport};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 use tunneld_config::Config;
 use tunneld_crypto::{PresharedKey, PublicKey};
+use tunneld_wireguard::event::Event;
 use tunneld_wireguard::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, WorkerStats};
 use tunneld_wireguard::PeerSettings;
 
@@ -159,6 +162,8 @@ struct Inner {
     interface: Option<Interface>,
     /// What runs, until shutdown takes it.
     running: Mutex<Option<Running>>,
+    /// Events and readiness, started by the first subscriber (`events.rs`).
+    monitor: Mutex<Option<Arc<Monitor>>>,
 }
 
 /// The WireGuard side of a running gateway, fixed for its life.
@@ -302,6 +307,93 @@ impl Gateway {
                 ),
             }
         }
+    }
+
+    /// The gateway's events from now on: handshakes completed or unanswered, endpoints
+    /// changed (set, or learnt from a roaming peer), peers added and removed, and finally
+    /// [`Event::Stopped`] (a shutdown, or a worker that failed). Each call is a subscriber
+    /// of its own that sees every event, at most 250 ms after it happened (the workers'
+    /// timer tick: a thread reads the peers' state between batches, as
+    /// [`Gateway::peers`] does, once anything subscribed).
+    ///
+    /// Does not block (the first call waits for the first look at the peers).
+    ///
+    /// ```no_run
+    /// # fn run(gateway: tunneld::Gateway) -> Result<(), tunneld::Error> {
+    /// let events = gateway.events()?;
+    /// std::thread::spawn(move || {
+    ///     for event in events {
+    ///         println!("{event:?}");
+    ///     }
+    /// });
+    /// # Ok(()) }
+    /// ```
+    pub fn events(&self) -> Result<GatewayEvents, Error> {
+        Ok(self.monitor()?.subscribe())
+    }
+
+    /// Blocks until a handshake with `peer` has completed since it was added (at once if
+    /// one has, or within 250 ms of it), asking for one now if it has none, for at most
+    /// `timeout`. Once this returns `Ok`, traffic to the peer flows.
+    ///
+    /// Errors: [`Error::UnknownPeer`] (also when it is removed meanwhile),
+    /// [`Error::TimedOut`], [`Error::Stopped`], [`Error::NoInterface`].
+    ///
+    /// ```no_run
+    /// # fn run(gateway: tunneld::Gateway, peer: tunneld::PublicKey) -> Result<(), tunneld::Error> {
+    /// gateway.wait_ready(&peer, std::time::Duration::from_secs(10))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_ready(&self, peer: &PublicKey, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        let events = match self.monitor()?.readiness(peer) {
+            Readiness::Ready => return Ok(()),
+            Readiness::Unknown => return Err(Error::UnknownPeer(*peer)),
+            Readiness::Stopped => return Err(Error::Stopped),
+            Readiness::Wait(events) => events,
+        };
+        let key = *peer;
+        self.workers()?
+            .run_each(move |device, _| device.request_handshake(&key))
+            .ok_or(Error::Stopped)?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match events.recv_timeout(left) {
+                Ok(Some(Event::HandshakeCompleted { peer: p, .. })) if p == key => return Ok(()),
+                Ok(Some(Event::PeerRemoved { peer: p })) if p == key => {
+                    return Err(Error::UnknownPeer(key))
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(Error::Stopped),
+                Err(()) => {
+                    return Err(Error::TimedOut(format!(
+                        "no handshake with {key} in {timeout:?}"
+                    )))
+                }
+            }
+        }
+    }
+
+    fn workers(&self) -> Result<tunneld_dataplane::worker::Workers, Error> {
+        lock(&self.inner.running)
+            .as_ref()
+            .and_then(|r| r.wireguard.as_ref())
+            .map(|wg| wg.workers.clone())
+            .ok_or(Error::Stopped)
+    }
+
+    fn monitor(&self) -> Result<Arc<Monitor>, Error> {
+        self.interface()?;
+        let mut slot = lock(&self.inner.monitor);
+        if let Some(monitor) = slot.as_ref() {
+            return Ok(monitor.clone());
+        }
+        let monitor =
+            Arc::new(Monitor::start(self.workers()?).map_err(|e| {
+                Error::System(format!("starting the gateway's events thread: {e}"))
+            })?);
+        *slot = Some(monitor.clone());
+        Ok(monitor)
     }
 
     /// Whether a worker has stopped on its own (a failure: the interface is gone).
@@ -479,6 +571,7 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
         inner: Arc::new(Inner {
             interface,
             running: Mutex::new(Some(running)),
+            monitor: Mutex::new(None),
         }),
     })
 }

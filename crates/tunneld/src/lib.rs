@@ -32,6 +32,7 @@ mod bare;
 mod bring_up;
 mod control;
 mod error;
+mod events;
 mod gateway;
 mod metrics;
 mod netlink;
@@ -45,6 +46,7 @@ mod uapi_server;
 pub use bare::BareInterface;
 
 pub use error::Error;
+pub use events::GatewayEvents;
 pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};
 pub use reload::ReloadReport;
 pub use tunneld_config::{self as config, ConfigError, ConfigErrors};
@@ -53,6 +55,7 @@ pub use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
 /// `tunneld-userspace` crate; the `tokio` feature).
 #[cfg(feature = "tokio")]
 pub use tunneld_userspace as userspace;
+pub use tunneld_wireguard::event::{Event, HANDSHAKE_FAILED_AFTER};
 pub use tunneld_wireguard::uapi::{DeviceSnapshot, PeerSnapshot, WorkerStats};
 pub use tunneld_wireguard::{PeerSettings, SyncReport};
 

@@ -36,18 +36,24 @@
 #![deny(missing_docs)]
 
 mod engine;
+mod peers;
 mod rings;
 mod settings;
 mod tcp;
 mod udp;
 
+pub use ipnet::IpNet;
+pub use peers::{Events, PeerChange};
 pub use settings::{Error, TunnelSettings};
 pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream};
-pub use tunneld_crypto::{PrivateKey, PublicKey};
+pub use tunneld_crypto::{KeyError, PresharedKey, PrivateKey, PublicKey};
+pub use tunneld_wireguard::event::{Event, HANDSHAKE_FAILED_AFTER};
+pub use tunneld_wireguard::uapi::PeerSnapshot;
 pub use tunneld_wireguard::PeerSettings;
 pub use udp::UdpSocket;
 
 use engine::{Control, Shared};
+use peers::{Hub, Readiness};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -241,6 +247,154 @@ impl Tunnel {
     /// ```
     pub fn stats(&self) -> TunnelStats {
         self.link.shared.stats()
+    }
+
+    /// Adds a peer to the running tunnel; connections through the other peers are not
+    /// disturbed. A peer with a keepalive (and an endpoint) is handshaken at once, as at
+    /// start; otherwise at its first packet, or at [`Tunnel::ready`].
+    ///
+    /// Errors: [`Error::PeerExists`], [`Error::Invalid`] (field `peer`: the tunnel's own
+    /// key, `parallel` other than 1), [`Error::Stopped`]. Cancel safe in that dropping the
+    /// future before it is done may or may not have added the peer (ask [`Tunnel::peers`]).
+    ///
+    /// ```no_run
+    /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> Result<(), Box<dyn std::error::Error>> {
+    /// use tunneld_userspace::{PeerSettings, PublicKey};
+    /// let key: PublicKey = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=".parse()?;
+    /// tunnel
+    ///     .add_peer(PeerSettings {
+    ///         public_key: key,
+    ///         preshared_key: None,
+    ///         endpoint: Some("192.0.2.3:51820".parse()?),
+    ///         allowed_ips: vec!["10.78.0.0/24".parse()?],
+    ///         persistent_keepalive: 25,
+    ///         parallel: 1,
+    ///     })
+    ///     .await?;
+    /// tunnel.ready(&key).await?; // handshake done: traffic flows
+    /// # Ok(()) }
+    /// ```
+    pub async fn add_peer(&self, peer: PeerSettings) -> Result<(), Error> {
+        self.peer_request(|reply| Control::AddPeer { peer, reply })
+            .await?
+    }
+
+    /// Changes what `change` names of a peer. Its session is kept (a new preshared key
+    /// starts a new one), so its connections keep flowing; connections to addresses no
+    /// peer is allowed any more are reset.
+    ///
+    /// Errors: [`Error::UnknownPeer`], [`Error::Stopped`]. Cancel safe as
+    /// [`Tunnel::add_peer`] is.
+    ///
+    /// ```no_run
+    /// # async fn run(tunnel: tunneld_userspace::Tunnel, key: tunneld_userspace::PublicKey) -> Result<(), tunneld_userspace::Error> {
+    /// use tunneld_userspace::PeerChange;
+    /// tunnel
+    ///     .update_peer(PeerChange::new(key).endpoint("198.51.100.7:51820".parse().unwrap()))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn update_peer(&self, change: PeerChange) -> Result<(), Error> {
+        self.peer_request(|reply| Control::UpdatePeer { change, reply })
+            .await?
+    }
+
+    /// Removes a peer and its sessions; connections through it are reset.
+    ///
+    /// Errors: [`Error::UnknownPeer`], [`Error::Stopped`].
+    ///
+    /// ```no_run
+    /// # async fn run(tunnel: tunneld_userspace::Tunnel, key: tunneld_userspace::PublicKey) -> Result<(), tunneld_userspace::Error> {
+    /// tunnel.remove_peer(&key).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn remove_peer(&self, peer: &PublicKey) -> Result<(), Error> {
+        let peer = *peer;
+        self.peer_request(|reply| Control::RemovePeer { peer, reply })
+            .await?
+    }
+
+    /// Every peer's state, as a tunneld gateway's `peers()` and `wg show` give it:
+    /// endpoint, allowed IPs, last handshake, bytes each way, keepalive (never the
+    /// preshared key).
+    ///
+    /// ```no_run
+    /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> Result<(), tunneld_userspace::Error> {
+    /// for peer in tunnel.peers().await? {
+    ///     println!("{}: {:?}, {} B in", peer.public_key, peer.endpoint, peer.rx_bytes);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn peers(&self) -> Result<Vec<PeerSnapshot>, Error> {
+        self.peer_request(|reply| Control::Peers { reply }).await
+    }
+
+    /// The tunnel's events from now on: handshakes completed or unanswered, endpoints
+    /// changed, peers added and removed, and finally [`Event::Stopped`]. Each call is a
+    /// subscriber of its own that sees every event.
+    ///
+    /// ```no_run
+    /// # async fn run(tunnel: tunneld_userspace::Tunnel) {
+    /// let mut events = tunnel.events();
+    /// tokio::spawn(async move {
+    ///     while let Some(event) = events.recv().await {
+    ///         println!("{event:?}");
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    pub fn events(&self) -> Events {
+        Hub::lock(&self.link.shared.hub).subscribe()
+    }
+
+    /// Waits until a handshake with `peer` has completed since it was added (at once if
+    /// one has), asking for one now if it has no session: once this returns, traffic to
+    /// the peer flows. It waits as long as WireGuard keeps trying (a peer that never
+    /// answers makes it wait until the peer is removed or the tunnel stops): bound it
+    /// with `tokio::time::timeout`, and watch [`Tunnel::events`] for
+    /// [`Event::HandshakeFailed`].
+    ///
+    /// Errors: [`Error::UnknownPeer`] (also when the peer is removed meanwhile),
+    /// [`Error::Stopped`]. Cancel safe.
+    ///
+    /// ```no_run
+    /// # async fn run(tunnel: tunneld_userspace::Tunnel, peer: tunneld_userspace::PublicKey) -> Result<(), Box<dyn std::error::Error>> {
+    /// tokio::time::timeout(std::time::Duration::from_secs(10), tunnel.ready(&peer)).await??;
+    /// # Ok(()) }
+    /// ```
+    pub async fn ready(&self, peer: &PublicKey) -> Result<(), Error> {
+        let readiness = Hub::lock(&self.link.shared.hub).readiness(peer)?;
+        let Readiness::Wait(mut events) = readiness else {
+            return Ok(());
+        };
+        self.link
+            .shared
+            .send_control(Control::Handshake { peer: *peer })
+            .await
+            .map_err(|_| Error::Stopped)?;
+        while let Some(event) = events.recv().await {
+            match event {
+                Event::HandshakeCompleted { peer: p, .. } if p == *peer => return Ok(()),
+                Event::PeerRemoved { peer: p } if p == *peer => {
+                    return Err(Error::UnknownPeer(*peer))
+                }
+                _ => {}
+            }
+        }
+        Err(Error::Stopped)
+    }
+
+    async fn peer_request<T>(
+        &self,
+        make: impl FnOnce(tokio::sync::oneshot::Sender<T>) -> Control,
+    ) -> Result<T, Error> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.link
+            .shared
+            .send_control(make(tx))
+            .await
+            .map_err(|_| Error::Stopped)?;
+        rx.await.map_err(|_| Error::Stopped)
     }
 
     async fn request<T>(

@@ -4,7 +4,7 @@ use ipnet::IpNet;
 use std::collections::HashSet;
 use std::io;
 use std::net::SocketAddr;
-use tunneld_crypto::PrivateKey;
+use tunneld_crypto::{PrivateKey, PublicKey};
 use tunneld_wireguard::PeerSettings;
 
 /// Smallest tunnel MTU: the IPv4 minimum (RFC 791); with an IPv6 address, 1280 (RFC 8200).
@@ -81,10 +81,21 @@ pub enum Error {
     /// The engine's thread or poller could not be made.
     #[error("engine: {0}")]
     Engine(io::Error),
+    /// No peer of the tunnel has this public key.
+    #[error("peer: no peer has the public key {0}")]
+    UnknownPeer(PublicKey),
+    /// A peer with this public key is already configured.
+    #[error("peer: a peer with the public key {0} is already configured")]
+    PeerExists(PublicKey),
+    /// The tunnel has stopped ([`Tunnel::shutdown`](crate::Tunnel::shutdown), or every
+    /// handle dropped).
+    #[error("engine: the tunnel has stopped")]
+    Stopped,
 }
 
 impl Error {
-    /// The setting the error is about (`engine` for a failure that is no setting's fault).
+    /// The setting the error is about (`engine` for a failure that is no setting's fault,
+    /// `peer` for a peer operation's).
     ///
     /// ```
     /// # use tunneld_userspace::Error;
@@ -96,12 +107,13 @@ impl Error {
         match self {
             Error::Invalid { field, .. } => field,
             Error::Bind { .. } => "listen",
-            Error::Engine(_) => "engine",
+            Error::Engine(_) | Error::Stopped => "engine",
+            Error::UnknownPeer(_) | Error::PeerExists(_) => "peer",
         }
     }
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
     Error::Invalid {
         field,
         reason: reason.into(),

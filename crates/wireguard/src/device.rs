@@ -841,6 +841,27 @@ impl Device {
         Some((p.tx_bytes, p.rx_bytes))
     }
 
+    /// The state of every peer whose session this device carries, for an
+    /// [`event::Tracker`](crate::event::Tracker): endpoint, last handshake, attempt under way.
+    pub fn observe_peers(
+        &self,
+        now: Instant,
+    ) -> impl Iterator<Item = crate::event::PeerObservation> + '_ {
+        self.peers
+            .iter()
+            .flatten()
+            .filter(|p| p.owned)
+            .map(move |p| crate::event::PeerObservation {
+                public_key: p.public_key,
+                endpoint: p.endpoint,
+                last_handshake: p
+                    .sessions
+                    .time_since_last_handshake(now)
+                    .and_then(|age| now.checked_sub(age)),
+                attempt_started: p.sessions.attempt_started(),
+            })
+    }
+
     /// Sends `peer`'s datagrams to `endpoint` from now on and handshakes there at the next
     /// tick: for a transport change (UDP to TLS). False for an unknown peer.
     pub fn move_peer(&mut self, peer: &PublicKey, endpoint: SocketAddr) -> bool {
