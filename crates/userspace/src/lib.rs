@@ -29,6 +29,16 @@
 //! UDP socket two rings of framed datagrams, and requests (connect, listen, bind) go over a
 //! bounded channel. There is no lock around the stack and no task or thread per connection.
 //!
+//! # Platform, blocking and cancellation
+//!
+//! Linux only (the underlay uses `recvmmsg`/`sendmmsg` with UDP GSO/GRO). No root and no
+//! capability is needed. Every `async` method waits only on the engine (a request over a
+//! bounded channel, a ring with room or bytes): none blocks the runtime's thread, and each
+//! says whether it is cancel safe. The few plain methods ([`Tunnel::start`],
+//! [`Tunnel::shutdown`], [`Tunnel::stats`], addresses and keys) return at once. Sockets
+//! work on any tokio runtime, current-thread or multi-thread; the engine is a thread of
+//! its own.
+//!
 //! [smoltcp]: https://docs.rs/smoltcp
 
 #![forbid(unsafe_code)]
@@ -44,7 +54,7 @@ mod udp;
 
 pub use ipnet::IpNet;
 pub use peers::{Events, PeerChange};
-pub use settings::{Error, TunnelSettings};
+pub use settings::{Error, TunnelSettings, DEFAULT_MTU};
 pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream};
 pub use tunneld_crypto::{KeyError, PresharedKey, PrivateKey, PublicKey};
 pub use tunneld_wireguard::event::{Event, HANDSHAKE_FAILED_AFTER};
@@ -118,23 +128,21 @@ impl Tunnel {
     ///
     /// Errors name the setting that is wrong, e.g. `addresses: no address given`.
     ///
+    /// Does not block beyond binding a socket and starting a thread; no handshake happens
+    /// yet (see [`Tunnel::ready`]).
+    ///
     /// ```no_run
     /// use tunneld_userspace::{PeerSettings, PrivateKey, PublicKey, Tunnel, TunnelSettings};
     /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let tunnel = Tunnel::start(TunnelSettings {
-    ///     private_key: PrivateKey::generate(),
-    ///     listen: "0.0.0.0:0".parse()?,
-    ///     addresses: vec!["10.77.0.1/24".parse()?],
-    ///     mtu: 1420,
-    ///     peers: vec![PeerSettings {
-    ///         public_key: PublicKey::from_base64("xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=")?,
-    ///         preshared_key: None,
-    ///         endpoint: Some("192.0.2.2:51820".parse()?),
-    ///         allowed_ips: vec!["10.77.0.0/24".parse()?],
-    ///         persistent_keepalive: 25,
-    ///         parallel: 1,
-    ///     }],
-    /// })?;
+    /// let peer: PublicKey = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=".parse()?;
+    /// let tunnel = Tunnel::start(
+    ///     TunnelSettings::new(PrivateKey::generate())
+    ///         .address("10.77.0.1/24".parse()?)
+    ///         .peer(PeerSettings::new(peer)
+    ///             .endpoint("192.0.2.2:51820".parse()?)
+    ///             .allowed_ip("10.77.0.0/24".parse()?)
+    ///             .persistent_keepalive(25)),
+    /// )?;
     /// # Ok(()) }
     /// ```
     pub fn start(settings: TunnelSettings) -> Result<Tunnel, Error> {
@@ -145,8 +153,13 @@ impl Tunnel {
     }
 
     /// Opens a TCP connection through the tunnel to `addr` (IPv4 or IPv6, routed to a peer
-    /// by its allowed IPs). Fails with `TimedOut` when no answer comes within 30 s, and with
-    /// `ConnectionRefused` when the far side resets.
+    /// by its allowed IPs). Fails with `TimedOut` when no answer comes within 60 s (the
+    /// stack's retransmission timeout, the same that aborts an established connection
+    /// whose peer stays silent), with `ConnectionRefused` when the far side resets, and at
+    /// once with `HostUnreachable` when no peer is allowed the address.
+    ///
+    /// Cancel safe: a connect dropped before it completes leaves nothing behind (the
+    /// half-open connection is aborted).
     ///
     /// ```no_run
     /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> std::io::Result<()> {
@@ -178,6 +191,8 @@ impl Tunnel {
     /// }
     /// # }
     /// ```
+    ///
+    /// Cancel safe.
     pub async fn tcp_listen(&self, addr: SocketAddr) -> io::Result<TcpListener> {
         let parts = self
             .request(|reply| Control::Listen { local: addr, reply })
@@ -196,6 +211,8 @@ impl Tunnel {
     /// let (n, from) = socket.recv_from(&mut buf).await?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// Cancel safe.
     pub async fn udp_bind(&self, addr: SocketAddr) -> io::Result<UdpSocket> {
         let parts = self
             .request(|reply| Control::UdpBind { local: addr, reply })

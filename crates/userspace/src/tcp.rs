@@ -18,6 +18,9 @@ use tokio::sync::{mpsc, Mutex};
 /// [`AsyncWrite::poll_shutdown`] sends FIN. Dropping it closes the connection gracefully
 /// (what was written is still delivered).
 ///
+/// Reads and writes never block the thread; a write returns once its bytes are in the
+/// stream's ring to the engine (they are then sent even if the stream is dropped).
+///
 /// ```no_run
 /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> std::io::Result<()> {
 /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -351,6 +354,10 @@ impl TcpListener {
     }
 
     /// Waits for the next connection (established, ready to use) and its peer's address.
+    ///
+    /// Cancel safe: a connection is taken only when this returns it (one dropped while
+    /// waiting takes none). Several tasks may wait on one listener; each connection goes
+    /// to one of them.
     ///
     /// ```no_run
     /// # async fn run(listener: tunneld_userspace::TcpListener) -> std::io::Result<()> {

@@ -61,6 +61,8 @@ impl UdpSocket {
 
     /// Sends one datagram to `target`; waits while the engine's queue is full.
     ///
+    /// Cancel safe: the datagram is queued whole when this returns `Ok`, or not at all.
+    ///
     /// ```no_run
     /// # async fn run(socket: tunneld_userspace::UdpSocket) -> std::io::Result<()> {
     /// socket.send_to(b"hello", "10.77.0.2:9".parse().unwrap()).await?;
@@ -99,6 +101,8 @@ impl UdpSocket {
 
     /// Receives one datagram into `buf` (the rest of a longer one is discarded) and says
     /// how long it was and where it came from.
+    ///
+    /// Cancel safe: a datagram is taken only when this returns it.
     ///
     /// ```no_run
     /// # async fn run(socket: tunneld_userspace::UdpSocket) -> std::io::Result<()> {

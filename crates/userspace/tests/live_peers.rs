@@ -437,12 +437,10 @@ fn two_tunnels_on_loopback_report_failure_then_readiness() {
     let _serial = one_at_a_time();
     runtime().block_on(async {
         let (a_key, b_key) = (PrivateKey::generate(), PrivateKey::generate());
-        let settings = |key: &PrivateKey, address: &str| tunneld_userspace::TunnelSettings {
-            private_key: key.clone(),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            addresses: vec![address.parse().unwrap()],
-            mtu: 1420,
-            peers: vec![],
+        let settings = |key: &PrivateKey, address: &str| {
+            tunneld_userspace::TunnelSettings::new(key.clone())
+                .listen("127.0.0.1:0".parse().unwrap())
+                .address(address.parse().unwrap())
         };
         let a = Tunnel::start(settings(&a_key, "10.88.0.1/24")).unwrap();
         let b = Tunnel::start(settings(&b_key, "10.88.0.2/24")).unwrap();

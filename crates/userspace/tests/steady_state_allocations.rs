@@ -80,20 +80,10 @@ fn engine_threads() -> Vec<i32> {
 }
 
 fn settings(key: &PrivateKey, address: &str, peer: &PrivateKey, peer_ip: &str) -> TunnelSettings {
-    TunnelSettings {
-        private_key: key.clone(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        addresses: vec![address.parse().unwrap()],
-        mtu: 1420,
-        peers: vec![PeerSettings {
-            public_key: peer.public_key(),
-            preshared_key: None,
-            endpoint: None,
-            allowed_ips: vec![peer_ip.parse().unwrap()],
-            persistent_keepalive: 0,
-            parallel: 1,
-        }],
-    }
+    TunnelSettings::new(key.clone())
+        .listen("127.0.0.1:0".parse().unwrap())
+        .address(address.parse().unwrap())
+        .peer(PeerSettings::new(peer.public_key()).allowed_ip(peer_ip.parse().unwrap()))
 }
 
 /// Bytes each way: a warm-up, then the measured window, then the rest.

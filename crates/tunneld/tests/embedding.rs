@@ -404,3 +404,133 @@ fn unsafe_free_kill(child: &std::process::Child) {
         .unwrap();
     assert!(status.success());
 }
+
+/// A gateway built from typed settings (no TOML written by the program) carries traffic
+/// with a gateway built from a file's text; typed settings are refused with the same
+/// field names a file's are.
+#[test]
+fn a_gateway_from_typed_settings_works_and_is_checked_like_a_file() {
+    let _serial = one_at_a_time();
+    // Checks need no privileges.
+    let key = PrivateKey::generate();
+    let err = Settings::builder("wg-typed", key.clone())
+        .mtu(1)
+        .peer(PeerSettings::new(PrivateKey::generate().public_key()).persistent_keepalive(25))
+        .build()
+        .unwrap_err();
+    let fields: Vec<&str> = err
+        .problems()
+        .unwrap()
+        .iter()
+        .map(|p| p.field.as_str())
+        .collect();
+    assert!(fields.contains(&"interface.mtu"), "{err}");
+    let twice = PrivateKey::generate().public_key();
+    let err = Settings::builder("wg-typed", key.clone())
+        .peer(PeerSettings::new(twice))
+        .peer(PeerSettings::new(twice))
+        .build()
+        .unwrap_err();
+    assert!(
+        err.problems().unwrap()[0].field.starts_with("peer[1]"),
+        "{err}"
+    );
+    let err = Settings::builder("bad name with spaces", key.clone())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.problems().unwrap()[0].field, "interface.name", "{err}");
+    assert!(
+        !err.to_string().contains(key.to_base64().as_str()),
+        "the key never shows"
+    );
+
+    if !require_netns("a_gateway_from_typed_settings_works_and_is_checked_like_a_file") {
+        return;
+    }
+    let (near, far) = (NetNs::new(), NetNs::new());
+    veth(&near, "192.0.2.1/24", &far, "192.0.2.2/24");
+    let far_key = PrivateKey::generate();
+    let psk = tunneld::PresharedKey::generate();
+    let settings = Settings::builder(unique_name("wg"), key.clone())
+        .listen_port(51820)
+        .address("10.60.0.1/24".parse().unwrap())
+        .mtu(1400)
+        .workers(1)
+        .peer(
+            PeerSettings::new(far_key.public_key())
+                .endpoint("192.0.2.2:51820".parse().unwrap())
+                .allowed_ip("10.60.0.2/32".parse().unwrap())
+                .preshared_key(psk.clone()),
+        )
+        .build()
+        .unwrap();
+    let a = near
+        .in_ns(move || Gateway::builder(settings).start())
+        .unwrap();
+    let b = gateway(
+        &far,
+        &far_key,
+        "10.60.0.2/24",
+        &format!(
+            "public_key = \"{}\"\npreshared_key = \"{}\"\nallowed_ips = [\"10.60.0.1/32\"]",
+            key.public_key(),
+            *psk.to_base64()
+        ),
+    );
+    a.wait_ready(&far_key.public_key(), Duration::from_secs(15))
+        .unwrap();
+    tcp_through(&near, &far, "10.60.0.2:7000".parse().unwrap());
+    let ifname = a.interface_name().unwrap().to_string();
+    let mtu = near.run(&["cat", &format!("/sys/class/net/{ifname}/mtu")]);
+    assert_eq!(mtu.trim(), "1400");
+    a.shutdown().unwrap();
+    b.shutdown().unwrap();
+}
+
+/// Where the system refuses, the error carries its kind: a port taken is `AddrInUse`,
+/// no `CAP_NET_ADMIN` is `PermissionDenied`, and nothing is left behind.
+#[test]
+fn system_refusals_carry_their_io_error_kind() {
+    let _serial = one_at_a_time();
+    if !require_netns("system_refusals_carry_their_io_error_kind") {
+        return;
+    }
+    let ns = NetNs::new();
+    let name = unique_name("wg");
+    let typed = |name: &str| {
+        Settings::builder(name, PrivateKey::generate())
+            .listen_port(51999)
+            .build()
+            .unwrap()
+    };
+    let holder = ns.in_ns(|| std::net::UdpSocket::bind("0.0.0.0:51999").unwrap());
+    let settings = typed(&name);
+    let err = ns
+        .in_ns(move || Gateway::builder(settings).start())
+        .unwrap_err();
+    assert_eq!(
+        err.io_kind(),
+        Some(std::io::ErrorKind::AddrInUse),
+        "{err:?}"
+    );
+    assert!(matches!(err, Error::Io { .. }));
+    assert!(err.to_string().contains("51999"), "{err}");
+    drop(holder);
+
+    // Capabilities belong to threads: this one drops CAP_NET_ADMIN and tries.
+    let settings = typed(&name);
+    let err = ns
+        .in_ns(move || {
+            caps::clear(None, caps::CapSet::Effective).unwrap();
+            Gateway::builder(settings).start()
+        })
+        .unwrap_err();
+    assert_eq!(
+        err.io_kind(),
+        Some(std::io::ErrorKind::PermissionDenied),
+        "{err:?}"
+    );
+    tunneld_testnet::wait_until("no interface is left", || {
+        !ns.output(&["ip", "link", "show", &name]).status.success()
+    });
+}
