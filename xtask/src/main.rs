@@ -182,6 +182,8 @@ fn test() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The user-space tunnel's optional integrations, whose examples and tests need them.
+    const USERSPACE_FEATURES: &str = "tunneld-userspace/axum,tunneld-userspace/hyper";
     let steps: &[(&str, &[&str])] = &[
         ("fmt", &["fmt", "--all", "--", "--check"]),
         (
@@ -190,6 +192,8 @@ fn test() -> ExitCode {
                 "clippy",
                 "--workspace",
                 "--all-targets",
+                "--features",
+                USERSPACE_FEATURES,
                 "--",
                 "-D",
                 "warnings",
@@ -197,7 +201,13 @@ fn test() -> ExitCode {
         ),
         (
             "unit and end-to-end tests",
-            &["test", "--workspace", "--no-fail-fast"],
+            &[
+                "test",
+                "--workspace",
+                "--features",
+                USERSPACE_FEATURES,
+                "--no-fail-fast",
+            ],
         ),
         ("benches build", &["bench", "--workspace", "--no-run"]),
         // The fuzz crate lives outside the workspace: its own fmt, lint, and the stable

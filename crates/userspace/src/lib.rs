@@ -29,6 +29,14 @@
 //! UDP socket two rings of framed datagrams, and requests (connect, listen, bind) go over a
 //! bounded channel. There is no lock around the stack and no task or thread per connection.
 //!
+//! # With the ecosystem
+//!
+//! [`TcpStream`] is tokio's `AsyncRead + AsyncWrite`; [`TcpListener`] is a
+//! `futures_core::Stream` of connections with [`TcpListener::poll_accept`] and, with the
+//! `axum` feature, an `axum::serve::Listener`; with the `hyper` feature, `Connector` is a
+//! `tower::Service<Uri>` for hyper-util's pooled client and tonic's channels;
+//! [`UdpSocket`] has connected and `poll_*` forms.
+//!
 //! # Platform, blocking and cancellation
 //!
 //! Linux only (the underlay uses `recvmmsg`/`sendmmsg` with UDP GSO/GRO). No root and no
@@ -45,6 +53,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(missing_docs)]
 
+#[cfg(feature = "hyper")]
+mod connector;
 mod engine;
 mod peers;
 mod rings;
@@ -52,6 +62,8 @@ mod settings;
 mod tcp;
 mod udp;
 
+#[cfg(feature = "hyper")]
+pub use connector::Connector;
 pub use ipnet::IpNet;
 pub use peers::{Events, PeerChange};
 pub use settings::{Error, TunnelSettings, DEFAULT_MTU};
