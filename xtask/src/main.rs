@@ -183,7 +183,8 @@ fn test() -> ExitCode {
         }
     };
     // The user-space tunnel's optional integrations, whose examples and tests need them.
-    const USERSPACE_FEATURES: &str = "tunneld-userspace/axum,tunneld-userspace/hyper";
+    const USERSPACE_FEATURES: &str =
+        "tunneld-userspace/axum,tunneld-userspace/hyper,tunneld-userspace/dns";
     let steps: &[(&str, &[&str])] = &[
         ("fmt", &["fmt", "--all", "--", "--check"]),
         (

@@ -6,11 +6,13 @@
 //! cargo run -p tunneld-userspace --features hyper --example pooled_client -- \
 //!     --key-file my.key --address 10.77.0.1/24 \
 //!     --peer <base64 public key> --endpoint 192.0.2.2:51820 --allowed-ips 10.77.0.0/24 \
-//!     --requests 20 http://10.77.0.2:8080/
+//!     --dns 10.77.0.53 --requests 20 http://api.internal:8080/
 //! ```
 //!
-//! It makes the requests one after another and prints each response's status, then the
-//! last body to stdout.
+//! With `--dns`, names in the URL are resolved by that DNS server, asked through the
+//! tunnel (the `dns` feature: hickory's resolver over the tunnel's UDP and TCP). It makes
+//! the requests one after another and prints each response's status, then the last body
+//! to stdout.
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -21,7 +23,7 @@ use tunneld_userspace::{Connector, PeerSettings, PrivateKey, PublicKey, Tunnel, 
 fn usage() -> ! {
     eprintln!(
         "usage: pooled_client --key-file FILE --address CIDR --peer PUBKEY --endpoint HOST:PORT \
-         --allowed-ips CIDR[,CIDR] [--requests N] http://IP:PORT/PATH"
+         --allowed-ips CIDR[,CIDR] [--dns IP] [--requests N] http://HOST:PORT/PATH"
     );
     std::process::exit(2)
 }
@@ -31,7 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let (mut key, mut address, mut peer, mut endpoint, mut allowed) =
         (None, None, None, None, Vec::new());
-    let (mut requests, mut url) = (1usize, None);
+    let (mut requests, mut url, mut dns) = (1usize, None, Vec::new());
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| usage());
         match arg.as_str() {
@@ -45,6 +47,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             "--requests" => requests = value().parse()?,
+            "--dns" => dns.push(value().parse()?),
             _ if arg.starts_with("http://") => url = Some(arg.parse::<hyper::Uri>()?),
             _ => usage(),
         }
@@ -56,11 +59,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut peer = PeerSettings::new(peer_key).endpoint(endpoint);
     peer.allowed_ips = allowed;
-    let tunnel = Tunnel::start(
-        TunnelSettings::new(PrivateKey::from_base64(key.trim())?)
-            .address(address)
-            .peer(peer),
-    )?;
+    let mut settings = TunnelSettings::new(PrivateKey::from_base64(key.trim())?)
+        .address(address)
+        .peer(peer);
+    settings.dns_servers = dns;
+    let tunnel = Tunnel::start(settings)?;
 
     let client: Client<Connector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build(Connector::new(tunnel.clone()));

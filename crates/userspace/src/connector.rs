@@ -8,7 +8,6 @@ use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -17,9 +16,10 @@ use std::task::{Context, Poll};
 /// hyper-util's pooled client (`Client::builder(TokioExecutor::new()).build(connector)`)
 /// or to tonic (`Endpoint::connect_with_connector`). Cheap to clone.
 ///
-/// The URI's host must be an IP address (`http://10.77.0.2:8080/`, `http://[fd77::2]/`);
-/// the port defaults to 80 (443 for `https`, whose TLS is the client's to add). Each
-/// call is [`Tunnel::tcp_connect`], with its errors and timeout.
+/// The URI's host is an IP address (`http://10.77.0.2:8080/`, `http://[fd77::2]/`) or,
+/// with the `dns` feature, a name resolved through the tunnel's DNS servers
+/// (`http://api.internal/`); the port defaults to 80 (443 for `https`, whose TLS is the
+/// client's to add). Each call is [`Tunnel::tcp_connect`], with its errors and timeout.
 ///
 /// ```no_run
 /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> Result<(), Box<dyn std::error::Error>> {
@@ -44,23 +44,18 @@ impl Connector {
     }
 }
 
-/// Where `uri` points: its host as an IP address and its port (or the scheme's).
-fn target(uri: &http::Uri) -> io::Result<SocketAddr> {
-    let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidInput, what);
+/// Where `uri` points: its host (an address, or a name for the tunnel's DNS servers) and
+/// its port (or the scheme's).
+fn target(uri: &http::Uri) -> io::Result<(String, u16)> {
     let host = uri
         .host()
-        .ok_or_else(|| invalid(format!("{uri} has no host")))?;
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("{uri} has no host")))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let ip: IpAddr = host.parse().map_err(|_| {
-        invalid(format!(
-            "{host} is not an IP address (the tunnel's connector takes addresses, not names)"
-        ))
-    })?;
     let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
         Some("https") => 443,
         _ => 80,
     });
-    Ok(SocketAddr::new(ip, port))
+    Ok((host.to_string(), port))
 }
 
 impl tower_service::Service<http::Uri> for Connector {
@@ -74,10 +69,7 @@ impl tower_service::Service<http::Uri> for Connector {
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         let tunnel = self.tunnel.clone();
-        Box::pin(async move {
-            let addr = target(&uri)?;
-            Ok(TokioIo::new(tunnel.tcp_connect(addr).await?))
-        })
+        Box::pin(async move { Ok(TokioIo::new(tunnel.tcp_connect(target(&uri)?).await?)) })
     }
 }
 
@@ -94,21 +86,11 @@ mod tests {
 
     #[test]
     fn targets_come_from_the_uri() {
-        let at = |u: &str| target(&u.parse().unwrap());
-        assert_eq!(
-            at("http://10.77.0.2:8080/x").unwrap(),
-            "10.77.0.2:8080".parse().unwrap()
-        );
-        assert_eq!(
-            at("http://[fd77::2]/").unwrap(),
-            "[fd77::2]:80".parse().unwrap()
-        );
-        assert_eq!(
-            at("https://10.0.0.1").unwrap(),
-            "10.0.0.1:443".parse().unwrap()
-        );
-        let e = at("http://db.internal/").unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        assert!(e.to_string().contains("db.internal"), "{e}");
+        let at = |u: &str| target(&u.parse().unwrap()).unwrap();
+        assert_eq!(at("http://10.77.0.2:8080/x"), ("10.77.0.2".into(), 8080));
+        assert_eq!(at("http://[fd77::2]/"), ("fd77::2".into(), 80));
+        assert_eq!(at("https://10.0.0.1"), ("10.0.0.1".into(), 443));
+        assert_eq!(at("http://db.internal/"), ("db.internal".into(), 80));
+        assert!(target(&"/relative".parse().unwrap()).is_err());
     }
 }

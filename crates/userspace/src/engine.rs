@@ -91,6 +91,8 @@ pub(crate) struct Shared {
     drops: AtomicU64,
     /// Event subscribers and the peers' readiness (see `peers::Hub`).
     pub(crate) hub: Mutex<Hub>,
+    /// Where names are resolved, inside the tunnel.
+    pub(crate) dns_servers: Vec<IpAddr>,
 }
 
 impl Shared {
@@ -251,6 +253,7 @@ pub(crate) fn start(settings: TunnelSettings) -> Result<Arc<Shared>, Error> {
         rx_bytes: AtomicU64::new(0),
         drops: AtomicU64::new(0),
         hub: Mutex::new(Hub::default()),
+        dns_servers: settings.dns_servers.clone(),
     });
     let engine = Engine::new(settings, udp, poll, control_rx, shared.clone());
     std::thread::Builder::new()

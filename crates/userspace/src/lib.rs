@@ -11,7 +11,7 @@
 //! use tunneld_userspace::{Tunnel, TunnelSettings};
 //! # async fn run(settings: TunnelSettings) -> Result<(), Box<dyn std::error::Error>> {
 //! let tunnel = Tunnel::start(settings)?;
-//! let mut stream = tunnel.tcp_connect("10.77.0.2:80".parse()?).await?;
+//! let mut stream = tunnel.tcp_connect("10.77.0.2:80").await?;
 //! stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
 //! let mut reply = Vec::new();
 //! stream.read_to_end(&mut reply).await?;
@@ -35,7 +35,10 @@
 //! `futures_core::Stream` of connections with [`TcpListener::poll_accept`] and, with the
 //! `axum` feature, an `axum::serve::Listener`; with the `hyper` feature, `Connector` is a
 //! `tower::Service<Uri>` for hyper-util's pooled client and tonic's channels;
-//! [`UdpSocket`] has connected and `poll_*` forms.
+//! [`UdpSocket`] has connected and `poll_*` forms. With the `dns` feature,
+//! [`Tunnel::tcp_connect`] and [`Tunnel::resolve`] take names, resolved by DNS servers
+//! inside the tunnel ([`TunnelSettings::dns_servers`]) with hickory's resolver over the
+//! tunnel's own sockets.
 //!
 //! # Platform, blocking and cancellation
 //!
@@ -53,8 +56,11 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(missing_docs)]
 
+mod addr;
 #[cfg(feature = "hyper")]
 mod connector;
+#[cfg(feature = "dns")]
+mod dns;
 mod engine;
 mod peers;
 mod rings;
@@ -62,6 +68,7 @@ mod settings;
 mod tcp;
 mod udp;
 
+pub use addr::ToTunnelAddr;
 #[cfg(feature = "hyper")]
 pub use connector::Connector;
 pub use ipnet::IpNet;
@@ -77,7 +84,7 @@ pub use udp::UdpSocket;
 use engine::{Control, Shared};
 use peers::{Hub, Readiness};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 /// A running WireGuard tunnel with its own TCP/IP stack. Cheap to clone; every clone (and
@@ -94,9 +101,22 @@ use std::sync::Arc;
 /// println!("underlay: {}", other.local_addr());
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Tunnel {
     link: Arc<Link>,
+    /// Made at the first name to resolve (inside the caller's runtime); held by the
+    /// tunnel's handles only, never by its sockets, so it never keeps the engine alive.
+    #[cfg(feature = "dns")]
+    resolver: Arc<std::sync::OnceLock<dns::TunnelResolver>>,
+}
+
+impl std::fmt::Debug for Tunnel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tunnel")
+            .field("local_addr", &self.link.shared.local_addr)
+            .field("public_key", &self.link.shared.public_key)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Keeps the engine running while any handle holds it; the last one dropped stops it.
@@ -159,16 +179,26 @@ impl Tunnel {
     /// ```
     pub fn start(settings: TunnelSettings) -> Result<Tunnel, Error> {
         let shared = engine::start(settings)?;
-        Ok(Tunnel {
-            link: Arc::new(Link { shared }),
-        })
+        Ok(Tunnel::from_link(Arc::new(Link { shared })))
     }
 
-    /// Opens a TCP connection through the tunnel to `addr` (IPv4 or IPv6, routed to a peer
-    /// by its allowed IPs). Fails with `TimedOut` when no answer comes within 60 s (the
-    /// stack's retransmission timeout, the same that aborts an established connection
-    /// whose peer stays silent), with `ConnectionRefused` when the far side resets, and at
-    /// once with `HostUnreachable` when no peer is allowed the address.
+    pub(crate) fn from_link(link: Arc<Link>) -> Tunnel {
+        Tunnel {
+            link,
+            #[cfg(feature = "dns")]
+            resolver: Arc::default(),
+        }
+    }
+
+    /// Opens a TCP connection through the tunnel to `addr`: a `SocketAddr`, `"ip:port"`,
+    /// `(ip, port)`, or with the `dns` feature a name, `("db.internal", 5432)` or
+    /// `"db.internal:5432"`, resolved through the tunnel's DNS servers
+    /// ([`TunnelSettings::dns_servers`]), each address tried in turn. IPv4 or IPv6, routed
+    /// to a peer by its allowed IPs. Fails with `TimedOut` when no answer comes within 60 s
+    /// (the stack's retransmission timeout, the same that aborts an established connection
+    /// whose peer stays silent), with `ConnectionRefused` when the far side resets, at once
+    /// with `HostUnreachable` when no peer is allowed the address, and with `Unsupported`
+    /// for a name without the `dns` feature or DNS servers.
     ///
     /// Cancel safe: a connect dropped before it completes leaves nothing behind (the
     /// half-open connection is aborted).
@@ -176,11 +206,71 @@ impl Tunnel {
     /// ```no_run
     /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> std::io::Result<()> {
     /// use tokio::io::AsyncWriteExt;
-    /// let mut stream = tunnel.tcp_connect("[fd77::2]:7".parse().unwrap()).await?;
+    /// let mut stream = tunnel.tcp_connect("[fd77::2]:7").await?;
     /// stream.write_all(b"hello").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn tcp_connect(&self, addr: SocketAddr) -> io::Result<TcpStream> {
+    pub async fn tcp_connect(&self, addr: impl ToTunnelAddr) -> io::Result<TcpStream> {
+        let (host, port) = addr.host_port()?;
+        let mut last = None;
+        for ip in self.addresses_of(&host).await? {
+            match self.connect_to(SocketAddr::new(ip, port)).await {
+                Ok(stream) => return Ok(stream),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("{host} has no address"))
+        }))
+    }
+
+    /// The addresses of `host`: itself if it is one, else what the tunnel's DNS servers
+    /// answer.
+    async fn addresses_of(&self, host: &str) -> io::Result<Vec<IpAddr>> {
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            return Ok(vec![ip]);
+        }
+        self.resolve(host).await
+    }
+
+    /// Every address of `name`, asked of the tunnel's DNS servers
+    /// ([`TunnelSettings::dns_servers`]) through the tunnel itself (UDP, and TCP for long
+    /// answers), with hickory's resolver and its cache. `NotFound` when the name has no
+    /// address; `Unsupported` without DNS servers (or without the `dns` feature).
+    ///
+    /// Cancel safe.
+    ///
+    /// ```no_run
+    /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> std::io::Result<()> {
+    /// for ip in tunnel.resolve("db.internal").await? {
+    ///     println!("db.internal is {ip}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn resolve(&self, name: &str) -> io::Result<Vec<IpAddr>> {
+        let servers = &self.link.shared.dns_servers;
+        if servers.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("cannot resolve {name}: the tunnel has no DNS server (TunnelSettings::dns_server)"),
+            ));
+        }
+        #[cfg(feature = "dns")]
+        {
+            let resolver = self
+                .resolver
+                .get_or_init(|| dns::resolver(self.link.clone(), servers));
+            dns::lookup(resolver, name).await
+        }
+        #[cfg(not(feature = "dns"))]
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("cannot resolve {name}: names need tunneld-userspace's `dns` feature"),
+        ))
+    }
+
+    async fn connect_to(&self, addr: SocketAddr) -> io::Result<TcpStream> {
         let parts = self
             .request(|reply| Control::Connect {
                 remote: addr,

@@ -50,11 +50,16 @@ pub struct TunnelSettings {
     /// The peers, as for a tunneld gateway (`parallel` must be 1). Default none (add them
     /// later with [`Tunnel::add_peer`](crate::Tunnel::add_peer)).
     pub peers: Vec<PeerSettings>,
+    /// DNS servers inside the tunnel (port 53), asked in order for the names given to
+    /// [`Tunnel::tcp_connect`](crate::Tunnel::tcp_connect) and
+    /// [`Tunnel::resolve`](crate::Tunnel::resolve) (the `dns` feature). Default none: only
+    /// addresses are taken.
+    pub dns_servers: Vec<std::net::IpAddr>,
 }
 
 impl TunnelSettings {
     /// Settings with `private_key` and the defaults: listen on `0.0.0.0:0`, no address,
-    /// MTU [`DEFAULT_MTU`], no peers.
+    /// MTU [`DEFAULT_MTU`], no peers, no DNS server.
     pub fn new(private_key: PrivateKey) -> TunnelSettings {
         TunnelSettings {
             private_key,
@@ -62,7 +67,14 @@ impl TunnelSettings {
             addresses: Vec::new(),
             mtu: DEFAULT_MTU,
             peers: Vec::new(),
+            dns_servers: Vec::new(),
         }
+    }
+
+    /// Adds a DNS server inside the tunnel.
+    pub fn dns_server(mut self, server: std::net::IpAddr) -> TunnelSettings {
+        self.dns_servers.push(server);
+        self
     }
 
     /// Sets where the underlay UDP socket binds.

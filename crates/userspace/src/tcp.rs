@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 /// ```no_run
 /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> std::io::Result<()> {
 /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
-/// let mut stream = tunnel.tcp_connect("10.77.0.2:7".parse().unwrap()).await?;
+/// let mut stream = tunnel.tcp_connect("10.77.0.2:7").await?;
 /// stream.write_all(b"ping").await?;
 /// stream.shutdown().await?; // FIN: the echo server ends its reply
 /// let mut reply = Vec::new();

@@ -306,7 +306,7 @@ async fn peers_change_under_open_streams(sites: &Sites, tunnel: &Tunnel, far: &d
         tunnel.ready(&other).await,
         Err(Error::UnknownPeer(_))
     ));
-    let unrouted = tunnel.tcp_connect("10.99.0.1:7".parse().unwrap()).await;
+    let unrouted = tunnel.tcp_connect("10.99.0.1:7").await;
     assert_eq!(
         unrouted.err().map(|e| e.kind()),
         Some(std::io::ErrorKind::HostUnreachable)
@@ -500,7 +500,7 @@ fn two_tunnels_on_loopback_report_failure_then_readiness() {
             s.write_all(&buf).await.unwrap();
             s.shutdown().await.unwrap();
         });
-        let mut s = a.tcp_connect("10.88.0.2:7".parse().unwrap()).await.unwrap();
+        let mut s = a.tcp_connect("10.88.0.2:7").await.unwrap();
         s.write_all(b"through a peer added live").await.unwrap();
         s.shutdown().await.unwrap();
         let mut back = Vec::new();

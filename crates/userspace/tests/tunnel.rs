@@ -103,15 +103,9 @@ fn the_secret_key_never_shows() {
 fn calls_without_a_route_fail_at_once() {
     let tunnel = Tunnel::start(valid()).unwrap();
     runtime().block_on(async {
-        let e = tunnel
-            .tcp_connect("10.77.0.2:80".parse().unwrap())
-            .await
-            .unwrap_err();
+        let e = tunnel.tcp_connect("10.77.0.2:80").await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::HostUnreachable);
-        let e = tunnel
-            .tcp_connect("[fd00::2]:80".parse().unwrap())
-            .await
-            .unwrap_err();
+        let e = tunnel.tcp_connect("[fd00::2]:80").await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::AddrNotAvailable, "no IPv6 address");
         let e = tunnel
             .tcp_listen("10.9.9.9:80".parse().unwrap())
@@ -148,10 +142,7 @@ fn shutdown_aborts_open_streams_promptly() {
     let _echo = EchoServer::start(&sites.far, &["10.77.0.2:7".parse().unwrap()]);
     let tunnel = sites.start_tunnel(sites.settings(0));
     runtime().block_on(async {
-        let stream = tunnel
-            .tcp_connect("10.77.0.2:7".parse().unwrap())
-            .await
-            .unwrap();
+        let stream = tunnel.tcp_connect("10.77.0.2:7").await.unwrap();
         let listener = tunnel
             .tcp_listen("0.0.0.0:9".parse().unwrap())
             .await
@@ -194,10 +185,7 @@ fn shutdown_aborts_open_streams_promptly() {
         assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
         let e = w.write_all(b"more").await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
-        let e = tunnel
-            .tcp_connect("10.77.0.2:7".parse().unwrap())
-            .await
-            .unwrap_err();
+        let e = tunnel.tcp_connect("10.77.0.2:7").await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
     });
 }
