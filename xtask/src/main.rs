@@ -14,6 +14,7 @@ mod module_cycles;
 #[cfg(test)]
 mod one_netlink_parser;
 mod package;
+mod publish;
 mod report;
 mod system;
 mod testbed;
@@ -72,7 +73,10 @@ commands:
   deb [--check]    the Debian package (cargo-deb, installed when missing): the binary, the
                    systemd unit, man pages, shell completions, an example config; --check
                    installs it, uses it (and systemd-analyze on its unit), removes it
-  deps             only install the system tools the tests and demo need";
+  deps             only install the system tools the tests and demo need
+  publish-check [--allow-dirty]
+                   what depending on the library needs: docs with no warning, and
+                   `cargo publish --dry-run` of every published crate (about 2 minutes)";
 
 fn main() -> ExitCode {
     system::ensure_sbin_in_path();
@@ -93,6 +97,10 @@ fn main() -> ExitCode {
         Some("tlsfuzzer") => tlsfuzzer::run(&args[1..]),
         Some("kernel-wg") => system::install_tools().and_then(|()| kernel_wg::run(&args[1..])),
         Some("deps") => system::install_tools(),
+        Some("publish-check") => system::repo_root().and_then(|root| {
+            publish::docs(&root)?;
+            publish::dry_run(&root, args.iter().any(|a| a == "--allow-dirty"))
+        }),
         Some("deb") => package::build().and_then(|deb| {
             if args.iter().any(|a| a == "--check") {
                 package::check_installed(&deb)
@@ -248,6 +256,19 @@ fn test() -> ExitCode {
                 eprintln!("xtask: {e}");
                 failures.push(name.to_string());
             }
+        }
+    }
+    // The library's docs with no warning, and its API against the latest version tag.
+    for (name, step) in [
+        (
+            "docs",
+            publish::docs as fn(&std::path::Path) -> Result<(), String>,
+        ),
+        ("semver check", publish::semver),
+    ] {
+        if let Err(e) = step(&root) {
+            eprintln!("{name}: {e}");
+            failures.push(name.into());
         }
     }
     // Coverage-guided smoke of every fuzz target on nightly (cargo-fuzz installed when
