@@ -484,3 +484,121 @@ fn names_resolve_through_a_dns_server_in_wireguard_gos_site() {
     runtime().block_on(names_through_the_far_sites_dns(&tunnel));
     tunnel.shutdown();
 }
+
+#[test]
+fn the_grpc_health_example_asks_a_tonic_server_at_the_far_site() {
+    let test = "the_grpc_health_example_asks_a_tonic_server_at_the_far_site";
+    if !tunneld_testnet::require_netns(test) {
+        return;
+    }
+    let Some(tunneld) = tunneld_binary(test) else {
+        return;
+    };
+    let example = example("grpc_health");
+    let mut sites = sites();
+    sites.start_tunneld(&tunneld);
+    step("a tonic gRPC server with the health service in B, on its kernel TCP");
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = sites.far.spawn_in_ns(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let (reporter, service) = tonic_health::server::health_reporter();
+            reporter
+                .set_service_status("tunneld.Demo", tonic_health::ServingStatus::Serving)
+                .await;
+            reporter
+                .set_service_status("tunneld.Down", tonic_health::ServingStatus::NotServing)
+                .await;
+            let listener = tokio::net::TcpListener::bind("10.77.0.2:50051")
+                .await
+                .unwrap();
+            ready_tx.send(()).unwrap();
+            // Stopped outright, not gracefully: a graceful stop would wait for the
+            // client's connection, which a process that exited leaves open.
+            let serve = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream_of(listener));
+            tokio::select! {
+                served = serve => served.unwrap(),
+                _ = stop_rx => {}
+            }
+        });
+    });
+    ready_rx.recv_timeout(WAIT).unwrap();
+    step("grpc_health in A, through its user-space tunnel");
+    let mut out_cmd = sites.near.command(example.to_str().unwrap());
+    out_cmd
+        .args(["--key-file", &key_file(&sites)])
+        .args(["--address", "10.77.0.1/24"])
+        .args(["--peer", &sites.far_public().to_string()])
+        .args(["--endpoint", &format!("192.0.2.2:{FAR_PORT}")])
+        .args(["--allowed-ips", "10.77.0.2/32"])
+        .arg("http://10.77.0.2:50051")
+        .args(["", "tunneld.Demo", "tunneld.Down", "tunneld.Unknown"]);
+    let out = output_within(&mut out_cmd, Duration::from_secs(60));
+    let _ = stop_tx.send(());
+    server.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "grpc_health failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout,
+        "\"\": Serving\n\"tunneld.Demo\": Serving\n\"tunneld.Down\": NotServing\n\
+         \"tunneld.Unknown\": error: NotFound\n"
+    );
+}
+
+/// A kernel listener as the stream of connections tonic's server takes.
+fn tokio_stream_of(
+    listener: tokio::net::TcpListener,
+) -> impl futures_core::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    struct Incoming(tokio::net::TcpListener);
+    impl futures_core::Stream for Incoming {
+        type Item = std::io::Result<tokio::net::TcpStream>;
+        fn poll_next(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            self.0.poll_accept(cx).map(|r| Some(r.map(|(s, _)| s)))
+        }
+    }
+    Incoming(listener)
+}
+
+/// Runs `cmd` to its end, killing it after `limit` (a failure that shows its output).
+fn output_within(cmd: &mut std::process::Command, limit: Duration) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
+    let mut child = cmd
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            tunneld_testnet::stop_process(&mut child);
+            panic!(
+                "{cmd:?} did not finish in {limit:?}: {}{}",
+                std::fs::read_to_string(&out).unwrap_or_default(),
+                std::fs::read_to_string(&err).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: std::fs::read(&out).unwrap(),
+        stderr: std::fs::read(&err).unwrap(),
+    }
+}
