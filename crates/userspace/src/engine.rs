@@ -35,6 +35,9 @@ use tunneld_wireguard::event::Tracker;
 use tunneld_wireguard::uapi::{PeerSnapshot, PeerUpdate, SetRequest};
 use tunneld_wireguard::{Device, DeviceSettings, PeerSettings};
 
+/// How long after answering an initiation the engine looks at the peers after every
+/// receiving turn (the handshake completes at the initiator's first data message).
+const RESPONDER_WATCH: Duration = Duration::from_secs(1);
 /// The device's timers run this often (as in the dataplane's worker).
 const TICK: Duration = Duration::from_millis(250);
 /// The largest TCP packet the stack builds (it is cut to the MTU before encryption): an
@@ -531,6 +534,9 @@ struct Engine {
     tracker: Tracker,
     /// A handshake message arrived this turn: the peers' states may have changed.
     handshake_seen: bool,
+    /// After an initiation we answered, the handshake completes at the initiator's first
+    /// data message: until then every turn looks.
+    responding_until: Option<Instant>,
 }
 
 fn smol_now(epoch: Instant, now: Instant) -> smoltcp::time::Instant {
@@ -663,6 +669,7 @@ impl Engine {
             recv_errors: 0,
             tracker,
             handshake_seen: false,
+            responding_until: None,
         }
     }
 
@@ -699,7 +706,9 @@ impl Engine {
             if now >= self.next_tick {
                 self.tick(now);
                 self.next_tick = now + TICK;
-            } else if std::mem::take(&mut self.handshake_seen) {
+            } else if std::mem::take(&mut self.handshake_seen)
+                || self.responding_until.is_some_and(|until| now < until)
+            {
                 self.observe(now);
             }
         }
@@ -810,8 +819,14 @@ impl Engine {
             for datagram in self.net_rx.datagrams(i) {
                 // Anything but a data message (type 4) is a handshake's: look at the peers
                 // after this turn.
-                if datagram.first().is_some_and(|&t| t != 4) {
-                    self.handshake_seen = true;
+                match datagram.first() {
+                    Some(4) | None => {}
+                    Some(t) => {
+                        self.handshake_seen = true;
+                        if *t == 1 {
+                            self.responding_until = Some(now + RESPONDER_WATCH);
+                        }
+                    }
                 }
                 if self.phy.rx.batch.is_full() {
                     pump(&mut self.iface, &mut self.phy, &mut self.sockets, ts);
