@@ -65,6 +65,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     settings.dns_servers = dns;
     let tunnel = Tunnel::start(settings)?;
 
+    // The handshake first (bounded), so the first request does not wait on it.
+    tokio::time::timeout(std::time::Duration::from_secs(20), tunnel.ready(&peer_key)).await??;
     let client: Client<Connector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build(Connector::new(tunnel.clone()));
     let mut body = Bytes::new();

@@ -409,8 +409,15 @@ impl Drop for Dnsmasq {
 
 /// Names resolved by a DNS server in the far site, asked through the tunnel: `resolve`,
 /// `tcp_connect` with a name (both forms), a name that does not exist.
-async fn names_through_the_far_sites_dns(tunnel: &Tunnel) {
+async fn names_through_the_far_sites_dns(tunnel: &Tunnel, far: &tunneld_userspace::PublicKey) {
     use std::net::IpAddr;
+    // The handshake first, as a program would wait for it: a first initiation that
+    // reaches the far side before its socket is up is retried only after 5 s, which
+    // would eat into the resolver's own timeouts.
+    tokio::time::timeout(Duration::from_secs(30), tunnel.ready(far))
+        .await
+        .expect("a handshake in time")
+        .unwrap();
     step("resolve db.internal through the tunnel");
     let mut found = tokio::time::timeout(WAIT, tunnel.resolve("db.internal"))
         .await
@@ -459,7 +466,10 @@ fn names_resolve_through_a_dns_server_in_a_tunneld_gateways_site() {
         ],
     );
     let tunnel = sites.start_tunnel(sites.settings(0).dns_server("10.77.0.2".parse().unwrap()));
-    runtime().block_on(names_through_the_far_sites_dns(&tunnel));
+    runtime().block_on(names_through_the_far_sites_dns(
+        &tunnel,
+        &sites.far_public(),
+    ));
     tunnel.shutdown();
 }
 
@@ -481,7 +491,10 @@ fn names_resolve_through_a_dns_server_in_wireguard_gos_site() {
         ],
     );
     let tunnel = sites.start_tunnel(sites.settings(0).dns_server("10.77.0.2".parse().unwrap()));
-    runtime().block_on(names_through_the_far_sites_dns(&tunnel));
+    runtime().block_on(names_through_the_far_sites_dns(
+        &tunnel,
+        &sites.far_public(),
+    ));
     tunnel.shutdown();
 }
 
