@@ -540,11 +540,21 @@ fn join(
     }
     // Many gateways joining at once are many writes for etcd (a lease, a record, an
     // election key each), which a loaded machine's disk may take a while to sync.
-    wait_for_within(
+    let formed = wait_for_within(
         "the mesh forms",
         STEP_LIMIT + Duration::from_secs(2 * n as u64),
         || gateways.iter().all(|g| g.peer_count() == n - 1),
-    )?;
+    );
+    if let Err(e) = formed {
+        let short: Vec<&Gateway> = gateways.iter().filter(|g| g.peer_count() < n - 1).collect();
+        let first = short.iter().min_by_key(|g| g.peer_count());
+        return Err(format!(
+            "{e}: {} of {n} gateways short of peers; the one with the fewest:\n{}\n{}",
+            short.len(),
+            first.map(|g| g.log_text()).unwrap_or_default(),
+            first.and_then(|g| g.pid()).map(stacks).unwrap_or_default()
+        ));
+    }
     let new_ns = wan.host("192.0.2.99/24");
     let started = Instant::now();
     let newcomer = fleet.gateway(
@@ -582,26 +592,10 @@ fn join(
         match reply {
             Some(at) => joined.push(at - started_unix),
             None => {
-                // Where its threads are, for the report (gdb, when it is there).
-                let stacks = newcomer
-                    .pid()
-                    .and_then(|pid| {
-                        Command::new("gdb")
-                            .args([
-                                "-p",
-                                &pid.to_string(),
-                                "-batch",
-                                "-ex",
-                                "thread apply all bt 12",
-                            ])
-                            .output()
-                            .ok()
-                    })
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                    .unwrap_or_default();
                 return Err(format!(
-                    "a site did not reach the new one within 60 s:\n{}\n{stacks}",
-                    newcomer.log_text()
+                    "a site did not reach the new one within 60 s:\n{}\n{}",
+                    newcomer.log_text(),
+                    newcomer.pid().map(stacks).unwrap_or_default()
                 ));
             }
         }
@@ -708,6 +702,21 @@ fn http_get(host: &str, path: &str) -> Result<String, String> {
         .read_to_string(&mut body)
         .map_err(|e| format!("GET {host}{path}: {e}"))?;
     Ok(body)
+}
+
+/// Where a process's threads are (gdb's backtraces, when gdb is there), for a report.
+fn stacks(pid: u32) -> String {
+    Command::new("gdb")
+        .args([
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt 12",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -15,6 +15,7 @@ mod module_cycles;
 #[cfg(test)]
 mod one_netlink_parser;
 mod package;
+mod publish;
 mod report;
 mod system;
 mod testbed;
@@ -81,7 +82,10 @@ commands:
   deb [--check]    the Debian package (cargo-deb, installed when missing): the binary, the
                    systemd unit, man pages, shell completions, an example config; --check
                    installs it, uses it (and systemd-analyze on its unit), removes it
-  deps             only install the system tools the tests and demo need";
+  deps             only install the system tools the tests and demo need
+  publish-check [--allow-dirty]
+                   what depending on the library needs: docs with no warning, and
+                   `cargo publish --dry-run` of every published crate (about 2 minutes)";
 
 fn main() -> ExitCode {
     system::ensure_sbin_in_path();
@@ -103,6 +107,10 @@ fn main() -> ExitCode {
         Some("tlsfuzzer") => tlsfuzzer::run(&args[1..]),
         Some("kernel-wg") => system::install_tools().and_then(|()| kernel_wg::run(&args[1..])),
         Some("deps") => system::install_tools(),
+        Some("publish-check") => system::repo_root().and_then(|root| {
+            publish::docs(&root)?;
+            publish::dry_run(&root, args.iter().any(|a| a == "--allow-dirty"))
+        }),
         Some("deb") => package::build().and_then(|deb| {
             if args.iter().any(|a| a == "--check") {
                 package::check_installed(&deb)
@@ -192,6 +200,9 @@ fn test() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The user-space tunnel's optional integrations, whose examples and tests need them.
+    const USERSPACE_FEATURES: &str =
+        "tunneld-userspace/axum,tunneld-userspace/hyper,tunneld-userspace/dns";
     let steps: &[(&str, &[&str])] = &[
         ("fmt", &["fmt", "--all", "--", "--check"]),
         (
@@ -200,6 +211,8 @@ fn test() -> ExitCode {
                 "clippy",
                 "--workspace",
                 "--all-targets",
+                "--features",
+                USERSPACE_FEATURES,
                 "--",
                 "-D",
                 "warnings",
@@ -207,7 +220,13 @@ fn test() -> ExitCode {
         ),
         (
             "unit and end-to-end tests",
-            &["test", "--workspace", "--no-fail-fast"],
+            &[
+                "test",
+                "--workspace",
+                "--features",
+                USERSPACE_FEATURES,
+                "--no-fail-fast",
+            ],
         ),
         ("benches build", &["bench", "--workspace", "--no-run"]),
         // The fuzz crate lives outside the workspace: its own fmt, lint, and the stable
@@ -247,6 +266,19 @@ fn test() -> ExitCode {
                 eprintln!("xtask: {e}");
                 failures.push(name.to_string());
             }
+        }
+    }
+    // The library's docs with no warning, and its API against the latest version tag.
+    for (name, step) in [
+        (
+            "docs",
+            publish::docs as fn(&std::path::Path) -> Result<(), String>,
+        ),
+        ("semver check", publish::semver),
+    ] {
+        if let Err(e) = step(&root) {
+            eprintln!("{name}: {e}");
+            failures.push(name.into());
         }
     }
     // Coverage-guided smoke of every fuzz target on nightly (cargo-fuzz installed when

@@ -28,6 +28,9 @@ const TOOLS: &[(&str, &str)] = &[
     // `promtool check metrics` on a scrape (tests/metrics.rs); images of this kind keep apt
     // from starting the prometheus service it comes with (policy-rc.d).
     ("promtool", "prometheus"),
+    // A DNS server inside a far site, for names resolved through a user-space tunnel
+    // (crates/userspace/tests/ecosystem.rs); the -base package has no service.
+    ("dnsmasq", "dnsmasq-base"),
     // The fleet (crates/fleet): etcd-client's build compiles etcd's protobuf definitions,
     // and the fleet tests run their own etcd cluster.
     ("protoc", "protobuf-compiler"),

@@ -454,7 +454,7 @@ impl Coalescer {
     }
 
     /// Groups the packets of `batch` and rewrites the head of each group of two or more into a
-    /// super-packet header. Afterwards [`Coalescer::groups`] lists what to write, in order;
+    /// super-packet header. Afterwards `Coalescer::groups` lists what to write, in order;
     /// [`Coalescer::members`] the frames of one group after its head.
     pub fn plan(&mut self, batch: &mut Batch) -> usize {
         self.group_count = 0;

@@ -280,7 +280,7 @@ impl SimTun {
     }
 
     /// How many packets each write since the last call carried, oldest first (at most the
-    /// last [`WRITE_CALLS_KEPT`]): which packets the tunnel handed over together, as a real
+    /// last `WRITE_CALLS_KEPT`): which packets the tunnel handed over together, as a real
     /// TUN backend would coalesce them.
     pub fn take_write_calls(&self) -> Vec<usize> {
         lock(&self.queues).write_calls.drain(..).collect()

@@ -1,6 +1,6 @@
 //! A service that embeds a tunneld gateway: it starts the interface a config file describes,
-//! adds a peer while running, prints the peers' state every few seconds, and shuts the
-//! interface down cleanly on Ctrl-C.
+//! adds a peer while running, waits until it is reachable, reports the gateway's events as
+//! they happen (no polling), and shuts the interface down cleanly on Ctrl-C.
 //!
 //! ```sh
 //! cargo run --example embedded_gateway -- site-b.toml <peer public key> 192.0.2.1:51820 10.77.0.1/32
@@ -8,7 +8,7 @@
 //! (as root, or with CAP_NET_ADMIN: it creates a TUN interface).
 
 use std::time::Duration;
-use tunneld::{Gateway, PeerSettings, Settings};
+use tunneld::{Event, Gateway, PeerSettings, PublicKey, Settings};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,8 +29,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // A peer added at run time, e.g. from the service's own control API.
+    let peer_key: PublicKey = peer_key.parse()?;
     gateway.add_peer(PeerSettings {
-        public_key: peer_key.parse()?,
+        public_key: peer_key,
         preshared_key: None,
         endpoint: Some(endpoint.parse()?),
         allowed_ips: vec![allowed.parse()?],
@@ -38,31 +39,57 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         parallel: 1,
     })?;
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGINT, stop.clone())?;
-    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())?;
-    let mut ticks = 0u32;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) && !gateway.has_failed() {
-        std::thread::sleep(Duration::from_millis(100));
-        ticks += 1;
-        if ticks.is_multiple_of(50) {
+    // Events instead of polling: handshakes, endpoints, failures, the end. A thread reports
+    // them; the main thread waits for a signal or for the gateway to stop on its own.
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<&'static str>();
+    let events = gateway.events()?;
+    let on_stop = done_tx.clone();
+    let reporter = std::thread::spawn(move || {
+        for event in events {
+            match event {
+                Event::HandshakeCompleted { peer, endpoint } => {
+                    println!("peer {peer}: handshake done, endpoint {endpoint:?}")
+                }
+                Event::HandshakeFailed { peer, waited } => {
+                    println!("peer {peer}: no answer for {waited:?}")
+                }
+                Event::EndpointChanged { peer, endpoint } => {
+                    println!("peer {peer}: now at {endpoint}")
+                }
+                Event::Stopped => {
+                    let _ = on_stop.send("the gateway stopped");
+                }
+                other => println!("{other:?}"),
+            }
+        }
+    });
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])?;
+    let handle = signals.handle();
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            let _ = done_tx.send("signal");
+        }
+    });
+    // Readiness: blocks until the handshake is done (or says why not).
+    match gateway.wait_ready(&peer_key, Duration::from_secs(10)) {
+        Ok(()) => {
             for peer in gateway.peers()? {
                 println!(
-                    "peer {}: endpoint {:?}, received {} B, sent {} B, handshake {}",
-                    peer.public_key,
-                    peer.endpoint,
-                    peer.rx_bytes,
-                    peer.tx_bytes,
-                    if peer.last_handshake.is_some() {
-                        "done"
-                    } else {
-                        "not yet"
-                    }
+                    "peer {}: endpoint {:?}, received {} B, sent {} B",
+                    peer.public_key, peer.endpoint, peer.rx_bytes, peer.tx_bytes
                 );
             }
         }
+        Err(e) => println!("not ready yet: {e}"),
     }
-    // Removes the interface, its routes and its UAPI socket.
+    let why = done_rx.recv().unwrap_or("the reporter ended");
+    println!("stopping: {why}");
+    handle.close();
+    // Removes the interface, its routes and its UAPI socket; the reporter sees `Stopped`.
     gateway.shutdown()?;
+    let _ = reporter.join();
     Ok(())
 }

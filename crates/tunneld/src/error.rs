@@ -13,8 +13,22 @@ pub enum Error {
     #[error("{0}")]
     Invalid(ConfigErrors),
     /// The system refused a step of bringing the gateway up or changing it (a TUN device, a
-    /// socket, netlink, a thread); the text says which step and why. Whatever was made
-    /// before it has been removed.
+    /// socket, netlink, a thread) with an error of its own: `source` is it, so its kind is
+    /// matched rather than the text ([`Error::io_kind`]): `PermissionDenied` without
+    /// `CAP_NET_ADMIN`, `AddrInUse` for a port taken, …; `message` says which step and why.
+    /// Whatever was made before it has been removed.
+    #[error("{message}")]
+    Io {
+        /// The step and the system's error, in one line.
+        message: String,
+        /// The system's error (its kind and, where there is one, its errno).
+        #[source]
+        source: std::io::Error,
+    },
+    /// The system refused a step of bringing the gateway up or changing it, with no
+    /// system error to carry (a refusal found by tunneld itself, e.g. a worker that
+    /// stopped); the text says which step and why. Whatever was made before it has been
+    /// removed.
     #[error("{0}")]
     System(String),
     /// No peer has this public key.
@@ -33,6 +47,10 @@ pub enum Error {
     /// The gateway has been shut down, or its workers have stopped.
     #[error("the gateway has stopped")]
     Stopped,
+    /// A wait ([`Gateway::wait_ready`](crate::Gateway::wait_ready)) ended before what it
+    /// waited for; the text says what.
+    #[error("timed out: {0}")]
+    TimedOut(String),
     /// The interface refused a change (as `wg set` would be refused), with the errno the
     /// UAPI answers for it.
     #[error("{message}")]
@@ -45,6 +63,26 @@ pub enum Error {
 }
 
 impl Error {
+    /// The kind of the system's error, where the system refused ([`Error::Io`]).
+    ///
+    /// ```no_run
+    /// # fn run(settings: tunneld::Settings) {
+    /// match tunneld::Gateway::builder(settings).start() {
+    ///     Err(e) if e.io_kind() == Some(std::io::ErrorKind::PermissionDenied) => {
+    ///         eprintln!("run as root, or with CAP_NET_ADMIN: {e}")
+    ///     }
+    ///     Err(e) => eprintln!("{e}"),
+    ///     Ok(_gateway) => {}
+    /// }
+    /// # }
+    /// ```
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            Error::Io { source, .. } => Some(source.kind()),
+            _ => None,
+        }
+    }
+
     /// The settings problems, if that is what this error is.
     pub fn problems(&self) -> Option<&[ConfigError]> {
         match self {
@@ -63,7 +101,22 @@ impl Error {
         Error::Invalid(ConfigErrors(vec![ConfigError::new(field, message)]))
     }
 
+    /// A step that failed: [`Error::Io`] when a system error is among its causes (the
+    /// outermost one), else [`Error::System`].
     pub(crate) fn system(e: anyhow::Error) -> Error {
-        Error::System(format!("{e:#}"))
+        let message = format!("{e:#}");
+        match e
+            .chain()
+            .find_map(|cause| cause.downcast_ref::<std::io::Error>())
+        {
+            Some(io) => Error::Io {
+                message,
+                source: match io.raw_os_error() {
+                    Some(errno) => std::io::Error::from_raw_os_error(errno),
+                    None => std::io::Error::new(io.kind(), io.to_string()),
+                },
+            },
+            None => Error::System(message),
+        }
     }
 }

@@ -4,12 +4,15 @@
 use crate::bring_up::{self, RunningWireGuard, StartOptions};
 use crate::control::{lock, ControlHandle};
 use crate::error::Error;
+use crate::events::{GatewayEvents, Monitor, Readiness};
 use crate::plan::{self, Plan, Resolve};
 use crate::reload::{ReloadError, ReloadReport};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 use tunneld_config::Config;
 use tunneld_crypto::{PresharedKey, PublicKey};
+use tunneld_wireguard::event::Event;
 use tunneld_wireguard::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, WorkerStats};
 use tunneld_wireguard::PeerSettings;
 
@@ -75,6 +78,25 @@ impl Settings {
         Ok(Settings { plan, file: None })
     }
 
+    /// A builder of settings from typed values: the interface `name` and its
+    /// `private_key`, the rest defaulted (see [`SettingsBuilder`]).
+    pub fn builder(
+        name: impl Into<String>,
+        private_key: tunneld_crypto::PrivateKey,
+    ) -> SettingsBuilder {
+        SettingsBuilder {
+            name: name.into(),
+            private_key,
+            listen_port: 0,
+            addresses: Vec::new(),
+            mtu: None,
+            fwmark: 0,
+            peers: Vec::new(),
+            backend: None,
+            workers: None,
+        }
+    }
+
     /// The WireGuard interface's name, if the settings have an `[interface]`.
     pub fn interface_name(&self) -> Option<&str> {
         self.plan.config.interface.as_ref().map(|i| i.name.as_str())
@@ -83,6 +105,191 @@ impl Settings {
     /// The validated config these settings were made from.
     pub fn config(&self) -> &Config {
         &self.plan.config
+    }
+}
+
+/// Builds [`Settings`] from typed values, for a program that has its keys and peers as
+/// values rather than a file: made by [`Settings::builder`]. [`SettingsBuilder::build`]
+/// checks them exactly as a config file is checked (the same rules, and errors naming the
+/// same fields: `interface.mtu`, `peer[0].allowed_ips[0]`).
+///
+/// Defaults, as in a config file: `listen_port` 0 (any free port), no address, MTU 1420,
+/// no fwmark, no peers, `[dataplane]`'s defaults (`backend = "auto"`, a worker per CPU).
+///
+/// ```
+/// use tunneld::{PeerSettings, PrivateKey, Settings};
+/// let peer = PrivateKey::generate().public_key();
+/// let settings = Settings::builder("wg-doc", PrivateKey::generate())
+///     .listen_port(51820)
+///     .address("10.77.0.1/24".parse().unwrap())
+///     .peer(PeerSettings::new(peer)
+///         .endpoint("192.0.2.2:51820".parse().unwrap())
+///         .allowed_ip("10.77.0.2/32".parse().unwrap())
+///         .persistent_keepalive(25))
+///     .build()?;
+/// assert_eq!(settings.interface_name(), Some("wg-doc"));
+///
+/// let err = Settings::builder("wg-doc", PrivateKey::generate()).mtu(1).build().unwrap_err();
+/// assert_eq!(err.problems().unwrap()[0].field, "interface.mtu");
+/// # Ok::<(), tunneld::Error>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build`"]
+pub struct SettingsBuilder {
+    name: String,
+    private_key: tunneld_crypto::PrivateKey,
+    listen_port: u16,
+    addresses: Vec<ipnet::IpNet>,
+    mtu: Option<u16>,
+    fwmark: u32,
+    peers: Vec<PeerSettings>,
+    backend: Option<tunneld_config::Backend>,
+    workers: Option<usize>,
+}
+
+impl SettingsBuilder {
+    /// The UDP port to listen on (0: any free port, the default).
+    pub fn listen_port(mut self, port: u16) -> Self {
+        self.listen_port = port;
+        self
+    }
+
+    /// Adds an address of the interface, with its prefix (`10.77.0.1/24`).
+    pub fn address(mut self, address: ipnet::IpNet) -> Self {
+        self.addresses.push(address);
+        self
+    }
+
+    /// The interface's MTU (default 1420).
+    pub fn mtu(mut self, mtu: u16) -> Self {
+        self.mtu = Some(mtu);
+        self
+    }
+
+    /// The mark put on the interface's own datagrams (default 0: none).
+    pub fn fwmark(mut self, mark: u32) -> Self {
+        self.fwmark = mark;
+        self
+    }
+
+    /// Adds a peer.
+    pub fn peer(mut self, peer: PeerSettings) -> Self {
+        self.peers.push(peer);
+        self
+    }
+
+    /// The dataplane's I/O backend (default `Auto`).
+    pub fn backend(mut self, backend: tunneld_config::Backend) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// How many workers (default: one per CPU, one for a lone plain peer).
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = Some(workers);
+        self
+    }
+
+    /// Checks the settings as a config file's are checked (every problem, each naming its
+    /// field) and resolves them as [`Settings::from_toml`] does.
+    pub fn build(self) -> Result<Settings, Error> {
+        use toml::{Table, Value};
+        let strings =
+            |items: Vec<String>| Value::Array(items.into_iter().map(Value::String).collect());
+        let mut interface = Table::new();
+        interface.insert("name".into(), Value::String(self.name));
+        interface.insert(
+            "private_key".into(),
+            Value::String(self.private_key.to_base64().to_string()),
+        );
+        interface.insert(
+            "listen_port".into(),
+            Value::Integer(self.listen_port.into()),
+        );
+        if !self.addresses.is_empty() {
+            interface.insert(
+                "address".into(),
+                strings(self.addresses.iter().map(ToString::to_string).collect()),
+            );
+        }
+        if let Some(mtu) = self.mtu {
+            interface.insert("mtu".into(), Value::Integer(mtu.into()));
+        }
+        if self.fwmark != 0 {
+            interface.insert("fwmark".into(), Value::Integer(self.fwmark.into()));
+        }
+        let mut root = Table::new();
+        root.insert("interface".into(), Value::Table(interface));
+        let mut dataplane = Table::new();
+        if let Some(backend) = self.backend {
+            dataplane.insert("backend".into(), Value::String(backend.name().into()));
+        }
+        if let Some(workers) = self.workers {
+            dataplane.insert(
+                "workers".into(),
+                Value::Integer(i64::try_from(workers).unwrap_or(i64::MAX)),
+            );
+        }
+        if !dataplane.is_empty() {
+            root.insert("dataplane".into(), Value::Table(dataplane));
+        }
+        let peers: Vec<Value> = self
+            .peers
+            .iter()
+            .map(|p| {
+                let mut t = Table::new();
+                t.insert("public_key".into(), Value::String(p.public_key.to_base64()));
+                if let Some(psk) = &p.preshared_key {
+                    t.insert(
+                        "preshared_key".into(),
+                        Value::String(psk.to_base64().to_string()),
+                    );
+                }
+                if let Some(endpoint) = p.endpoint {
+                    t.insert("endpoint".into(), Value::String(endpoint.to_string()));
+                }
+                t.insert(
+                    "allowed_ips".into(),
+                    strings(p.allowed_ips.iter().map(ToString::to_string).collect()),
+                );
+                t.insert(
+                    "persistent_keepalive".into(),
+                    Value::Integer(p.persistent_keepalive.into()),
+                );
+                t.insert("parallel".into(), Value::Integer(p.parallel.into()));
+                Value::Table(t)
+            })
+            .collect();
+        if !peers.is_empty() {
+            root.insert("peer".into(), Value::Array(peers));
+        }
+        // The same checks as a file's, on the text a file would have. It holds keys: it
+        // and the table's copies are wiped when done.
+        let encoded = toml::to_string(&root)
+            .map_err(|e| Error::invalid("interface", format!("cannot encode the settings: {e}")));
+        let mut root = toml::Value::Table(root);
+        wipe_keys(&mut root);
+        let text = zeroize::Zeroizing::new(encoded?);
+        Settings::from_toml(&text, ".")
+    }
+}
+
+/// Overwrites the key strings of a settings table.
+fn wipe_keys(value: &mut toml::Value) {
+    match value {
+        toml::Value::Table(table) => {
+            for (name, v) in table.iter_mut() {
+                if name == "private_key" || name == "preshared_key" {
+                    if let toml::Value::String(key) = v {
+                        zeroize::Zeroize::zeroize(key);
+                    }
+                } else {
+                    wipe_keys(v);
+                }
+            }
+        }
+        toml::Value::Array(items) => items.iter_mut().for_each(wipe_keys),
+        _ => {}
     }
 }
 
@@ -122,7 +329,11 @@ impl GatewayBuilder {
 }
 
 /// A running gateway. Cheap to clone; every clone is a handle on the same gateway, which
-/// runs until [`Gateway::shutdown`] (or until the last handle is dropped).
+/// runs until [`Gateway::shutdown`] (or until the last handle is dropped). Linux only.
+///
+/// Every method blocks the calling thread (see the crate's "Platform and blocking"): the
+/// accessors of fixed facts (`interface_name`, `listen_port`, `public_key`) return at once;
+/// the rest wait for the workers, each between two of its batches.
 ///
 /// ```no_run
 /// use tunneld::{Gateway, PeerSettings, PrivateKey, Settings};
@@ -159,6 +370,8 @@ struct Inner {
     interface: Option<Interface>,
     /// What runs, until shutdown takes it.
     running: Mutex<Option<Running>>,
+    /// Events and readiness, started by the first subscriber (`events.rs`).
+    monitor: Mutex<Option<Arc<Monitor>>>,
 }
 
 /// The WireGuard side of a running gateway, fixed for its life.
@@ -320,6 +533,93 @@ impl Gateway {
         let slot = lock(&self.interface()?.control).front_end_slot();
         lock(&slot).take();
         Ok(())
+    }
+
+    /// The gateway's events from now on: handshakes completed or unanswered, endpoints
+    /// changed (set, or learnt from a roaming peer), peers added and removed, and finally
+    /// [`Event::Stopped`] (a shutdown, or a worker that failed). Each call is a subscriber
+    /// of its own that sees every event, at most 250 ms after it happened (the workers'
+    /// timer tick: a thread reads the peers' state between batches, as
+    /// [`Gateway::peers`] does, once anything subscribed).
+    ///
+    /// Does not block (the first call waits for the first look at the peers).
+    ///
+    /// ```no_run
+    /// # fn run(gateway: tunneld::Gateway) -> Result<(), tunneld::Error> {
+    /// let events = gateway.events()?;
+    /// std::thread::spawn(move || {
+    ///     for event in events {
+    ///         println!("{event:?}");
+    ///     }
+    /// });
+    /// # Ok(()) }
+    /// ```
+    pub fn events(&self) -> Result<GatewayEvents, Error> {
+        Ok(self.monitor()?.subscribe())
+    }
+
+    /// Blocks until a handshake with `peer` has completed since it was added (at once if
+    /// one has, or within 250 ms of it), asking for one now if it has none, for at most
+    /// `timeout`. Once this returns `Ok`, traffic to the peer flows.
+    ///
+    /// Errors: [`Error::UnknownPeer`] (also when it is removed meanwhile),
+    /// [`Error::TimedOut`], [`Error::Stopped`], [`Error::NoInterface`].
+    ///
+    /// ```no_run
+    /// # fn run(gateway: tunneld::Gateway, peer: tunneld::PublicKey) -> Result<(), tunneld::Error> {
+    /// gateway.wait_ready(&peer, std::time::Duration::from_secs(10))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_ready(&self, peer: &PublicKey, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        let events = match self.monitor()?.readiness(peer) {
+            Readiness::Ready => return Ok(()),
+            Readiness::Unknown => return Err(Error::UnknownPeer(*peer)),
+            Readiness::Stopped => return Err(Error::Stopped),
+            Readiness::Wait(events) => events,
+        };
+        let key = *peer;
+        self.workers()?
+            .run_each(move |device, _| device.request_handshake(&key))
+            .ok_or(Error::Stopped)?;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match events.recv_timeout(left) {
+                Ok(Some(Event::HandshakeCompleted { peer: p, .. })) if p == key => return Ok(()),
+                Ok(Some(Event::PeerRemoved { peer: p })) if p == key => {
+                    return Err(Error::UnknownPeer(key))
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(Error::Stopped),
+                Err(()) => {
+                    return Err(Error::TimedOut(format!(
+                        "no handshake with {key} in {timeout:?}"
+                    )))
+                }
+            }
+        }
+    }
+
+    fn workers(&self) -> Result<tunneld_dataplane::worker::Workers, Error> {
+        lock(&self.inner.running)
+            .as_ref()
+            .and_then(|r| r.wireguard.as_ref())
+            .map(|wg| wg.workers.clone())
+            .ok_or(Error::Stopped)
+    }
+
+    fn monitor(&self) -> Result<Arc<Monitor>, Error> {
+        self.interface()?;
+        let mut slot = lock(&self.inner.monitor);
+        if let Some(monitor) = slot.as_ref() {
+            return Ok(monitor.clone());
+        }
+        let monitor = Arc::new(Monitor::start(self.workers()?).map_err(|e| Error::Io {
+            message: format!("starting the gateway's events thread: {e}"),
+            source: e,
+        })?);
+        *slot = Some(monitor.clone());
+        Ok(monitor)
     }
 
     /// Whether a worker has stopped on its own (a failure: the interface is gone).
@@ -502,6 +802,7 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
         inner: Arc::new(Inner {
             interface,
             running: Mutex::new(Some(running)),
+            monitor: Mutex::new(None),
         }),
     })
 }

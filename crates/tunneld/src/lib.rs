@@ -15,6 +15,22 @@
 //! # Ok::<(), tunneld::Error>(())
 //! ```
 //!
+//! Settings also come from typed values ([`Settings::builder`]), checked by the same rules
+//! as a file.
+//!
+//! # Platform and blocking
+//!
+//! Linux only (TUN, netlink, `recvmmsg`/`sendmmsg`, io_uring and AF_XDP), and bringing an
+//! interface up needs `CAP_NET_ADMIN` (root); an error where the system refused carries
+//! its `io::ErrorKind` ([`Error::io_kind`]). Every [`Gateway`] method is synchronous and
+//! blocks the calling thread: [`GatewayBuilder::start`] for the bring-up; the peer
+//! operations, `peers`, `snapshot`, `worker_stats` and reloads until every worker has
+//! applied or answered between two of its batches (normally well under a millisecond),
+//! with routes changed over netlink; [`Gateway::wait_ready`] and [`GatewayEvents::recv`]
+//! until what they wait for; [`Gateway::shutdown`] until the workers have stopped. From
+//! async code, call them in `tokio::task::spawn_blocking`. The handle is `Send + Sync`,
+//! cheap to clone, and writers from any thread are serialized by one lock.
+//!
 //! With the `tokio` feature, `tunneld::userspace` gives a tokio program its own TCP/IP stack inside
 //! a WireGuard tunnel (`Tunnel::tcp_connect`, `tcp_listen`, `udp_bind`), with no TUN and no
 //! root.
@@ -32,6 +48,7 @@ mod bare;
 mod bring_up;
 mod control;
 mod error;
+mod events;
 mod front_end;
 mod gateway;
 mod metrics;
@@ -46,15 +63,18 @@ mod uapi_server;
 pub use bare::BareInterface;
 
 pub use error::Error;
+pub use events::GatewayEvents;
 pub use front_end::FrontEnd;
-pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings};
+pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings, SettingsBuilder};
+pub use ipnet::IpNet;
 pub use reload::ReloadReport;
 pub use tunneld_config::{self as config, ConfigError, ConfigErrors};
-pub use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
+pub use tunneld_crypto::{KeyError, PresharedKey, PrivateKey, PublicKey};
 /// Tunnels with their own TCP/IP stack for tokio programs, with no TUN and no root (the
 /// `tunneld-userspace` crate; the `tokio` feature).
 #[cfg(feature = "tokio")]
 pub use tunneld_userspace as userspace;
+pub use tunneld_wireguard::event::{Event, HANDSHAKE_FAILED_AFTER};
 pub use tunneld_wireguard::uapi::{DeviceSnapshot, PeerSnapshot, WorkerStats};
 pub use tunneld_wireguard::{PeerSettings, SyncReport};
 

@@ -106,20 +106,18 @@ fn main() {
 async fn run() -> Result<String, Failure> {
     let args = parse(std::env::args().skip(1))?;
     let host = |ip: IpAddr| ipnet::IpNet::from(ip);
-    let tunnel = Tunnel::start(TunnelSettings {
-        private_key: PrivateKey::from_base64(std::fs::read_to_string(&args.key_file)?.trim())?,
-        listen: "0.0.0.0:0".parse()?,
-        addresses: vec![host(args.address)],
-        mtu: args.mtu,
-        peers: vec![PeerSettings {
-            public_key: PublicKey::from_base64(args.peer_public_key.trim())?,
-            preshared_key: None,
-            endpoint: Some(args.endpoint),
-            allowed_ips: vec![host(args.peer_addr)],
-            persistent_keepalive: 0,
-            parallel: 1,
-        }],
-    })?;
+    let private_key = PrivateKey::from_base64(std::fs::read_to_string(&args.key_file)?.trim())?;
+    let peer = PublicKey::from_base64(args.peer_public_key.trim())?;
+    let tunnel = Tunnel::start(
+        TunnelSettings::new(private_key)
+            .address(host(args.address))
+            .mtu(args.mtu)
+            .peer(
+                PeerSettings::new(peer)
+                    .endpoint(args.endpoint)
+                    .allowed_ip(host(args.peer_addr)),
+            ),
+    )?;
     let line = match args.mode {
         Mode::Bulk { seconds } => {
             let sink = SocketAddr::new(args.peer_addr, args.sink_port);

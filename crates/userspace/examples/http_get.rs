@@ -56,20 +56,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = if path.is_empty() { "/" } else { path };
     let target: SocketAddr = authority.parse()?;
 
-    let tunnel = Tunnel::start(TunnelSettings {
-        private_key: PrivateKey::from_base64(key.trim())?,
-        listen: "0.0.0.0:0".parse()?,
-        addresses: vec![address],
-        mtu,
-        peers: vec![PeerSettings {
-            public_key: peer,
-            preshared_key: None,
-            endpoint,
-            allowed_ips: allowed.unwrap_or_default(),
-            persistent_keepalive: 0,
-            parallel: 1,
-        }],
-    })?;
+    let mut peer = PeerSettings::new(peer);
+    peer.endpoint = endpoint;
+    peer.allowed_ips = allowed.unwrap_or_default();
+    let tunnel = Tunnel::start(
+        TunnelSettings::new(PrivateKey::from_base64(key.trim())?)
+            .address(address)
+            .mtu(mtu)
+            .peer(peer),
+    )?;
     let stream = tunnel.tcp_connect(target).await?;
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;

@@ -10,8 +10,9 @@
 //! thread waits in `poll` for the socket, a handle's wake-up, the stack's next timer or the
 //! device's 250 ms tick.
 
+use crate::peers::{Hub, PeerChange};
 use crate::rings::{self, DatagramShared, StreamShared, DATAGRAM_RING, ERR_RESET, STREAM_RING};
-use crate::settings::{Error, TunnelSettings};
+use crate::settings::{invalid, Error, TunnelSettings};
 use crate::TunnelStats;
 use ipnet::IpNet;
 use rtrb::{Consumer, Producer, RingBuffer};
@@ -23,15 +24,20 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::{NonZeroU16, NonZeroUsize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tunneld_crypto::PublicKey;
 use tunneld_dataplane::offload::{self, VnetHdr};
 use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::{Batch, DatagramIo, BATCH_SIZE};
+use tunneld_wireguard::event::Tracker;
+use tunneld_wireguard::uapi::{PeerSnapshot, PeerUpdate, SetRequest};
 use tunneld_wireguard::{Device, DeviceSettings, PeerSettings};
 
+/// How long after answering an initiation the engine looks at the peers after every
+/// receiving turn (the handshake completes at the initiator's first data message).
+const RESPONDER_WATCH: Duration = Duration::from_secs(1);
 /// The device's timers run this often (as in the dataplane's worker).
 const TICK: Duration = Duration::from_millis(250);
 /// The largest TCP packet the stack builds (it is cut to the MTU before encryption): an
@@ -86,6 +92,10 @@ pub(crate) struct Shared {
     tx_bytes: AtomicU64,
     rx_bytes: AtomicU64,
     drops: AtomicU64,
+    /// Event subscribers and the peers' readiness (see `peers::Hub`).
+    pub(crate) hub: Mutex<Hub>,
+    /// Where names are resolved, inside the tunnel.
+    pub(crate) dns_servers: Vec<IpAddr>,
 }
 
 impl Shared {
@@ -140,6 +150,23 @@ pub(crate) enum Control {
         local: SocketAddr,
         reply: oneshot::Sender<io::Result<DatagramParts>>,
     },
+    AddPeer {
+        peer: PeerSettings,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    UpdatePeer {
+        change: PeerChange,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    RemovePeer {
+        peer: PublicKey,
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
+    Peers {
+        reply: oneshot::Sender<Vec<PeerSnapshot>>,
+    },
+    /// Handshake with the peer now if it has no session (for `Tunnel::ready`).
+    Handshake { peer: PublicKey },
 }
 
 /// The application's side of a TCP stream.
@@ -228,6 +255,8 @@ pub(crate) fn start(settings: TunnelSettings) -> Result<Arc<Shared>, Error> {
         tx_bytes: AtomicU64::new(0),
         rx_bytes: AtomicU64::new(0),
         drops: AtomicU64::new(0),
+        hub: Mutex::new(Hub::default()),
+        dns_servers: settings.dns_servers.clone(),
     });
     let engine = Engine::new(settings, udp, poll, control_rx, shared.clone());
     std::thread::Builder::new()
@@ -501,6 +530,13 @@ struct Engine {
     /// Work is left that needs no event (a full batch, a ring with room again).
     more: bool,
     recv_errors: u64,
+    /// Turns the peers' states into events.
+    tracker: Tracker,
+    /// A handshake message arrived this turn: the peers' states may have changed.
+    handshake_seen: bool,
+    /// After an initiation we answered, the handshake completes at the initiator's first
+    /// data message: until then every turn looks.
+    responding_until: Option<Instant>,
 }
 
 fn smol_now(epoch: Instant, now: Instant) -> smoltcp::time::Instant {
@@ -608,6 +644,9 @@ impl Engine {
         if let Some(a) = v6 {
             let _ = iface.routes_mut().add_default_ipv6_route(a);
         }
+        let mut tracker = Tracker::default();
+        let events = tracker.observe(phy.tx.device.observe_peers(now), now);
+        Hub::lock(&shared.hub).publish(&tracker, events);
         Engine {
             shared,
             control,
@@ -628,6 +667,9 @@ impl Engine {
             next_tick: now + TICK,
             more: false,
             recv_errors: 0,
+            tracker,
+            handshake_seen: false,
+            responding_until: None,
         }
     }
 
@@ -664,6 +706,10 @@ impl Engine {
             if now >= self.next_tick {
                 self.tick(now);
                 self.next_tick = now + TICK;
+            } else if std::mem::take(&mut self.handshake_seen)
+                || self.responding_until.is_some_and(|until| now < until)
+            {
+                self.observe(now);
             }
         }
         self.finish();
@@ -684,6 +730,18 @@ impl Engine {
         self.conns.clear();
         self.listeners.clear();
         self.control.close();
+        Hub::lock(&self.shared.hub).stop();
+    }
+
+    /// Compares the peers' states with the last look and publishes what changed.
+    fn observe(&mut self, now: Instant) {
+        self.handshake_seen = false;
+        let events = self
+            .tracker
+            .observe(self.phy.tx.device.observe_peers(now), now);
+        if !events.is_empty() {
+            Hub::lock(&self.shared.hub).publish(&self.tracker, events);
+        }
     }
 
     fn tick(&mut self, now: Instant) {
@@ -702,6 +760,7 @@ impl Engine {
             self.shared.handshake_done.store(done, Ordering::Relaxed);
         }
         self.publish_stats();
+        self.observe(now);
     }
 
     fn publish_stats(&self) {
@@ -758,6 +817,17 @@ impl Engine {
         for i in 0..self.net_rx.len() {
             let from = self.net_rx.addr(i);
             for datagram in self.net_rx.datagrams(i) {
+                // Anything but a data message (type 4) is a handshake's: look at the peers
+                // after this turn.
+                match datagram.first() {
+                    Some(4) | None => {}
+                    Some(t) => {
+                        self.handshake_seen = true;
+                        if *t == 1 {
+                            self.responding_until = Some(now + RESPONDER_WATCH);
+                        }
+                    }
+                }
                 if self.phy.rx.batch.is_full() {
                     pump(&mut self.iface, &mut self.phy, &mut self.sockets, ts);
                 }
@@ -790,8 +860,136 @@ impl Engine {
                     let result = self.udp_bind(local);
                     let _ = reply.send(result);
                 }
+                Control::AddPeer { peer, reply } => {
+                    let result = self.add_peer(peer);
+                    let _ = reply.send(result);
+                }
+                Control::UpdatePeer { change, reply } => {
+                    let result = self.update_peer(change);
+                    let _ = reply.send(result);
+                }
+                Control::RemovePeer { peer, reply } => {
+                    let result = self.remove_peer(peer);
+                    let _ = reply.send(result);
+                }
+                Control::Peers { reply } => {
+                    let _ = reply.send(self.peers());
+                }
+                Control::Handshake { peer } => {
+                    let device = &mut self.phy.tx.device;
+                    let now = Instant::now();
+                    let has_session = device
+                        .observe_peers(now)
+                        .any(|p| p.public_key == peer && p.last_handshake.is_some());
+                    if !has_session && device.request_handshake(&peer) {
+                        // The initiation goes out at the tick: make it this turn's.
+                        self.next_tick = now;
+                    }
+                }
             }
         }
+    }
+
+    fn has_peer(&self, peer: &PublicKey) -> bool {
+        self.phy.tx.device.peer_traffic(peer).is_some()
+    }
+
+    fn add_peer(&mut self, peer: PeerSettings) -> Result<(), Error> {
+        if peer.public_key == self.shared.public_key {
+            return Err(invalid(
+                "peer",
+                "a peer cannot have the tunnel's own public key",
+            ));
+        }
+        if peer.parallel != 1 {
+            return Err(invalid(
+                "peer",
+                format!(
+                    "parallel = {} (a user-space tunnel has one engine; use 1)",
+                    peer.parallel
+                ),
+            ));
+        }
+        if self.has_peer(&peer.public_key) {
+            return Err(Error::PeerExists(peer.public_key));
+        }
+        let mut update = PeerUpdate::new(peer.public_key);
+        update.preshared_key = Some(peer.preshared_key);
+        update.endpoint = peer.endpoint;
+        update.persistent_keepalive = Some(peer.persistent_keepalive);
+        update.replace_allowed_ips = true;
+        update.allowed_ips = peer.allowed_ips;
+        self.apply(update)
+    }
+
+    fn update_peer(&mut self, change: PeerChange) -> Result<(), Error> {
+        if !self.has_peer(&change.public_key) {
+            return Err(Error::UnknownPeer(change.public_key));
+        }
+        let mut update = PeerUpdate::new(change.public_key);
+        update.update_only = true;
+        update.preshared_key = change.preshared_key;
+        update.endpoint = change.endpoint;
+        update.persistent_keepalive = change.persistent_keepalive;
+        if let Some(allowed_ips) = change.allowed_ips {
+            update.replace_allowed_ips = true;
+            update.allowed_ips = allowed_ips;
+        }
+        self.apply(update)
+    }
+
+    fn remove_peer(&mut self, peer: PublicKey) -> Result<(), Error> {
+        if !self.has_peer(&peer) {
+            return Err(Error::UnknownPeer(peer));
+        }
+        let mut update = PeerUpdate::new(peer);
+        update.remove = true;
+        self.apply(update)
+    }
+
+    /// Applies one peer's change to the device; connections to addresses no peer is
+    /// allowed any more are reset, and what changed is published as events.
+    fn apply(&mut self, update: PeerUpdate) -> Result<(), Error> {
+        let now = Instant::now();
+        let device = &mut self.phy.tx.device;
+        device
+            .apply(
+                SetRequest {
+                    peers: vec![update],
+                    ..SetRequest::default()
+                },
+                now,
+            )
+            .map_err(|e| invalid("peer", e.message))?;
+        self.allowed = device.routes();
+        for conn in &self.conns {
+            let socket = self.sockets.get_mut::<tcp::Socket>(conn.handle);
+            let routed = socket.remote_endpoint().is_some_and(|ep| {
+                self.allowed
+                    .iter()
+                    .any(|n| n.contains(&IpAddr::from(ep.addr)))
+            });
+            if !routed && socket.state() != tcp::State::Closed {
+                socket.abort();
+            }
+        }
+        self.more = true;
+        // A newly enabled keepalive (or a new peer with one) handshakes at the tick.
+        self.next_tick = now;
+        self.observe(now);
+        Ok(())
+    }
+
+    /// Every peer's state, as `wg show` has it (no preshared key).
+    fn peers(&self) -> Vec<PeerSnapshot> {
+        let unix_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let mut peers = self.phy.tx.device.snapshot(Instant::now(), unix_now).peers;
+        for peer in &mut peers {
+            peer.preshared_key = None;
+        }
+        peers
     }
 
     fn routed(&self, ip: IpAddr) -> bool {

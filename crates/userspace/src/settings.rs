@@ -4,7 +4,7 @@ use ipnet::IpNet;
 use std::collections::HashSet;
 use std::io;
 use std::net::SocketAddr;
-use tunneld_crypto::PrivateKey;
+use tunneld_crypto::{PrivateKey, PublicKey};
 use tunneld_wireguard::PeerSettings;
 
 /// Smallest tunnel MTU: the IPv4 minimum (RFC 791); with an IPv6 address, 1280 (RFC 8200).
@@ -13,34 +13,93 @@ const MIN_MTU_V6: u16 = 1280;
 /// Largest tunnel MTU: an IP packet plus WireGuard's 32 bytes must fit one UDP datagram.
 const MAX_MTU: u16 = 65_535 - 32 - 48;
 
-/// Everything a [`Tunnel`](crate::Tunnel) needs.
+/// The MTU a tunnel has unless told otherwise: WireGuard's usual 1420 (a 1500-byte
+/// underlay, IPv6 headers and WireGuard's 80 bytes).
+pub const DEFAULT_MTU: u16 = 1420;
+
+/// Everything a [`Tunnel`](crate::Tunnel) needs: made by [`TunnelSettings::new`] with
+/// defaults and changed with its methods (or its fields).
 ///
 /// ```
-/// use tunneld_userspace::{PrivateKey, TunnelSettings};
-/// let settings = TunnelSettings {
-///     private_key: PrivateKey::generate(),
-///     listen: "0.0.0.0:0".parse().unwrap(),
-///     addresses: vec!["10.77.0.1/24".parse().unwrap(), "fd77::1/64".parse().unwrap()],
-///     mtu: 1420,
-///     peers: vec![],
-/// };
+/// use tunneld_userspace::{PeerSettings, PrivateKey, TunnelSettings};
+/// # let peer_key = PrivateKey::generate().public_key();
+/// let settings = TunnelSettings::new(PrivateKey::generate())
+///     .address("10.77.0.1/24".parse().unwrap())
+///     .address("fd77::1/64".parse().unwrap())
+///     .peer(PeerSettings::new(peer_key)
+///         .endpoint("192.0.2.2:51820".parse().unwrap())
+///         .allowed_ip("10.77.0.0/24".parse().unwrap()));
 /// assert_eq!(settings.addresses.len(), 2);
+/// assert_eq!(settings.mtu, 1420);
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TunnelSettings {
     /// The interface's WireGuard private key.
     pub private_key: PrivateKey,
     /// Where the underlay UDP socket binds (port 0: any free port). `[::]:port` also takes
-    /// IPv4 peers; `0.0.0.0:port` only IPv4 ones.
+    /// IPv4 peers; `0.0.0.0:port` only IPv4 ones. Default `0.0.0.0:0`.
     pub listen: SocketAddr,
     /// The tunnel's own addresses with their prefixes (at most one IPv4 and one IPv6),
     /// e.g. `10.77.0.1/24`: the prefix says which destinations are on the tunnel's link.
     /// Other destinations are reached all the same, routed by the peers' allowed IPs.
+    /// Default none; at least one is needed.
     pub addresses: Vec<IpNet>,
-    /// The tunnel's MTU: the largest IP packet sent through it (1420 is usual).
+    /// The tunnel's MTU: the largest IP packet sent through it. Default [`DEFAULT_MTU`].
     pub mtu: u16,
-    /// The peers, as for a tunneld gateway (`parallel` must be 1).
+    /// The peers, as for a tunneld gateway (`parallel` must be 1). Default none (add them
+    /// later with [`Tunnel::add_peer`](crate::Tunnel::add_peer)).
     pub peers: Vec<PeerSettings>,
+    /// DNS servers inside the tunnel (port 53), asked in order for the names given to
+    /// [`Tunnel::tcp_connect`](crate::Tunnel::tcp_connect) and
+    /// [`Tunnel::resolve`](crate::Tunnel::resolve) (the `dns` feature). Default none: only
+    /// addresses are taken.
+    pub dns_servers: Vec<std::net::IpAddr>,
+}
+
+impl TunnelSettings {
+    /// Settings with `private_key` and the defaults: listen on `0.0.0.0:0`, no address,
+    /// MTU [`DEFAULT_MTU`], no peers, no DNS server.
+    pub fn new(private_key: PrivateKey) -> TunnelSettings {
+        TunnelSettings {
+            private_key,
+            listen: SocketAddr::from(([0, 0, 0, 0], 0)),
+            addresses: Vec::new(),
+            mtu: DEFAULT_MTU,
+            peers: Vec::new(),
+            dns_servers: Vec::new(),
+        }
+    }
+
+    /// Adds a DNS server inside the tunnel.
+    pub fn dns_server(mut self, server: std::net::IpAddr) -> TunnelSettings {
+        self.dns_servers.push(server);
+        self
+    }
+
+    /// Sets where the underlay UDP socket binds.
+    pub fn listen(mut self, listen: SocketAddr) -> TunnelSettings {
+        self.listen = listen;
+        self
+    }
+
+    /// Adds an address of the tunnel (with its prefix).
+    pub fn address(mut self, address: IpNet) -> TunnelSettings {
+        self.addresses.push(address);
+        self
+    }
+
+    /// Sets the MTU.
+    pub fn mtu(mut self, mtu: u16) -> TunnelSettings {
+        self.mtu = mtu;
+        self
+    }
+
+    /// Adds a peer.
+    pub fn peer(mut self, peer: PeerSettings) -> TunnelSettings {
+        self.peers.push(peer);
+        self
+    }
 }
 
 /// Why a tunnel could not start. Displayed as one line that starts with the setting at
@@ -48,14 +107,7 @@ pub struct TunnelSettings {
 ///
 /// ```
 /// use tunneld_userspace::{Error, PrivateKey, Tunnel, TunnelSettings};
-/// let err = Tunnel::start(TunnelSettings {
-///     private_key: PrivateKey::generate(),
-///     listen: "127.0.0.1:0".parse().unwrap(),
-///     addresses: vec![],
-///     mtu: 1420,
-///     peers: vec![],
-/// })
-/// .unwrap_err();
+/// let err = Tunnel::start(TunnelSettings::new(PrivateKey::generate())).unwrap_err();
 /// assert_eq!(err.field(), "addresses");
 /// assert!(err.to_string().starts_with("addresses: "));
 /// ```
@@ -81,10 +133,40 @@ pub enum Error {
     /// The engine's thread or poller could not be made.
     #[error("engine: {0}")]
     Engine(io::Error),
+    /// No peer of the tunnel has this public key.
+    #[error("peer: no peer has the public key {0}")]
+    UnknownPeer(PublicKey),
+    /// A peer with this public key is already configured.
+    #[error("peer: a peer with the public key {0} is already configured")]
+    PeerExists(PublicKey),
+    /// The tunnel has stopped ([`Tunnel::shutdown`](crate::Tunnel::shutdown), or every
+    /// handle dropped).
+    #[error("engine: the tunnel has stopped")]
+    Stopped,
 }
 
 impl Error {
-    /// The setting the error is about (`engine` for a failure that is no setting's fault).
+    /// The kind of the system's error, where the system refused (binding the underlay,
+    /// making the engine's thread or poller): match it rather than the text.
+    ///
+    /// ```
+    /// # use tunneld_userspace::{PrivateKey, Tunnel, TunnelSettings};
+    /// let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    /// let settings = TunnelSettings::new(PrivateKey::generate())
+    ///     .address("10.77.0.1/24".parse().unwrap())
+    ///     .listen(taken.local_addr().unwrap());
+    /// let err = Tunnel::start(settings).unwrap_err();
+    /// assert_eq!(err.io_kind(), Some(std::io::ErrorKind::AddrInUse));
+    /// ```
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            Error::Bind { source, .. } | Error::Engine(source) => Some(source.kind()),
+            _ => None,
+        }
+    }
+
+    /// The setting the error is about (`engine` for a failure that is no setting's fault,
+    /// `peer` for a peer operation's).
     ///
     /// ```
     /// # use tunneld_userspace::Error;
@@ -96,12 +178,13 @@ impl Error {
         match self {
             Error::Invalid { field, .. } => field,
             Error::Bind { .. } => "listen",
-            Error::Engine(_) => "engine",
+            Error::Engine(_) | Error::Stopped => "engine",
+            Error::UnknownPeer(_) | Error::PeerExists(_) => "peer",
         }
     }
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
     Error::Invalid {
         field,
         reason: reason.into(),

@@ -9,19 +9,23 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::{Mutex, PoisonError};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::mpsc;
 
 /// A TCP connection through the tunnel, made by [`Tunnel::tcp_connect`](crate::Tunnel::tcp_connect)
 /// or [`TcpListener::accept`]. Implements tokio's [`AsyncRead`] and [`AsyncWrite`];
 /// [`AsyncWrite::poll_shutdown`] sends FIN. Dropping it closes the connection gracefully
 /// (what was written is still delivered).
 ///
+/// Reads and writes never block the thread; a write returns once its bytes are in the
+/// stream's ring to the engine (they are then sent even if the stream is dropped).
+///
 /// ```no_run
 /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> std::io::Result<()> {
 /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
-/// let mut stream = tunnel.tcp_connect("10.77.0.2:7".parse().unwrap()).await?;
+/// let mut stream = tunnel.tcp_connect("10.77.0.2:7").await?;
 /// stream.write_all(b"ping").await?;
 /// stream.shutdown().await?; // FIN: the echo server ends its reply
 /// let mut reply = Vec::new();
@@ -322,6 +326,12 @@ impl AsyncWrite for TcpStream {
 /// The engine keeps several sockets listening (a backlog), so connections arriving together
 /// are all taken. Dropping it stops listening.
 ///
+/// Besides [`TcpListener::accept`], it is a [`Stream`](futures_core::Stream) of
+/// connections and has [`TcpListener::poll_accept`], so servers that take a stream of
+/// connections (tonic's `serve_with_incoming`, hyper-util's) use it directly; with the
+/// `axum` feature it is an `axum::serve::Listener`, so `axum::serve(listener, router)`
+/// serves inside the tunnel.
+///
 /// ```no_run
 /// # async fn run(tunnel: tunneld_userspace::Tunnel) -> std::io::Result<()> {
 /// let listener = tunnel.tcp_listen("0.0.0.0:7".parse().unwrap()).await?;
@@ -337,6 +347,7 @@ impl AsyncWrite for TcpStream {
 #[derive(Debug)]
 pub struct TcpListener {
     link: Arc<Link>,
+    /// Locked only for a poll (never across an await).
     accept: Mutex<mpsc::Receiver<StreamParts>>,
     local: SocketAddr,
 }
@@ -352,22 +363,33 @@ impl TcpListener {
 
     /// Waits for the next connection (established, ready to use) and its peer's address.
     ///
+    /// Cancel safe: a connection is taken only when this returns it (one dropped while
+    /// waiting takes none). Meant for one accepting task at a time: if several wait at
+    /// once, only the last to poll is woken for the next connection.
+    ///
     /// ```no_run
     /// # async fn run(listener: tunneld_userspace::TcpListener) -> std::io::Result<()> {
     /// let (stream, from) = listener.accept().await?;
     /// # Ok(()) }
     /// ```
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        std::future::poll_fn(|cx| self.poll_accept(cx)).await
+    }
+
+    /// Polls for the next connection: `Ready` with it (or `ConnectionAborted` once the
+    /// tunnel has stopped), else `Pending` with `cx`'s task woken when one arrives.
+    pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
         if self.link.shared.is_stopped() {
-            return Err(aborted());
+            return Poll::Ready(Err(aborted()));
         }
-        let mut accept = self.accept.lock().await;
-        match accept.recv().await {
-            Some(parts) => {
+        let mut accept = self.accept.lock().unwrap_or_else(PoisonError::into_inner);
+        match accept.poll_recv(cx) {
+            Poll::Ready(Some(parts)) => {
                 let peer = parts.peer;
-                Ok((TcpStream::new(self.link.clone(), parts), peer))
+                Poll::Ready(Ok((TcpStream::new(self.link.clone(), parts), peer)))
             }
-            None => Err(aborted()),
+            Poll::Ready(None) => Poll::Ready(Err(aborted())),
+            Poll::Pending => Poll::Pending,
         }
     }
 
@@ -379,6 +401,40 @@ impl TcpListener {
     /// # Ok(()) }
     /// ```
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}
+
+/// The connections, as they are accepted; the stream ends when the tunnel stops.
+impl futures_core::Stream for TcpListener {
+    type Item = io::Result<TcpStream>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.poll_accept(cx) {
+            Poll::Ready(Ok((stream, _))) => Poll::Ready(Some(Ok(stream))),
+            Poll::Ready(Err(_)) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// `axum::serve(listener, router)` inside the tunnel (the `axum` feature). Once the tunnel
+/// has stopped no connection can come, and `accept` waits for ever: stop the server with
+/// its graceful shutdown.
+#[cfg(feature = "axum")]
+impl axum::serve::Listener for TcpListener {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        match TcpListener::accept(self).await {
+            Ok(accepted) => accepted,
+            // The only error is the tunnel's end.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(self.local)
     }
 }

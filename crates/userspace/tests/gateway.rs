@@ -223,7 +223,7 @@ fn a_gateway_restart_mid_stream_ends_in_recovery_or_an_error_never_a_hang() {
                 } else {
                     "[fd77::2]:7"
                 };
-                let stream = tunnel.tcp_connect(target.parse().unwrap()).await?;
+                let stream = tunnel.tcp_connect(target).await?;
                 let (mut r, mut w) = stream.into_split();
                 let data = pattern(8 << 20, i);
                 let sent = data.clone();

@@ -9,13 +9,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tunneld_userspace::{Error, PeerSettings, PrivateKey, Tunnel, TunnelSettings};
 
 fn valid() -> TunnelSettings {
-    TunnelSettings {
-        private_key: PrivateKey::generate(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        addresses: vec!["10.77.0.1/24".parse().unwrap()],
-        mtu: 1420,
-        peers: vec![],
-    }
+    TunnelSettings::new(PrivateKey::generate())
+        .listen("127.0.0.1:0".parse().unwrap())
+        .address("10.77.0.1/24".parse().unwrap())
 }
 
 fn start_err(settings: TunnelSettings) -> Error {
@@ -25,69 +21,71 @@ fn start_err(settings: TunnelSettings) -> Error {
     }
 }
 
+/// `valid()` changed by `change`.
+fn with(change: impl FnOnce(&mut TunnelSettings)) -> TunnelSettings {
+    let mut settings = valid();
+    change(&mut settings);
+    settings
+}
+
+#[test]
+fn settings_have_documented_defaults() {
+    let key = PrivateKey::generate();
+    let settings = TunnelSettings::new(key.clone());
+    assert_eq!(settings.listen, "0.0.0.0:0".parse().unwrap());
+    assert_eq!(settings.mtu, tunneld_userspace::DEFAULT_MTU);
+    assert_eq!(settings.mtu, 1420);
+    assert!(settings.addresses.is_empty() && settings.peers.is_empty());
+    let peer = PeerSettings::new(key.public_key());
+    assert_eq!(
+        (peer.endpoint, peer.persistent_keepalive, peer.parallel),
+        (None, 0, 1)
+    );
+    assert!(peer.allowed_ips.is_empty() && peer.preshared_key.is_none());
+}
+
 #[test]
 fn settings_errors_name_their_field() {
-    let e = start_err(TunnelSettings {
-        addresses: vec![],
-        ..valid()
-    });
+    let e = start_err(with(|s| s.addresses.clear()));
     assert_eq!(e.field(), "addresses");
     assert_eq!(e.to_string(), "addresses: no address given");
+    assert_eq!(e.io_kind(), None);
 
-    let e = start_err(TunnelSettings {
-        addresses: vec![
+    let e = start_err(with(|s| {
+        s.addresses = vec![
             "10.0.0.1/24".parse().unwrap(),
             "10.0.0.2/24".parse().unwrap(),
-        ],
-        ..valid()
-    });
+        ]
+    }));
     assert!(e.to_string().starts_with("addresses: "), "{e}");
 
-    let e = start_err(TunnelSettings {
-        mtu: 100,
-        ..valid()
-    });
+    let e = start_err(with(|s| s.mtu = 100));
     assert_eq!(e.field(), "mtu");
     assert!(e.to_string().starts_with("mtu: 100 is outside"), "{e}");
 
-    let e = start_err(TunnelSettings {
-        addresses: vec!["fd00::1/64".parse().unwrap()],
-        mtu: 1000,
-        ..valid()
-    });
+    let e = start_err(with(|s| {
+        s.addresses = vec!["fd00::1/64".parse().unwrap()];
+        s.mtu = 1000;
+    }));
     assert_eq!(e.field(), "mtu", "IPv6 needs 1280: {e}");
 
     let key = PrivateKey::generate();
-    let peer = PeerSettings {
-        public_key: key.public_key(),
-        preshared_key: None,
-        endpoint: None,
-        allowed_ips: vec![],
-        persistent_keepalive: 0,
-        parallel: 1,
-    };
-    let e = start_err(TunnelSettings {
-        peers: vec![peer.clone(), peer.clone()],
-        ..valid()
-    });
+    let peer = PeerSettings::new(key.public_key());
+    let e = start_err(with(|s| s.peers = vec![peer.clone(), peer.clone()]));
     assert_eq!(e.field(), "peers");
     assert!(e.to_string().contains("given twice"), "{e}");
-    let e = start_err(TunnelSettings {
-        peers: vec![PeerSettings {
-            parallel: 2,
-            ..peer
-        }],
-        ..valid()
-    });
+    let e = start_err(with(|s| {
+        let mut split = peer.clone();
+        split.parallel = 2;
+        s.peers = vec![split];
+    }));
     assert_eq!(e.field(), "peers");
 
-    // A port already taken: a bind error, named for `listen`.
+    // A port already taken: a bind error, named for `listen`, with the system's kind.
     let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let e = start_err(TunnelSettings {
-        listen: taken.local_addr().unwrap(),
-        ..valid()
-    });
+    let e = start_err(with(|s| s.listen = taken.local_addr().unwrap()));
     assert_eq!(e.field(), "listen");
+    assert_eq!(e.io_kind(), Some(io::ErrorKind::AddrInUse));
     assert!(
         e.to_string().starts_with("listen: cannot bind 127.0.0.1:"),
         "{e}"
@@ -105,15 +103,9 @@ fn the_secret_key_never_shows() {
 fn calls_without_a_route_fail_at_once() {
     let tunnel = Tunnel::start(valid()).unwrap();
     runtime().block_on(async {
-        let e = tunnel
-            .tcp_connect("10.77.0.2:80".parse().unwrap())
-            .await
-            .unwrap_err();
+        let e = tunnel.tcp_connect("10.77.0.2:80").await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::HostUnreachable);
-        let e = tunnel
-            .tcp_connect("[fd00::2]:80".parse().unwrap())
-            .await
-            .unwrap_err();
+        let e = tunnel.tcp_connect("[fd00::2]:80").await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::AddrNotAvailable, "no IPv6 address");
         let e = tunnel
             .tcp_listen("10.9.9.9:80".parse().unwrap())
@@ -150,10 +142,7 @@ fn shutdown_aborts_open_streams_promptly() {
     let _echo = EchoServer::start(&sites.far, &["10.77.0.2:7".parse().unwrap()]);
     let tunnel = sites.start_tunnel(sites.settings(0));
     runtime().block_on(async {
-        let stream = tunnel
-            .tcp_connect("10.77.0.2:7".parse().unwrap())
-            .await
-            .unwrap();
+        let stream = tunnel.tcp_connect("10.77.0.2:7").await.unwrap();
         let listener = tunnel
             .tcp_listen("0.0.0.0:9".parse().unwrap())
             .await
@@ -196,10 +185,7 @@ fn shutdown_aborts_open_streams_promptly() {
         assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
         let e = w.write_all(b"more").await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
-        let e = tunnel
-            .tcp_connect("10.77.0.2:7".parse().unwrap())
-            .await
-            .unwrap_err();
+        let e = tunnel.tcp_connect("10.77.0.2:7").await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
     });
 }

@@ -50,6 +50,55 @@ pub struct PeerSettings {
     pub parallel: u8,
 }
 
+impl PeerSettings {
+    /// A peer with only its key: no preshared key, no endpoint (it is learnt from the
+    /// peer's first handshake), no allowed IPs, no keepalive, one session (`parallel = 1`).
+    /// The methods below set the rest.
+    ///
+    /// ```
+    /// # let key = tunneld_crypto::PrivateKey::generate().public_key();
+    /// let peer = tunneld_wireguard::PeerSettings::new(key)
+    ///     .endpoint("192.0.2.2:51820".parse().unwrap())
+    ///     .allowed_ip("10.77.0.0/24".parse().unwrap())
+    ///     .persistent_keepalive(25);
+    /// assert_eq!(peer.allowed_ips.len(), 1);
+    /// ```
+    pub fn new(public_key: PublicKey) -> PeerSettings {
+        PeerSettings {
+            public_key,
+            preshared_key: None,
+            endpoint: None,
+            allowed_ips: Vec::new(),
+            persistent_keepalive: 0,
+            parallel: 1,
+        }
+    }
+
+    /// Sets the preshared key.
+    pub fn preshared_key(mut self, key: PresharedKey) -> PeerSettings {
+        self.preshared_key = Some(key);
+        self
+    }
+
+    /// Sets where the peer is reached.
+    pub fn endpoint(mut self, endpoint: SocketAddr) -> PeerSettings {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// Adds an allowed IP (a prefix routed to the peer and accepted from it).
+    pub fn allowed_ip(mut self, net: IpNet) -> PeerSettings {
+        self.allowed_ips.push(net);
+        self
+    }
+
+    /// Sets the keepalive interval in seconds (0: off).
+    pub fn persistent_keepalive(mut self, seconds: u16) -> PeerSettings {
+        self.persistent_keepalive = seconds;
+        self
+    }
+}
+
 /// What a device takes from outside the protocol: randomness (ephemeral keys, receiver
 /// indices, cookie secrets and nonces, retry jitter) and the wall-clock time (the anchor of
 /// handshake timestamps, which must keep rising across restarts). The core reads neither
@@ -839,6 +888,27 @@ impl Device {
         let slot = *self.by_key.get(peer)?;
         let p = self.peers.get(slot)?.as_ref()?;
         Some((p.tx_bytes, p.rx_bytes))
+    }
+
+    /// The state of every peer whose session this device carries, for an
+    /// [`event::Tracker`](crate::event::Tracker): endpoint, last handshake, attempt under way.
+    pub fn observe_peers(
+        &self,
+        now: Instant,
+    ) -> impl Iterator<Item = crate::event::PeerObservation> + '_ {
+        self.peers
+            .iter()
+            .flatten()
+            .filter(|p| p.owned)
+            .map(move |p| crate::event::PeerObservation {
+                public_key: p.public_key,
+                endpoint: p.endpoint,
+                last_handshake: p
+                    .sessions
+                    .time_since_last_handshake(now)
+                    .and_then(|age| now.checked_sub(age)),
+                attempt_started: p.sessions.attempt_started(),
+            })
     }
 
     /// Sends `peer`'s datagrams to `endpoint` from now on and handshakes there at the next

@@ -11,6 +11,7 @@
 
 pub mod allowed_ips;
 pub mod device;
+pub mod event;
 pub mod framing;
 pub mod noise;
 pub mod packet;

@@ -224,26 +224,17 @@ impl Sites {
 
     /// Our tunnel's settings: 10.77.0.1/24 and fd77::1/64, the far side its one peer.
     pub fn settings(&self, keepalive: u16) -> TunnelSettings {
-        TunnelSettings {
-            private_key: self.near_key.clone(),
-            listen: format!("0.0.0.0:{NEAR_PORT}").parse().unwrap(),
-            addresses: vec![
-                "10.77.0.1/24".parse().unwrap(),
-                "fd77::1/64".parse().unwrap(),
-            ],
-            mtu: 1420,
-            peers: vec![PeerSettings {
-                public_key: self.far_key.public_key(),
-                preshared_key: None,
-                endpoint: Some(format!("192.0.2.2:{FAR_PORT}").parse().unwrap()),
-                allowed_ips: vec![
-                    "10.77.0.2/32".parse().unwrap(),
-                    "fd77::2/128".parse().unwrap(),
-                ],
-                persistent_keepalive: keepalive,
-                parallel: 1,
-            }],
-        }
+        TunnelSettings::new(self.near_key.clone())
+            .listen(format!("0.0.0.0:{NEAR_PORT}").parse().unwrap())
+            .address("10.77.0.1/24".parse().unwrap())
+            .address("fd77::1/64".parse().unwrap())
+            .peer(
+                PeerSettings::new(self.far_key.public_key())
+                    .endpoint(format!("192.0.2.2:{FAR_PORT}").parse().unwrap())
+                    .allowed_ip("10.77.0.2/32".parse().unwrap())
+                    .allowed_ip("fd77::2/128".parse().unwrap())
+                    .persistent_keepalive(keepalive),
+            )
     }
 
     /// Starts our tunnel with its engine (and UDP socket) in the near namespace.

@@ -205,6 +205,11 @@ impl Sessions {
             .map(|t| now.saturating_duration_since(t))
     }
 
+    /// When the handshake attempt under way started (its first initiation), if one is.
+    pub fn attempt_started(&self) -> Option<Instant> {
+        self.pending.as_ref().map(|p| p.started_at)
+    }
+
     /// Whether a session can carry data now.
     pub fn has_session(&self, now: Instant) -> bool {
         self.usable(now).is_some()

@@ -1,0 +1,316 @@
+//! What happens to a tunnel's peers, as events: handshakes completed or unanswered,
+//! endpoints moved, peers added and removed. The core emits nothing by itself (it is
+//! sans-IO); whoever drives devices observes them ([`Device::observe_peers`]) whenever
+//! something may have changed and hands the observations to a [`Tracker`], which turns the
+//! differences into [`Event`]s. The user-space tunnel and the gateway both do so.
+//!
+//! [`Device::observe_peers`]: crate::Device::observe_peers
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tunneld_crypto::PublicKey;
+
+/// An attempt to handshake that has had no answer for this long is reported as failed
+/// (WireGuard's `REKEY_TIMEOUT`: the initiation is then sent again).
+pub const HANDSHAKE_FAILED_AFTER: Duration = Duration::from_secs(5);
+
+/// Something that happened to a tunnel or one of its peers, in the order it was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// A peer was added (at start or later).
+    PeerAdded {
+        /// The peer.
+        peer: PublicKey,
+    },
+    /// A handshake with the peer completed: a new session carries its traffic. Happens
+    /// again at every rekey (every two minutes while traffic flows).
+    HandshakeCompleted {
+        /// The peer.
+        peer: PublicKey,
+        /// Where the peer is reached now.
+        endpoint: Option<SocketAddr>,
+    },
+    /// An attempt to handshake with the peer got no answer within
+    /// [`HANDSHAKE_FAILED_AFTER`] (reported once per attempt; WireGuard keeps retrying for
+    /// 90 s, and any later packet for the peer starts a new attempt).
+    HandshakeFailed {
+        /// The peer.
+        peer: PublicKey,
+        /// How long the attempt has gone unanswered.
+        waited: Duration,
+    },
+    /// The peer's endpoint changed: set by a change, or learnt from its authenticated
+    /// datagrams (roaming).
+    EndpointChanged {
+        /// The peer.
+        peer: PublicKey,
+        /// Its new endpoint.
+        endpoint: SocketAddr,
+    },
+    /// The peer was removed.
+    PeerRemoved {
+        /// The peer.
+        peer: PublicKey,
+    },
+    /// The tunnel stopped (shut down, or failed); no event follows.
+    Stopped,
+}
+
+/// One peer's state as a device sees it, for a [`Tracker`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerObservation {
+    /// The peer.
+    pub public_key: PublicKey,
+    /// Where its datagrams go.
+    pub endpoint: Option<SocketAddr>,
+    /// When its last handshake completed.
+    pub last_handshake: Option<Instant>,
+    /// When the handshake attempt now under way started, if one is.
+    pub attempt_started: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    endpoint: Option<SocketAddr>,
+    last_handshake: Option<Instant>,
+    /// The attempt already reported as failed.
+    failed_attempt: Option<Instant>,
+}
+
+/// Turns successive observations of a tunnel's peers into [`Event`]s.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use tunneld_wireguard::event::{Event, PeerObservation, Tracker};
+/// let peer = tunneld_crypto::PrivateKey::generate().public_key();
+/// let t0 = Instant::now();
+/// let mut seen = PeerObservation { public_key: peer, endpoint: None, last_handshake: None, attempt_started: None };
+/// let mut tracker = Tracker::default();
+/// assert_eq!(tracker.observe([seen], t0), vec![Event::PeerAdded { peer }]);
+/// seen.last_handshake = Some(t0);
+/// assert_eq!(tracker.observe([seen], t0), vec![Event::HandshakeCompleted { peer, endpoint: None }]);
+/// assert_eq!(tracker.observe([], t0 + Duration::from_secs(1)), vec![Event::PeerRemoved { peer }]);
+/// ```
+#[derive(Debug, Default)]
+pub struct Tracker {
+    known: HashMap<PublicKey, Known>,
+    /// The peers in the order they were added.
+    order: Vec<PublicKey>,
+    /// The observation being compared, kept between calls so that one with nothing new
+    /// allocates nothing (the user-space engine observes at every tick).
+    merged: Vec<PeerObservation>,
+    /// Where each key is in `merged` (linear in the peers: a hub has thousands).
+    index: HashMap<PublicKey, usize>,
+}
+
+impl Tracker {
+    /// Compares `peers` (every peer the tunnel has now; a key seen twice, as the
+    /// sub-tunnels of a split peer are, is merged: its latest handshake, its first
+    /// endpoint, its oldest attempt) with the last observation, and returns what changed:
+    /// per peer in the order added, handshake completed, endpoint changed or handshake
+    /// failed; then the removals.
+    pub fn observe(
+        &mut self,
+        peers: impl IntoIterator<Item = PeerObservation>,
+        now: Instant,
+    ) -> Vec<Event> {
+        let mut merged = std::mem::take(&mut self.merged);
+        merged.clear();
+        self.index.clear();
+        for p in peers {
+            match self
+                .index
+                .get(&p.public_key)
+                .and_then(|&i| merged.get_mut(i))
+            {
+                Some(m) => {
+                    m.last_handshake = m.last_handshake.max(p.last_handshake);
+                    m.endpoint = m.endpoint.or(p.endpoint);
+                    m.attempt_started = match (m.attempt_started, p.attempt_started) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                None => {
+                    self.index.insert(p.public_key, merged.len());
+                    merged.push(p);
+                }
+            }
+        }
+        let mut events = Vec::new();
+        for p in &merged {
+            let peer = p.public_key;
+            let known = match self.known.get_mut(&peer) {
+                Some(k) => k,
+                None => {
+                    events.push(Event::PeerAdded { peer });
+                    self.order.push(peer);
+                    self.known.entry(peer).or_insert(Known {
+                        endpoint: p.endpoint,
+                        // A peer added with a handshake already done (a re-added key that
+                        // kept its session) reports it below.
+                        last_handshake: None,
+                        failed_attempt: None,
+                    })
+                }
+            };
+            if p.endpoint != known.endpoint {
+                known.endpoint = p.endpoint;
+                if let Some(endpoint) = p.endpoint {
+                    events.push(Event::EndpointChanged { peer, endpoint });
+                }
+            }
+            if p.last_handshake.is_some() && p.last_handshake != known.last_handshake {
+                known.last_handshake = p.last_handshake;
+                events.push(Event::HandshakeCompleted {
+                    peer,
+                    endpoint: p.endpoint,
+                });
+            }
+            if let Some(started) = p.attempt_started {
+                let waited = now.saturating_duration_since(started);
+                let answered = p.last_handshake.is_some_and(|h| h >= started);
+                if waited >= HANDSHAKE_FAILED_AFTER
+                    && !answered
+                    && known.failed_attempt != Some(started)
+                {
+                    known.failed_attempt = Some(started);
+                    events.push(Event::HandshakeFailed { peer, waited });
+                }
+            }
+        }
+        // `order` holds every peer now seen and those gone: more than `merged`'s, some are gone.
+        if self.order.len() > merged.len() {
+            let (index, known) = (&self.index, &mut self.known);
+            self.order.retain(|peer| {
+                let stays = index.contains_key(peer);
+                if !stays {
+                    known.remove(peer);
+                    events.push(Event::PeerRemoved { peer: *peer });
+                }
+                stays
+            });
+        }
+        self.merged = merged;
+        events
+    }
+
+    /// Whether `peer` has completed a handshake since it was added (as last observed).
+    pub fn handshake_done(&self, peer: &PublicKey) -> bool {
+        self.known
+            .get(peer)
+            .is_some_and(|k| k.last_handshake.is_some())
+    }
+
+    /// Whether `peer` was there at the last observation.
+    pub fn knows(&self, peer: &PublicKey) -> bool {
+        self.known.contains_key(peer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tunneld_crypto::PrivateKey;
+
+    fn seen(peer: PublicKey) -> PeerObservation {
+        PeerObservation {
+            public_key: peer,
+            endpoint: None,
+            last_handshake: None,
+            attempt_started: None,
+        }
+    }
+
+    #[test]
+    fn each_change_is_reported_once_in_order() {
+        let (a, b) = (
+            PrivateKey::generate().public_key(),
+            PrivateKey::generate().public_key(),
+        );
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut tracker = Tracker::default();
+        let mut pa = seen(a);
+        let mut pb = seen(b);
+        pb.endpoint = Some("192.0.2.2:51820".parse().unwrap());
+        assert_eq!(
+            tracker.observe([pa, pb], t0),
+            vec![Event::PeerAdded { peer: a }, Event::PeerAdded { peer: b }]
+        );
+        assert!(tracker.observe([pa, pb], at(1)).is_empty(), "no change");
+
+        // An attempt: reported failed once it waited 5 s, and only once.
+        pb.attempt_started = Some(at(1));
+        assert!(tracker.observe([pa, pb], at(5)).is_empty());
+        assert_eq!(
+            tracker.observe([pa, pb], at(6)),
+            vec![Event::HandshakeFailed {
+                peer: b,
+                waited: Duration::from_secs(5)
+            }]
+        );
+        assert!(tracker.observe([pa, pb], at(9)).is_empty());
+
+        // It completes, at a new endpoint; a is removed.
+        pb.attempt_started = None;
+        pb.last_handshake = Some(at(10));
+        pb.endpoint = Some("192.0.2.3:51820".parse().unwrap());
+        assert_eq!(
+            tracker.observe([pb], at(10)),
+            vec![
+                Event::EndpointChanged {
+                    peer: b,
+                    endpoint: pb.endpoint.unwrap()
+                },
+                Event::HandshakeCompleted {
+                    peer: b,
+                    endpoint: pb.endpoint
+                },
+                Event::PeerRemoved { peer: a },
+            ]
+        );
+        assert!(tracker.handshake_done(&b) && !tracker.knows(&a));
+
+        // A rekey is a new completion; a re-added key starts over.
+        pb.last_handshake = Some(at(130));
+        pa.last_handshake = Some(at(120));
+        assert_eq!(
+            tracker.observe([pb, pa], at(130)),
+            vec![
+                Event::HandshakeCompleted {
+                    peer: b,
+                    endpoint: pb.endpoint
+                },
+                Event::PeerAdded { peer: a },
+                Event::HandshakeCompleted {
+                    peer: a,
+                    endpoint: None
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn sub_tunnels_of_one_peer_merge() {
+        let a = PrivateKey::generate().public_key();
+        let t0 = Instant::now();
+        let mut tracker = Tracker::default();
+        let mut first = seen(a);
+        let mut second = seen(a);
+        tracker.observe([first, second], t0);
+        first.last_handshake = Some(t0);
+        second.attempt_started = Some(t0);
+        // One completion; the other sub-tunnel's attempt started no later than the
+        // handshake, so it is not a failure.
+        assert_eq!(
+            tracker.observe([first, second], t0 + Duration::from_secs(6)),
+            vec![Event::HandshakeCompleted {
+                peer: a,
+                endpoint: None
+            }]
+        );
+    }
+}
