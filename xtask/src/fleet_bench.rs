@@ -1,6 +1,6 @@
 //! `cargo xtask bench-fleet`: the fleet on a real etcd cluster (three members, TLS with
 //! client certificates, each in a namespace), with `tunneld up` gateways in namespaces on
-//! one underlay bridge.
+//! one routed underlay.
 //!
 //! - Failover: site B has two gateways and a LAN host; site A pings that host every 50 ms
 //!   while B's active gateway is killed (-9) or stopped (SIGTERM), again and again, the
@@ -20,7 +20,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tunneld_testnet::etcd::{link, Bridge, Cluster};
+use tunneld_testnet::etcd::{link, Cluster, Underlay};
 use tunneld_testnet::{unique_name, NetNs};
 
 const MEMBERS: [&str; 3] = ["192.0.2.11", "192.0.2.12", "192.0.2.13"];
@@ -336,7 +336,7 @@ impl Probe {
 }
 
 fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, String> {
-    let wan = Bridge::new("192.0.2.1/24");
+    let wan = Underlay::new("192.0.2.1/24");
     eprintln!("==> etcd: three members with TLS");
     let cluster = Cluster::start(&wan, &MEMBERS, true);
     let fleet = Fleet {
@@ -388,7 +388,7 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
 /// Site A and site B (two gateways, a LAN host): the failover samples, kill -9 then SIGTERM.
 fn failovers(
     fleet: &Fleet,
-    wan: &Bridge,
+    wan: &Underlay,
     options: &Options,
 ) -> Result<(Vec<f64>, Vec<f64>), String> {
     eprintln!("==> failover: {} kills each way", options.kills);
@@ -512,7 +512,7 @@ fn failovers(
 /// Also measures the fleet at rest into `rest`.
 fn join(
     fleet: &Fleet,
-    wan: &Bridge,
+    wan: &Underlay,
     n: usize,
     options: &Options,
     rest: &mut String,

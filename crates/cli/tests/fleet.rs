@@ -1,6 +1,6 @@
 //! The fleet on etcd, end to end: a three-member etcd cluster (TLS, client certificates),
 //! each member in a namespace of its own, and gateways of sites A, B (two gateways) and C in
-//! theirs, all on one underlay bridge (192.0.2.0/24). Site B's gateways share a LAN with a
+//! theirs, all on one routed underlay (192.0.2.0/24). Site B's gateways share a LAN with a
 //! host (10.2.0.10) whose traffic to other sites goes to B1, or to B2 when B1's link is
 //! gone; each B gateway sends what it cannot carry (stopped, or standing by) to the other.
 //!
@@ -21,7 +21,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tunneld_testnet::etcd::{link, Bridge, Cluster};
+use tunneld_testnet::etcd::{link, Cluster, Underlay};
 use tunneld_testnet::{require_tool, unique_name, NetNs};
 
 const PREFIX: &str = "/tunneld/test";
@@ -313,7 +313,7 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     if !require("a_fleet_forms_fails_over_and_outlives_its_store") {
         return;
     }
-    let wan = Bridge::new("192.0.2.1/24");
+    let wan = Underlay::new("192.0.2.1/24");
     step("etcd: certificates and three members");
     let cluster = Cluster::start(&wan, &MEMBERS, true);
 

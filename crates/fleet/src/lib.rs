@@ -332,10 +332,12 @@ impl<S: Store> Member<S> {
 
     /// Registers, lists, watches and keeps the lease alive until something interrupts it.
     async fn serve(&mut self) -> Interruption {
+        tracing::debug!("{}: registering", self.name());
         let lease = match self.register().await {
             Ok(lease) => lease,
             Err(e) => return Interruption::Unreachable(e),
         };
+        tracing::debug!("{}: registered under lease {lease:x}; listing", self.name());
         let listing = match self.store.list(self.keys.prefix()).await {
             Ok(l) => l,
             Err(e) => return Interruption::Unreachable(e),
@@ -424,6 +426,7 @@ impl<S: Store> Member<S> {
                 }
                 self.leadership = None;
                 self.record.role = Role::Standby;
+                tracing::debug!("{}: asking for a lease", self.name());
                 let lease = self.store.grant(i64::from(self.ttl)).await?;
                 self.lease = Some(lease);
                 lease

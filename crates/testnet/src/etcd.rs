@@ -1,4 +1,4 @@
-//! An underlay bridge and a real etcd cluster on it, for the fleet's test and its bench:
+//! A routed underlay and a real etcd cluster on it, for the fleet's test and its bench:
 //! each member in a namespace of its own, with TLS and client certificates (made with the
 //! `openssl` command) or plain HTTP. Everything goes when dropped.
 
@@ -8,39 +8,87 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// A bridge in a namespace of its own (with an address on it, so that tools can run there),
-/// and namespaces plugged into it.
+/// The underlay: a router in a namespace of its own (with the address given, so that tools
+/// can run there), and hosts each on a veth of their own with a /32 and every other address
+/// of the subnet through the router. Routed rather than bridged because the kernel's
+/// neighbour table is one for all namespaces (1024 entries by default,
+/// `net.ipv4.neigh.default.gc_thresh3`): on one bridge, N hosts that all talk to each
+/// other fill it with N² entries and the newest hosts' ARP fails ("neighbor table
+/// overflow"); routed, each host has one neighbour, the router one per host.
 #[derive(Debug)]
-pub struct Bridge {
+pub struct Underlay {
     pub ns: NetNs,
+    /// The router's address and the subnet's prefix length.
+    router: String,
+    prefix: String,
 }
 
-impl Bridge {
-    /// The bridge, with `addr` (CIDR) on it.
-    pub fn new(addr: &str) -> Bridge {
+impl Underlay {
+    /// The router, with `addr` (CIDR: the router's address and the hosts' subnet).
+    pub fn new(addr: &str) -> Underlay {
+        let (router, prefix) = addr.split_once('/').expect("an address/prefix");
         let ns = NetNs::new();
-        ns.run(&["ip", "link", "add", "br0", "type", "bridge"]);
-        ns.run(&["ip", "addr", "add", addr, "dev", "br0"]);
-        ns.run(&["ip", "link", "set", "br0", "up"]);
-        Bridge { ns }
+        ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        ns.run(&["sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0"]);
+        ns.run(&["sysctl", "-qw", "net.ipv4.conf.default.rp_filter=0"]);
+        Underlay {
+            ns,
+            router: router.to_string(),
+            prefix: prefix.to_string(),
+        }
     }
 
-    /// A new namespace plugged into the bridge with `addr` (CIDR).
+    /// A new namespace on the underlay with `addr` (CIDR; the prefix is the subnet's).
     pub fn host(&self, addr: &str) -> NetNs {
         let ns = NetNs::new();
         self.plug(&ns, addr);
         ns
     }
 
-    /// Plugs `ns` into the bridge with `addr` (CIDR); returns its interface's name.
+    /// Puts `ns` on the underlay with `addr` (CIDR); returns its interface's name.
     pub fn plug(&self, ns: &NetNs, addr: &str) -> String {
+        let (ip, _) = addr.split_once('/').unwrap_or((addr, ""));
         let (inside, outside) = link(ns, &self.ns);
-        ns.run(&["ip", "addr", "add", addr, "dev", &inside]);
+        ns.run(&["ip", "addr", "add", &format!("{ip}/32"), "dev", &inside]);
         ns.run(&["ip", "link", "set", &inside, "up"]);
+        let router = self.router.as_str();
+        ns.run(&[
+            "ip",
+            "route",
+            "add",
+            &format!("{router}/32"),
+            "dev",
+            &inside,
+        ]);
+        let net = format!("{}/{}", network(ip, &self.prefix), self.prefix);
+        ns.run(&[
+            "ip", "route", "add", &net, "via", router, "dev", &inside, "onlink",
+        ]);
+        self.ns.run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{router}/32"),
+            "dev",
+            &outside,
+        ]);
+        self.ns.run(&["ip", "link", "set", &outside, "up"]);
         self.ns
-            .run(&["ip", "link", "set", &outside, "master", "br0", "up"]);
+            .run(&["ip", "route", "add", &format!("{ip}/32"), "dev", &outside]);
         inside
     }
+}
+
+/// The network address of `ip` (IPv4) under a prefix of `prefix` bits.
+fn network(ip: &str, prefix: &str) -> String {
+    let addr: std::net::Ipv4Addr = ip.parse().expect("an IPv4 address");
+    let bits: u32 = prefix.parse().expect("a prefix length");
+    let mask = if bits == 0 {
+        0
+    } else {
+        u32::MAX << (32 - bits)
+    };
+    std::net::Ipv4Addr::from(u32::from(addr) & mask).to_string()
 }
 
 /// A veth pair between two namespaces, both ends down and without addresses.
@@ -81,7 +129,7 @@ struct Member {
     child: Option<Child>,
 }
 
-/// An etcd cluster, one member per namespace on a [`Bridge`].
+/// An etcd cluster, one member per namespace on an [`Underlay`].
 #[derive(Debug)]
 pub struct Cluster {
     members: Vec<Member>,
@@ -177,9 +225,9 @@ fn make_certificates(dir: &Path, ips: &[String]) {
 }
 
 impl Cluster {
-    /// Members at `ips` (on `bridge`'s /24), with TLS and client certificates when `tls`,
+    /// Members at `ips` (on `underlay`, its /24), with TLS and client certificates when `tls`,
     /// started and healthy.
-    pub fn start(bridge: &Bridge, ips: &[&str], tls: bool) -> Cluster {
+    pub fn start(underlay: &Underlay, ips: &[&str], tls: bool) -> Cluster {
         let dir = std::env::temp_dir().join(unique_name("etcd"));
         fs::create_dir_all(dir.join("certs")).unwrap();
         let dir = Dir(dir);
@@ -191,7 +239,7 @@ impl Cluster {
             .iter()
             .map(|ip| Member {
                 ip: ip.clone(),
-                ns: bridge.host(&format!("{ip}/24")),
+                ns: underlay.host(&format!("{ip}/24")),
                 child: None,
             })
             .collect();
@@ -199,7 +247,7 @@ impl Cluster {
         for i in 0..cluster.members.len() {
             cluster.start_member(i);
         }
-        cluster.wait_healthy(&bridge.ns);
+        cluster.wait_healthy(&underlay.ns);
         cluster
     }
 
