@@ -337,6 +337,12 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                 return 0;
             }
         }
+        if self.underlay_rx.is_full() {
+            // More may wait: how much decides whether handshakes need cookies.
+            if let Some((queued, capacity)) = self.underlay.backlog() {
+                self.device.note_backlog(queued, capacity, now);
+            }
+        }
         let mut datagrams = 0;
         for i in 0..self.underlay_rx.len() {
             let from = self.underlay_rx.addr(i);
@@ -409,7 +415,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                         now,
                         &mut self.underlay_tx,
                     ),
-                    Cargo::Datagram(from) => self.device.decapsulate(
+                    Cargo::Datagram(from) => self.device.decapsulate_handed_off(
                         from,
                         &parcel.buf[..parcel.len],
                         now,

@@ -5,11 +5,12 @@
 //! [`Device::apply`] (a UAPI `set`). Output goes into the caller's sinks.
 
 use crate::allowed_ips::AllowedIps;
-use crate::noise::cookie::CookieJar;
+use crate::noise::cookie::{CookieJar, CookieSecret};
 use crate::noise::handshake::{consume_initiation, ReceivedInitiation};
 use crate::noise::{self, Local, Opened, Sent, Sessions, Timer};
 use crate::packet::{self, flow_hash, padded_len};
 use crate::peer::Peer;
+use crate::ratelimit::RateLimiter;
 use crate::sink::{DatagramSink, PacketSink};
 use crate::stats::{DropReason, Stats};
 use crate::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, SetRequest, UapiError};
@@ -21,12 +22,18 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
 
-/// Handshake messages per second above which the device is under load: a handshake message
-/// then needs a valid mac2 (a cookie proving its source address), else it gets a cookie reply.
-const HANDSHAKE_RATE_LIMIT: u64 = 100;
+/// Under load, a handshake message needs a valid mac2 (a cookie proving its source address),
+/// else it gets a cookie reply, and its source's budget (`ratelimit.rs`). The device is under
+/// load when a backlog of work waits behind it: what the I/O below reports
+/// ([`Device::note_backlog`]: an eighth of a socket's receive buffer queued, the kernel's
+/// rule for its handshake queue), or, where nothing is reported, more than this many
+/// handshake messages in one turn (one `now`), which is as much as one full batch of them.
+const HANDSHAKE_SLICE: u32 = 64;
+/// How long the device stays under load after the last sign of a backlog (the kernel's
+/// second), so that the cookies it gave out are asked for when they come back.
+const UNDER_LOAD_AFTER: Duration = Duration::from_secs(1);
 /// Peer slots must fit in the 24 high bits of a receiver index (a session uses the low 8).
 const MAX_PEERS: usize = 1 << 24;
-const RATE_LIMIT_RESET: Duration = Duration::from_secs(1);
 
 /// Settings of the interface itself.
 #[derive(Debug, Clone)]
@@ -58,6 +65,7 @@ pub struct PeerSettings {
 pub struct Environment {
     rng: Box<dyn CryptoRngCore + Send>,
     unix_now: Duration,
+    cookie_secret: Option<CookieSecret>,
 }
 
 impl Environment {
@@ -68,7 +76,16 @@ impl Environment {
         Environment {
             rng: Box::new(rng),
             unix_now,
+            cookie_secret: None,
         }
+    }
+
+    /// The cookie secret the device makes cookies with, shared with the interface's other
+    /// workers so that each honours the cookies the others give out. Without it a device
+    /// makes a secret of its own (fine for a single worker).
+    pub fn with_cookie_secret(mut self, secret: CookieSecret) -> Self {
+        self.cookie_secret = Some(secret);
+        self
     }
 
     /// A deterministic environment for tests and simulations: ChaCha20 seeded from `seed`.
@@ -127,6 +144,36 @@ pub fn owner_of(key: &PublicKey, parallel: u8, sub: u8, workers: usize) -> usize
     }
 }
 
+/// Whether the device is under load: see `HANDSHAKE_SLICE`.
+#[derive(Debug, Default)]
+struct Load {
+    /// Under load until then.
+    until: Option<Instant>,
+    /// The I/O below reports its backlog (`Device::note_backlog`).
+    reported: bool,
+    /// The current turn (its `now`) and the handshake messages seen in it, where no backlog
+    /// is reported.
+    turn: Option<Instant>,
+    in_turn: u32,
+}
+
+impl Load {
+    /// Counts one handshake message at `now` and says whether the device is under load.
+    fn under_load(&mut self, now: Instant) -> bool {
+        if !self.reported {
+            if self.turn != Some(now) {
+                self.turn = Some(now);
+                self.in_turn = 0;
+            }
+            self.in_turn = self.in_turn.saturating_add(1);
+            if self.in_turn > HANDSHAKE_SLICE {
+                self.until = Some(now + UNDER_LOAD_AFTER);
+            }
+        }
+        self.until.is_some_and(|until| now < until)
+    }
+}
+
 pub struct Device {
     private_key: PrivateKey,
     local: Local,
@@ -142,9 +189,9 @@ pub struct Device {
     slot_offset: usize,
     routes: AllowedIps<usize>,
     cookies: CookieJar,
-    /// Handshake messages received since `last_rate_reset`.
-    handshakes_received: u64,
-    last_rate_reset: Instant,
+    /// Per-source handshake budgets, asked under load.
+    limiter: RateLimiter,
+    load: Load,
     stats: Stats,
     rng: Box<dyn CryptoRngCore + Send>,
     /// The wall clock at `started` (from the `Environment`), for a new key's timestamps.
@@ -187,7 +234,15 @@ impl Device {
         environment: Environment,
     ) -> Self {
         let workers = workers.max(1);
-        let Environment { mut rng, unix_now } = environment;
+        let Environment {
+            mut rng,
+            unix_now,
+            cookie_secret,
+        } = environment;
+        let cookies = match cookie_secret {
+            Some(secret) => CookieJar::shared(secret),
+            None => CookieJar::new(&mut *rng),
+        };
         let mut device = Self {
             local: Local::new(*settings.private_key.as_bytes(), now, unix_now),
             private_key: settings.private_key,
@@ -197,9 +252,9 @@ impl Device {
             peers: Vec::new(),
             by_key: HashMap::new(),
             routes: AllowedIps::new(),
-            cookies: CookieJar::new(&mut *rng),
-            handshakes_received: 0,
-            last_rate_reset: now,
+            cookies,
+            limiter: RateLimiter::default(),
+            load: Load::default(),
             stats: Stats::default(),
             rng,
             unix_at_start: unix_now,
@@ -482,6 +537,33 @@ impl Device {
         overlay: &mut impl PacketSink,
         underlay: &mut impl DatagramSink,
     ) -> Disposition {
+        self.decapsulate_checked(from, datagram, now, overlay, underlay, false)
+    }
+
+    /// [`Device::decapsulate`] of a datagram another worker handed over
+    /// ([`Disposition::HandOff`]): a handshake initiation was admitted there (mac1, and
+    /// under load mac2 and its source's budget, against the interface's one cookie secret),
+    /// so it is not counted or charged twice.
+    pub fn decapsulate_handed_off(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        now: Instant,
+        overlay: &mut impl PacketSink,
+        underlay: &mut impl DatagramSink,
+    ) -> Disposition {
+        self.decapsulate_checked(from, datagram, now, overlay, underlay, true)
+    }
+
+    fn decapsulate_checked(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        now: Instant,
+        overlay: &mut impl PacketSink,
+        underlay: &mut impl DatagramSink,
+        admitted: bool,
+    ) -> Disposition {
         let message = match wire::parse(datagram) {
             Ok(message) => message,
             Err(unparsed) => {
@@ -497,7 +579,7 @@ impl Device {
         }
         let authenticated = match message {
             Message::Initiation(initiation) => {
-                self.receive_initiation(from, initiation, now, underlay)
+                self.receive_initiation(from, initiation, now, underlay, admitted)
             }
             Message::Response(response) => self.receive_response(from, response, now, underlay),
             Message::CookieReply(reply) => self.receive_cookie(reply, now),
@@ -540,8 +622,9 @@ impl Device {
         initiation: wire::Initiation<'_>,
         now: Instant,
         underlay: &mut impl DatagramSink,
+        admitted: bool,
     ) -> Result<usize, Disposition> {
-        if !self.admit_handshake(from, initiation.into(), now, underlay) {
+        if !admitted && !self.admit_handshake(from, initiation.into(), now, underlay) {
             return Err(Disposition::Done);
         }
         let Some((slot, received)) = self.initiator_slot(initiation) else {
@@ -687,8 +770,9 @@ impl Device {
     }
 
     /// The first check of a handshake message (initiation or response): its mac1 must be
-    /// right, and when the device is under load its mac2 too, or the sender gets a cookie
-    /// reply instead. False when the message goes no further.
+    /// right, and when the device is under load its mac2 too (or the sender gets a cookie
+    /// reply instead), and its source must be within its budget. False when the message goes
+    /// no further.
     fn admit_handshake(
         &mut self,
         from: SocketAddr,
@@ -700,11 +784,15 @@ impl Device {
             self.stats.drop(DropReason::InvalidMac);
             return false;
         }
-        self.handshakes_received += 1;
-        if self.handshakes_received <= HANDSHAKE_RATE_LIMIT
-            || self.cookies.mac2_valid(message, from, now, &mut *self.rng)
-        {
+        if !self.load.under_load(now) {
             return true;
+        }
+        if self.cookies.mac2_valid(message, from, now) {
+            if self.limiter.allow(from.ip(), now) {
+                return true;
+            }
+            self.stats.drop(DropReason::RateLimited);
+            return false;
         }
         let Some(buf) = underlay.slot() else {
             self.stats.drop(DropReason::NetworkBatchFull);
@@ -735,6 +823,22 @@ impl Device {
         }
         self.stats.drop(DropReason::UnderLoad);
         false
+    }
+
+    /// Tells the device how much work waits behind the batch it is handling: `queued` bytes
+    /// in a receive queue that holds `capacity` (a socket's `SO_MEMINFO`). An eighth full or
+    /// more puts the device under load for a second, as the kernel's handshake queue does;
+    /// once a backlog has been reported, that decides, not the count of handshakes per turn.
+    pub fn note_backlog(&mut self, queued: usize, capacity: usize, now: Instant) {
+        self.load.reported = true;
+        if capacity > 0 && queued.saturating_mul(8) >= capacity {
+            self.load.until = Some(now + UNDER_LOAD_AFTER);
+        }
+    }
+
+    /// Whether the device is under load at `now` (handshakes need cookies).
+    pub fn under_load(&self, now: Instant) -> bool {
+        self.load.until.is_some_and(|until| now < until)
     }
 
     /// For a handshake initiation: the slot of the initiating peer, found by the static key
@@ -860,10 +964,7 @@ impl Device {
     /// Runs the protocol timers (handshake retries, rekeys, keepalives) of every peer.
     /// Call it every few hundred milliseconds.
     pub fn tick(&mut self, now: Instant, underlay: &mut impl DatagramSink) {
-        if now.saturating_duration_since(self.last_rate_reset) >= RATE_LIMIT_RESET {
-            self.handshakes_received = 0;
-            self.last_rate_reset = now;
-        }
+        self.limiter.sweep(now);
         // Another worker runs the timers of the sessions it carries.
         for peer in self.peers.iter_mut().flatten().filter(|p| p.owned) {
             let Some(buf) = underlay.slot() else {

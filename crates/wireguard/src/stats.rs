@@ -36,6 +36,7 @@ drop_reasons! {
     NoSession => "no_session",
     Expired => "expired",
     UnderLoad => "under_load",
+    RateLimited => "rate_limited",
     HandOffFull => "handoff_full",
     Other => "other",
 }

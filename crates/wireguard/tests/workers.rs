@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey};
 use tunneld_wireguard::packet::MAX_DATAGRAM;
 use tunneld_wireguard::{
-    wire, worker_of_index, DatagramSink, Device, DeviceSettings, Disposition, Environment,
-    PacketSink, PeerSettings, SyncReport,
+    wire, worker_of_index, CookieSecret, DatagramSink, Device, DeviceSettings, Disposition,
+    Environment, PacketSink, PeerSettings, SyncReport,
 };
 
 #[derive(Default)]
@@ -89,6 +89,19 @@ impl Gateway {
         workers: usize,
         now: Instant,
     ) -> Gateway {
+        Gateway::with_cookies(addr, key, peer, workers, now, None)
+    }
+
+    /// A gateway whose workers share `cookies` (as tunneld's do); `None`: each worker
+    /// makes a secret of its own.
+    fn with_cookies(
+        addr: &str,
+        key: &PrivateKey,
+        peer: PeerSettings,
+        workers: usize,
+        now: Instant,
+        cookies: Option<CookieSecret>,
+    ) -> Gateway {
         let addr: SocketAddr = addr.parse().unwrap();
         let settings = DeviceSettings {
             private_key: key.clone(),
@@ -101,7 +114,10 @@ impl Gateway {
             workers: (0..workers)
                 .map(|w| {
                     let seed = (u64::from(addr.port()) << 16) | w as u64;
-                    let environment = Environment::seeded(seed, Duration::from_secs(1));
+                    let mut environment = Environment::seeded(seed, Duration::from_secs(1));
+                    if let Some(secret) = &cookies {
+                        environment = environment.with_cookie_secret(secret.clone());
+                    }
                     Device::for_worker(
                         settings.clone(),
                         vec![peer.clone()],
@@ -181,8 +197,13 @@ impl Gateway {
                     "only initiations are handed off when the steering program places the rest"
                 );
                 self.handed[owner] += 1;
-                let again =
-                    self.workers[owner].decapsulate(from, datagram, now, &mut tunnel, &mut network);
+                let again = self.workers[owner].decapsulate_handed_off(
+                    from,
+                    datagram,
+                    now,
+                    &mut tunnel,
+                    &mut network,
+                );
                 assert_eq!(again, Disposition::Done, "a hand-off was handed on");
             }
         }
@@ -545,4 +566,55 @@ fn a_reload_keeps_the_sessions_of_unchanged_peers() {
         "a new preshared key starts with a handshake: {:?}",
         out.iter().map(|(_, d)| d[0]).collect::<Vec<_>>()
     );
+}
+
+/// Under load, a spoke answers a cookie reply from one worker with an initiation carrying
+/// that cookie's mac2 (5 s later, as WireGuard initiators do), and the kernel's hash lands
+/// it on another worker: with one secret for the interface it is answered; with a secret per
+/// worker (what tunneld had) it got another cookie reply, again and again.
+#[test]
+fn a_cookie_from_one_worker_is_honoured_by_the_others() {
+    for shared in [true, false] {
+        let now = Instant::now();
+        let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+        let to_b = peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 1, None);
+        let to_a = peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 1, None);
+        let mut a = Gateway::new("192.0.2.1:51820", &ka, to_b, 1, now);
+        let secret = shared.then(|| CookieSecret::new(&mut rand_core::OsRng));
+        let mut b = Gateway::with_cookies("192.0.2.2:51820", &kb, to_a, 2, now, secret);
+        // A backlog as deep as the socket's queue: every worker of b is under load.
+        let load = |b: &mut Gateway, now| {
+            for device in &mut b.workers {
+                device.note_backlog(1 << 20, 1 << 20, now);
+            }
+        };
+        load(&mut b, now);
+        let packet = udp_packet([10, 1, 0, 1], [10, 2, 0, 1], 40000, 0);
+        let out = a.send(&packet, 0, now);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].1[0], 1, "an initiation");
+        let replies = b.receive(a.addr, &out[0].1, 0, now);
+        assert_eq!(replies.len(), 1);
+        assert_eq!(replies[0].1[0], 3, "under load: a cookie reply");
+        assert!(a.receive(b.addr, &replies[0].1, 0, now).is_empty());
+        // The retry, with the cookie, lands on the other worker.
+        let later = now + Duration::from_millis(5_500);
+        load(&mut b, later);
+        let retry = a.tick(later);
+        assert_eq!(retry.len(), 1, "a retransmitted initiation");
+        assert_eq!(retry[0].1[0], 1);
+        let replies = b.receive(a.addr, &retry[0].1, 1, later);
+        assert_eq!(replies.len(), 1);
+        if shared {
+            assert_eq!(replies[0].1[0], 2, "the cookie is honoured: a response");
+            pump(&mut a, &mut b, vec![(false, replies[0].1.clone())], later);
+            assert_eq!(
+                b.delivered,
+                vec![packet.clone()],
+                "the queued packet arrives"
+            );
+        } else {
+            assert_eq!(replies[0].1[0], 3, "a secret per worker: another cookie");
+        }
+    }
 }
