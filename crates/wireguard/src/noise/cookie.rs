@@ -52,10 +52,14 @@ impl CookieSecret {
         }
     }
 
-    /// This epoch's secret at `now`.
-    fn current(&self, now: Instant) -> Zeroizing<[u8; 32]> {
+    /// The epoch `now` is in.
+    fn epoch(&self, now: Instant) -> u64 {
         let base = *self.inner.base.get_or_init(|| now);
-        let epoch = now.saturating_duration_since(base).as_secs() / SECRET_LIFETIME.as_secs();
+        now.saturating_duration_since(base).as_secs() / SECRET_LIFETIME.as_secs()
+    }
+
+    /// The secret of `epoch`.
+    fn derive(&self, epoch: u64) -> Zeroizing<[u8; 32]> {
         let mut secret = Zeroizing::new([0u8; 32]);
         let (low, high) = secret.split_at_mut(16);
         low.copy_from_slice(&mac(
@@ -82,6 +86,8 @@ impl fmt::Debug for CookieSecret {
 /// renewed every two minutes. Time comes in as `now`.
 pub struct CookieJar {
     secret: CookieSecret,
+    /// The current epoch's secret, derived once per epoch.
+    current: Option<(u64, Zeroizing<[u8; 32]>)>,
 }
 
 impl CookieJar {
@@ -92,7 +98,10 @@ impl CookieJar {
 
     /// A jar over a secret other jars (other workers) share.
     pub fn shared(secret: CookieSecret) -> Self {
-        Self { secret }
+        Self {
+            secret,
+            current: None,
+        }
     }
 
     /// Whether `msg`, an initiation or a response, carries a mac2 made with the cookie we
@@ -146,13 +155,17 @@ impl CookieJar {
     /// The cookie for `source`: MAC(secret, IP address ‖ port), under this two-minute
     /// epoch's secret.
     fn cookie(&mut self, source: SocketAddr, now: Instant) -> [u8; 16] {
-        let secret = self.secret.current(now);
+        let epoch = self.secret.epoch(now);
+        let secret = match &self.current {
+            Some((e, secret)) if *e == epoch => secret,
+            _ => &self.current.insert((epoch, self.secret.derive(epoch))).1,
+        };
         let port = source.port().to_be_bytes();
         // An IPv4 peer seen through a dual-stack socket as ::ffff:a.b.c.d gets the same cookie
         // as when seen as a.b.c.d.
         match source.ip().to_canonical() {
-            IpAddr::V4(ip) => mac(&secret, &[&ip.octets(), &port]),
-            IpAddr::V6(ip) => mac(&secret, &[&ip.octets(), &port]),
+            IpAddr::V4(ip) => mac(secret, &[&ip.octets(), &port]),
+            IpAddr::V6(ip) => mac(secret, &[&ip.octets(), &port]),
         }
     }
 }
@@ -161,7 +174,7 @@ impl fmt::Debug for CookieJar {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CookieJar")
             .field("secret", &self.secret)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
