@@ -182,6 +182,8 @@ pub struct Device {
     fwmark: u32,
     /// Peer slots; a slot's index is the high 24 bits of its receiver indices.
     peers: Vec<Option<Peer>>,
+    /// Places in `peers` left empty by a removal, for the next peer added.
+    free: Vec<usize>,
     by_key: HashMap<PublicKey, usize>,
     /// Peer `i` (its place in `peers`) uses slot `i * slot_stride + slot_offset` in its
     /// receiver indices: see `for_worker`.
@@ -250,6 +252,7 @@ impl Device {
             mtu: settings.mtu,
             fwmark: settings.fwmark,
             peers: Vec::new(),
+            free: Vec::new(),
             by_key: HashMap::new(),
             routes: AllowedIps::new(),
             cookies,
@@ -302,10 +305,14 @@ impl Device {
             self.set_private_key(private_key, now);
             report.key_changed = true;
         }
+        let wanted_keys: std::collections::HashSet<&PublicKey> =
+            wanted.iter().map(|p| &p.public_key).collect();
+        let previous: HashMap<&PublicKey, &PeerSettings> =
+            previous.iter().map(|p| (&p.public_key, p)).collect();
         let gone: Vec<PublicKey> = self
             .by_key
             .keys()
-            .filter(|k| !wanted.iter().any(|p| p.public_key == **k))
+            .filter(|k| !wanted_keys.contains(k))
             .copied()
             .collect();
         for key in gone {
@@ -332,7 +339,7 @@ impl Device {
                 }
                 continue;
             }
-            let before = previous.iter().find(|q| q.public_key == p.public_key);
+            let before = previous.get(&p.public_key);
             let endpoint = p
                 .endpoint
                 .filter(|e| before.is_none_or(|b| b.endpoint != Some(*e)));
@@ -1118,8 +1125,17 @@ impl Device {
 
     fn remove_peer(&mut self, key: &PublicKey) {
         if let Some(slot) = self.by_key.remove(key) {
-            self.routes.retain(|_, s| *s != slot);
-            self.peers[slot] = None;
+            // A peer's `allowed_ips` are exactly the prefixes it holds in `routes` (one that
+            // moves to another peer leaves its list), so its own list is all there is to
+            // take out: no walk over every route.
+            if let Some(peer) = self.peers[slot].take() {
+                for net in peer.allowed_ips {
+                    if self.routes.get(net) == Some(&slot) {
+                        self.routes.remove(net);
+                    }
+                }
+            }
+            self.free.push(slot);
         }
     }
 
@@ -1239,7 +1255,13 @@ impl Device {
             }
             _ => true,
         };
-        let free = (0..self.peers.len()).find(|&p| self.peers[p].is_none() && fits(p));
+        // Places freed by removals, newest first; a place that does not fit this peer
+        // stays for another (only a split peer's places must fit).
+        let free = self
+            .free
+            .iter()
+            .rposition(|&p| self.peers.get(p).is_some_and(Option::is_none) && fits(p))
+            .map(|i| self.free.swap_remove(i));
         let slot = match free {
             Some(free) => free,
             None => {
@@ -1247,6 +1269,8 @@ impl Device {
                 let next = (self.peers.len()..capacity).find(|&p| fits(p));
                 match next {
                     Some(place) => {
+                        // The places skipped stay free for plain peers.
+                        self.free.extend(self.peers.len()..place);
                         self.peers.resize_with(place + 1, || None);
                         place
                     }
