@@ -47,13 +47,21 @@ impl WorkerHandle {
         &self,
         f: impl FnOnce(&mut Device, Instant) -> T + Send + 'static,
     ) -> Option<T> {
+        self.start(f)?.recv().ok()
+    }
+
+    /// Queues `f` for the worker and returns where its result will arrive.
+    fn start<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Device, Instant) -> T + Send + 'static,
+    ) -> Option<mpsc::Receiver<T>> {
         let (reply_tx, reply_rx) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |device, now| {
             let _ = reply_tx.send(f(device, now));
         });
         self.sender.send(Control::Run(job)).ok()?;
         self.waker.wake();
-        reply_rx.recv().ok()
+        Some(reply_rx)
     }
 
     /// Asks the worker to stop after its current batch.
@@ -74,13 +82,19 @@ impl Workers {
         Workers { handles }
     }
 
-    /// Runs `f` on each worker in turn (each between its batches) and returns the results
-    /// in worker order; `None` if a worker has stopped.
+    /// Runs `f` on every worker (each between its batches, all at once: a hub's `set` of
+    /// thousands of peers takes one worker's time, not the sum) and returns the results in
+    /// worker order; `None` if a worker has stopped.
     pub fn run_each<T: Send + 'static>(
         &self,
         f: impl Fn(&mut Device, Instant) -> T + Clone + Send + 'static,
     ) -> Option<Vec<T>> {
-        self.handles.iter().map(|h| h.run(f.clone())).collect()
+        let pending: Vec<Option<mpsc::Receiver<T>>> =
+            self.handles.iter().map(|h| h.start(f.clone())).collect();
+        pending
+            .into_iter()
+            .map(|reply| reply.and_then(|r| r.recv().ok()))
+            .collect()
     }
 
     /// Runs `f` on the first worker only, for what every worker's device knows alike (each
