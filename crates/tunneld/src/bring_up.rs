@@ -224,6 +224,11 @@ pub(crate) fn run_dataplane(
                 tunneld_dataplane::system_environment().with_cookie_secret(cookies.clone()),
             );
             device.set_listen_port(listen_port);
+            device.set_clamp_mss(match dataplane.clamp_mss {
+                tunneld_config::ClampMss::Off => None,
+                tunneld_config::ClampMss::Auto => Some(tunneld_wireguard::packet::mss_for_mtu(mtu)),
+                tunneld_config::ClampMss::Mss(mss) => Some((mss, mss.saturating_sub(20))),
+            });
             device
         })
         .collect();

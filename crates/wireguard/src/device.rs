@@ -190,6 +190,8 @@ pub struct Device {
     slot_stride: usize,
     slot_offset: usize,
     routes: AllowedIps<usize>,
+    /// TCP SYNs crossing the tunnel get their MSS lowered to this (IPv4, IPv6), if set.
+    clamp_mss: Option<(u16, u16)>,
     cookies: CookieJar,
     /// Per-source handshake budgets, asked under load.
     limiter: RateLimiter,
@@ -255,6 +257,7 @@ impl Device {
             free: Vec::new(),
             by_key: HashMap::new(),
             routes: AllowedIps::new(),
+            clamp_mss: None,
             cookies,
             limiter: RateLimiter::default(),
             load: Load::default(),
@@ -388,6 +391,15 @@ impl Device {
     pub fn mtu(&self) -> u16 {
         self.mtu
     }
+    /// Lowers the MSS of TCP SYNs crossing the tunnel, both ways, to at most `mss` (IPv4,
+    /// IPv6; [`packet::mss_for_mtu`] of the tunnel's MTU for `clamp_mss = "auto"`), inline
+    /// before encryption and after decryption; `None` leaves them alone.
+    pub fn set_clamp_mss(&mut self, mss: Option<(u16, u16)>) {
+        self.clamp_mss = mss;
+    }
+    pub fn clamp_mss(&self) -> Option<(u16, u16)> {
+        self.clamp_mss
+    }
     pub fn stats(&self) -> &Stats {
         &self.stats
     }
@@ -496,6 +508,11 @@ impl Device {
         // Packets queued during a handshake go first, or they would arrive after this one.
         if peer.maybe_queued {
             Self::flush_queued(peer, now, out, &mut self.stats);
+        }
+        if let Some(mss) = self.clamp_mss {
+            if packet::clamp_mss(&mut frame[..len], mss) {
+                self.stats.mss_clamped += 1;
+            }
         }
         let padded = padded_len(len, usize::from(self.mtu)).min(frame.len());
         frame[len..padded].fill(0);
@@ -761,6 +778,11 @@ impl Device {
         match peer.sessions.receive_data(data, buf, now) {
             Ok(Opened::Packet { len, source }) => {
                 if self.routes.lookup_cached(source) == Some(slot) {
+                    if let Some(mss) = self.clamp_mss {
+                        if packet::clamp_mss(&mut buf[..len], mss) {
+                            self.stats.mss_clamped += 1;
+                        }
+                    }
                     overlay.push(len);
                     self.stats.rx_packets += 1;
                 } else {

@@ -56,6 +56,8 @@ pub struct Stats {
     pub rx_bytes: u64,
     pub handshakes_sent: u64,
     pub cookie_replies_sent: u64,
+    /// TCP SYNs whose MSS was lowered (`clamp_mss`).
+    pub mss_clamped: u64,
     /// Packets and initiations passed to / taken from other workers (see `Disposition`).
     pub handoffs_out: u64,
     pub handoffs_in: u64,
@@ -92,6 +94,7 @@ impl Stats {
         self.rx_bytes += other.rx_bytes;
         self.handshakes_sent += other.handshakes_sent;
         self.cookie_replies_sent += other.cookie_replies_sent;
+        self.mss_clamped += other.mss_clamped;
         self.handoffs_out += other.handoffs_out;
         self.handoffs_in += other.handoffs_in;
         for (a, b) in self.drops.iter_mut().zip(other.drops.iter()) {
