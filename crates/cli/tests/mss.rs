@@ -55,13 +55,7 @@ fn syn_mss(frames: &[Vec<u8>], port: u16) -> Syns {
 
 /// Connects from `a` to `to` (a listener in `b`) while capturing what each side's tunnel
 /// interface receives; returns (the SYN as B received it, the SYN-ACK as A received it).
-fn connect_and_capture(
-    a: &NetNs,
-    ia: &str,
-    b: &NetNs,
-    ib: &str,
-    to: SocketAddr,
-) -> (Syns, Syns) {
+fn connect_and_capture(a: &NetNs, ia: &str, b: &NetNs, ib: &str, to: SocketAddr) -> (Syns, Syns) {
     let capture = |ns: &NetNs, ifname: &str| {
         let ifname = ifname.to_string();
         ns.spawn_in_ns(move || {

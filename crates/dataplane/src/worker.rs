@@ -13,6 +13,7 @@ use crate::waker::Waker;
 use crate::{Batch, DatagramIo, PacketIo, FRAME_PAYLOAD};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,9 +39,23 @@ enum Control {
 pub struct WorkerHandle {
     sender: mpsc::Sender<Control>,
     waker: Arc<Waker>,
+    progress: Arc<AtomicU64>,
 }
 
+/// `TUNNELD_TEST_STALL_AFTER_MS=N`: a test hook that makes the first worker to get there
+/// stop making progress N ms after it starts (it sleeps inside its loop, as a worker stuck
+/// in a batch would), so a test can see the systemd watchdog stop being fed.
+const STALL_HOOK: &str = "TUNNELD_TEST_STALL_AFTER_MS";
+static STALLED: AtomicBool = AtomicBool::new(false);
+
 impl WorkerHandle {
+    /// How many times the worker has run its timers: it does every 250 ms whether traffic
+    /// flows or not, so a count that stops rising is a worker that is stuck (what the
+    /// systemd watchdog is fed from).
+    pub fn progress(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
     /// Runs `f` on the worker's thread with its device, between batches, and returns its
     /// result; `None` if the worker has stopped.
     pub fn run<T: Send + 'static>(
@@ -106,6 +121,11 @@ impl Workers {
         self.handles.first()?.run(f)
     }
 
+    /// Each worker's [`WorkerHandle::progress`], in worker order.
+    pub fn progress(&self) -> Vec<u64> {
+        self.handles.iter().map(WorkerHandle::progress).collect()
+    }
+
     /// Asks every worker to stop after its current batch.
     pub fn shutdown(&self) {
         for handle in &self.handles {
@@ -136,6 +156,8 @@ pub struct Worker<P, D> {
     /// Rings to each other worker (`None` for this one) and from each: empty with one worker.
     outboxes: Vec<Option<Outbox>>,
     inboxes: Vec<Inbox>,
+    /// Timer runs so far, read by the control plane (`WorkerHandle::progress`).
+    progress: Arc<AtomicU64>,
 }
 
 impl<P, D> std::fmt::Debug for Worker<P, D> {
@@ -150,9 +172,11 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     pub fn new(device: Device, overlay: P, mut underlay: D) -> io::Result<(Self, WorkerHandle)> {
         let (sender, control) = mpsc::channel();
         let waker = Arc::new(Waker::new()?);
+        let progress = Arc::new(AtomicU64::new(0));
         let handle = WorkerHandle {
             sender,
             waker: waker.clone(),
+            progress: progress.clone(),
         };
         let (underlay_rx, underlay_tx) = underlay.batches().unwrap_or_default();
         let worker = Self {
@@ -171,6 +195,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             busy_poll: BusyPoll::new(Duration::ZERO),
             outboxes: Vec::new(),
             inboxes: Vec::new(),
+            progress,
         };
         Ok((worker, handle))
     }
@@ -202,6 +227,10 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     pub fn run(mut self) -> Device {
         let mut next_tick = Instant::now() + TICK;
         let mut logged_drops = 0;
+        let stall_at = std::env::var(STALL_HOOK)
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
         loop {
             let now = Instant::now();
             let timeout = if self.busy_poll.polling(now) {
@@ -229,6 +258,13 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                 self.tick(now);
                 next_tick = now + TICK;
                 self.log_new_drops(&mut logged_drops);
+                self.progress.fetch_add(1, Ordering::Relaxed);
+                if stall_at.is_some_and(|at| now >= at) && !STALLED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!("{STALL_HOOK}: this worker stops making progress (a test hook)");
+                    loop {
+                        std::thread::sleep(Duration::from_secs(3600));
+                    }
+                }
             }
         }
     }
