@@ -87,6 +87,7 @@ fn storm(
     let spokes = spokes.clone();
     let report = spokes_ns.in_ns(move || {
         spokes.storm(
+            SPOKES,
             hub_public,
             SocketAddr::from(([192, 0, 2, 1], 51820)),
             &source_addresses(),

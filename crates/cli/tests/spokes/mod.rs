@@ -164,18 +164,20 @@ impl Spokes {
         self.keys.iter().map(PrivateKey::public_key).collect()
     }
 
-    /// Every spoke starts a handshake with `hub` at `endpoint` within `spread`, spoke `i`
-    /// from its own port on `sources[i % sources.len()]`; runs until every spoke's echo
-    /// came back or `deadline` passed.
+    /// The first `count` spokes start a handshake with `hub` at `endpoint` within `spread`,
+    /// spoke `i` from its own port on `sources[i % sources.len()]`; runs until every such
+    /// spoke's echo came back or `deadline` passed. A spoke is a socket: `count` is bounded
+    /// by the limit of open files ([`max_spokes`]).
     pub fn storm(
         &self,
+        count: usize,
         hub: PublicKey,
         endpoint: SocketAddr,
         sources: &[IpAddr],
         spread: Duration,
         deadline: Duration,
     ) -> StormReport {
-        let n = self.keys.len();
+        let n = count.min(self.keys.len());
         raise_fd_limit(n as u64 + 1024);
         // SAFETY: epoll_create1 takes a flag and returns a new descriptor or -1.
         let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -340,6 +342,20 @@ impl Spokes {
             done_at,
         }
     }
+}
+
+/// How many spokes one storm can run: a socket each, within the hard limit of open files
+/// (less room for the rest of the process).
+pub fn max_spokes() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 0;
+    }
+    usize::try_from(limit.rlim_max.saturating_sub(1024)).unwrap_or(usize::MAX)
 }
 
 /// A socket per spoke: raises the soft (and if need be the hard) limit of open files.
