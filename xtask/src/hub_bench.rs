@@ -170,22 +170,35 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Hub::WireguardGo(wireguard_go.0.clone()),
     ];
 
-    let mut results: Vec<(usize, &'static str, Vec<Sample>)> = Vec::new();
+    let mut results: Vec<(usize, &'static str, Vec<Sample>, Option<String>)> = Vec::new();
     for &n in &options.peers {
         eprintln!("==> {n} spokes: making their keys");
         let spokes = Arc::new(Spokes::new(n));
         let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); hubs.len()];
+        // A hub that fails a round (wireguard-go refuses more than 65 536 peers) keeps its
+        // first error in the report; the other hubs go on.
+        let mut failed: Vec<Option<String>> = vec![None; hubs.len()];
         for round in 0..options.rounds {
             for (h, hub) in hubs.iter().enumerate() {
                 system::check_interrupted()?;
+                if failed[h].is_some() {
+                    continue;
+                }
                 eprintln!("==> {n} peers, round {}, {}", round + 1, hub.name());
-                let sample = measure(hub, n, &spokes, options.no_up)?;
-                eprintln!("    {sample:?}");
-                samples[h].push(sample);
+                match measure(hub, n, &spokes, options.no_up) {
+                    Ok(sample) => {
+                        eprintln!("    {sample:?}");
+                        samples[h].push(sample);
+                    }
+                    Err(e) => {
+                        eprintln!("    failed: {e}");
+                        failed[h] = Some(e);
+                    }
+                }
             }
         }
-        for (hub, s) in hubs.iter().zip(samples) {
-            results.push((n, hub.name(), s));
+        for ((hub, s), failure) in hubs.iter().zip(samples).zip(failed) {
+            results.push((n, hub.name(), s, failure));
         }
     }
 
@@ -204,7 +217,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 fn render(
     options: &Options,
     args: &[String],
-    results: &[(usize, &'static str, Vec<Sample>)],
+    results: &[(usize, &'static str, Vec<Sample>, Option<String>)],
     wireguard_go: &str,
 ) -> String {
     let mut md = String::new();
@@ -235,7 +248,11 @@ fn render(
         "cookie replies",
         "hub CPU per handshake",
     ]);
-    for (n, hub, samples) in results {
+    for (n, hub, samples, failure) in results {
+        if let Some(why) = failure {
+            table.note(&format!("{n} {hub}"), &format!("failed: {why}"));
+            continue;
+        }
         let m = |f: fn(&Sample) -> f64| median(samples.iter().map(f).collect());
         let confirmed = samples.iter().map(|s| s.confirmed).min().unwrap_or(0);
         let stormed = samples.iter().map(|s| s.stormed).min().unwrap_or(0);
@@ -266,7 +283,10 @@ fn run_in(ns: &NetNs, argv: &[&str]) -> Result<String, String> {
     let out = system::output_within(ns.command(argv[0]).args(&argv[1..]), COMMAND_LIMIT)?;
     if !out.status.success() {
         return Err(format!(
-            "{argv:?} failed: {}",
+            "{} {} ({}) {}",
+            argv[0],
+            argv.get(1).copied().unwrap_or(""),
+            out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
@@ -422,6 +442,23 @@ fn measure_in(
             )
         });
         let cpu = cpu_seconds(&[pid]) - cpu_before;
+        if report.confirmed < count {
+            // What the hub says of itself, to tell a lost datagram from a refused one.
+            if let Hub::Tunneld(bin) = hub {
+                let bin = bin.to_string_lossy().into_owned();
+                let show = run_in(&hub_ns, &[&bin, "show", &ifname]).unwrap_or_else(|e| e);
+                let show: String = show
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("peer") && !l.contains("endpoint"))
+                    .take(60)
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                eprintln!(
+                    "    {} of {count} confirmed; the hub:\n{show}",
+                    report.confirmed
+                );
+            }
+        }
         sample.storm_s = report.took.as_secs_f64();
         sample.confirmed = report.confirmed;
         sample.retransmissions = report.retransmissions as f64;
