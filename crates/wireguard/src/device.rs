@@ -192,6 +192,8 @@ pub struct Device {
     routes: AllowedIps<usize>,
     /// TCP SYNs crossing the tunnel get their MSS lowered to this (IPv4, IPv6), if set.
     clamp_mss: Option<(u16, u16)>,
+    /// A device that only checks requests (`Device::checker`): peers get no static secret.
+    checking: bool,
     cookies: CookieJar,
     /// Per-source handshake budgets, asked under load.
     limiter: RateLimiter,
@@ -223,6 +225,16 @@ impl Device {
         environment: Environment,
     ) -> Self {
         Device::for_worker(settings, peers, now, 0, 1, environment)
+    }
+
+    /// A device that only checks `set` requests (`apply`) and reports what they would make
+    /// (`snapshot`), and never handshakes: its peers get no static Diffie-Hellman, the most
+    /// of a set's cost, and a low-order key is refused as [`Device::new`]'s would be. The
+    /// bare mode checks requests on one before the workers apply them.
+    pub fn checker(settings: DeviceSettings, now: Instant, environment: Environment) -> Self {
+        let mut device = Device::new(settings, Vec::new(), now, environment);
+        device.checking = true;
+        device
     }
 
     /// A device for worker `worker` of `workers`: the receiver indices it hands out name a
@@ -258,6 +270,7 @@ impl Device {
             by_key: HashMap::new(),
             routes: AllowedIps::new(),
             clamp_mss: None,
+            checking: false,
             cookies,
             limiter: RateLimiter::default(),
             load: Load::default(),
@@ -1131,6 +1144,10 @@ impl Device {
         let unix_now = self.unix_at_start + now.saturating_duration_since(self.started);
         self.local = Local::new(*key.as_bytes(), now, unix_now);
         self.private_key = key;
+        if self.checking {
+            // No static secrets to make again; a key's order does not depend on ours.
+            return;
+        }
         let mut unusable = Vec::new();
         for peer in self.peers.iter_mut().flatten() {
             if peer.sessions.set_local(&self.local).is_err() {
@@ -1188,7 +1205,8 @@ impl Device {
                     psk.clone()
                 };
                 // A new key starts a new session, as a reload reports (`SyncReport::restarted`).
-                peer.sessions = Sessions::new(
+                peer.sessions = new_sessions(
+                    self.checking,
                     &self.local,
                     *peer.public_key.as_bytes(),
                     session_psk.map(|k| *k.as_bytes()),
@@ -1313,8 +1331,15 @@ impl Device {
             None
         };
         let wire_slot = self.wire_slot(slot);
-        let sessions = Sessions::new(&self.local, *key.as_bytes(), psk, wire_slot, &mut *self.rng)
-            .map_err(|_| low_order(&key))?;
+        let sessions = new_sessions(
+            self.checking,
+            &self.local,
+            *key.as_bytes(),
+            psk,
+            wire_slot,
+            &mut *self.rng,
+        )
+        .map_err(|_| low_order(&key))?;
         let mut peer = Peer::new(key, sessions);
         peer.parallel = parallel;
         peer.sub = sub;
@@ -1322,6 +1347,22 @@ impl Device {
         self.peers[slot] = Some(peer);
         self.by_key.insert(key, slot);
         Ok(slot)
+    }
+}
+
+/// A peer's sessions: with its static Diffie-Hellman, or on a checking device without.
+fn new_sessions(
+    checking: bool,
+    local: &Local,
+    peer_public: [u8; 32],
+    psk: Option<[u8; 32]>,
+    slot: u32,
+    rng: &mut dyn rand_core::CryptoRngCore,
+) -> Result<Sessions, DropReason> {
+    if checking {
+        Sessions::for_checking(peer_public, psk, slot, rng)
+    } else {
+        Sessions::new(local, peer_public, psk, slot, rng)
     }
 }
 

@@ -618,3 +618,62 @@ fn a_cookie_from_one_worker_is_honoured_by_the_others() {
         }
     }
 }
+
+/// A checking device (the bare mode's scratch) takes and refuses `set`s exactly as a real
+/// one, without the peers' static Diffie-Hellman: the same peers and routes, and a low-order
+/// key refused with the same error.
+#[test]
+fn a_checking_device_refuses_what_a_real_one_does() {
+    use tunneld_wireguard::uapi::{PeerUpdate, SetRequest};
+    let now = Instant::now();
+    let settings = DeviceSettings {
+        private_key: PrivateKey::generate(),
+        listen_port: 51820,
+        mtu: 1420,
+        fwmark: 0,
+    };
+    let mut real = Device::new(
+        settings.clone(),
+        Vec::new(),
+        now,
+        Environment::seeded(1, Duration::from_secs(1)),
+    );
+    let mut checker = Device::checker(
+        settings,
+        now,
+        Environment::seeded(2, Duration::from_secs(1)),
+    );
+    let peer = |key: tunneld_crypto::PublicKey, net: &str| {
+        let mut update = PeerUpdate::new(key);
+        update.replace_allowed_ips = true;
+        update.allowed_ips = vec![net.parse().unwrap()];
+        update
+    };
+    let good = SetRequest {
+        peers: (0..50u8)
+            .map(|i| {
+                peer(
+                    PrivateKey::generate().public_key(),
+                    &format!("10.9.{i}.0/24"),
+                )
+            })
+            .collect(),
+        ..SetRequest::default()
+    };
+    assert!(real.apply(good.clone(), now).is_ok());
+    assert!(checker.apply(good, now).is_ok());
+    assert_eq!(real.peer_count(), checker.peer_count());
+    let mut routes = (real.routes(), checker.routes());
+    routes.0.sort();
+    routes.1.sort();
+    assert_eq!(routes.0, routes.1);
+    // u = 0, a point of order 2: refused by both alike.
+    let low = tunneld_crypto::PublicKey::from_bytes([0; 32]);
+    let bad = SetRequest {
+        peers: vec![peer(low, "10.10.0.0/24")],
+        ..SetRequest::default()
+    };
+    let (r, c) = (real.apply(bad.clone(), now), checker.apply(bad, now));
+    assert!(r.is_err());
+    assert_eq!(r.unwrap_err().to_string(), c.unwrap_err().to_string());
+}

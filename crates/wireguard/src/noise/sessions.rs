@@ -160,10 +160,33 @@ impl Sessions {
     ) -> Result<Self, DropReason> {
         let peer = PeerIdentity::new(&local.identity, peer_public)
             .map_err(|_| DropReason::HandshakeRejected)?;
+        Ok(Self::with_identity(peer, psk, slot, rng))
+    }
+
+    /// [`Sessions::new`] for a device that only checks requests and never handshakes: the
+    /// key is refused alike, without the static Diffie-Hellman
+    /// ([`PeerIdentity::for_checking`]).
+    pub fn for_checking(
+        peer_public: [u8; 32],
+        psk: Option<[u8; 32]>,
+        slot: u32,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Self, DropReason> {
+        let peer =
+            PeerIdentity::for_checking(peer_public).map_err(|_| DropReason::HandshakeRejected)?;
+        Ok(Self::with_identity(peer, psk, slot, rng))
+    }
+
+    fn with_identity(
+        peer: PeerIdentity,
+        psk: Option<[u8; 32]>,
+        slot: u32,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Self {
         let mut seed = Zeroizing::new([0u8; 32]);
         rng.fill_bytes(&mut *seed);
         let mut rng = ChaCha20Rng::from_seed(*seed);
-        Ok(Self {
+        Self {
             peer,
             psk: Zeroizing::new(psk.unwrap_or([0; 32])),
             slot,
@@ -184,7 +207,7 @@ impl Sessions {
             unanswered_receive: None,
             expired: false,
             rng,
-        })
+        }
     }
 
     /// Our static key changed: every session and handshake made with the old one ends.
