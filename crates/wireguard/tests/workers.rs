@@ -677,3 +677,118 @@ fn a_checking_device_refuses_what_a_real_one_does() {
     assert!(r.is_err());
     assert_eq!(r.unwrap_err().to_string(), c.unwrap_err().to_string());
 }
+
+/// Under load, cookies prove an address, and each address then has its own budget (a burst
+/// of 5, then 20 a second): ten spokes behind one address retrying with their cookies at
+/// once get five answers, and a spoke at another address is answered all the same.
+#[test]
+fn under_load_each_source_address_has_a_budget_of_its_own() {
+    let now = Instant::now();
+    let hub_key = PrivateKey::generate();
+    let hub_addr: SocketAddr = "192.0.2.1:51820".parse().unwrap();
+    let spokes: Vec<(PrivateKey, SocketAddr)> = (0..11u16)
+        .map(|i| {
+            let ip = if i < 10 {
+                "198.51.100.7"
+            } else {
+                "198.51.100.8"
+            };
+            (
+                PrivateKey::generate(),
+                format!("{ip}:{}", 40000 + i).parse().unwrap(),
+            )
+        })
+        .collect();
+    let mut hub = Device::new(
+        DeviceSettings {
+            private_key: hub_key.clone(),
+            listen_port: 51820,
+            mtu: 1420,
+            fwmark: 0,
+        },
+        spokes
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _))| peer(k, "192.0.2.99:1", &format!("10.8.{i}.0/24"), 1, None))
+            .collect(),
+        now,
+        Environment::seeded(7, Duration::from_secs(1)),
+    );
+    let mut devices: Vec<Device> = spokes
+        .iter()
+        .enumerate()
+        .map(|(i, (k, _))| {
+            Device::new(
+                DeviceSettings {
+                    private_key: k.clone(),
+                    listen_port: 0,
+                    mtu: 1420,
+                    fwmark: 0,
+                },
+                vec![peer(&hub_key, "192.0.2.1:51820", "10.0.0.0/8", 1, None)],
+                now,
+                Environment::seeded(100 + i as u64, Duration::from_secs(1)),
+            )
+        })
+        .collect();
+    // Every spoke's first initiation, at a hub under load: a cookie reply each.
+    hub.note_backlog(1 << 20, 1 << 20, now);
+    for (i, device) in devices.iter_mut().enumerate() {
+        let packet = udp_packet([10, 8, i as u8, 1], [10, 0, 0, 1], 4000, 0);
+        let mut frame = packet.clone();
+        frame.resize(packet.len() + 64, 0);
+        let mut out = Collect::new();
+        device.encapsulate(&mut frame, packet.len(), now, &mut out);
+        let (mut tun, mut replies) = (Collect::new(), Collect::new());
+        hub.decapsulate(
+            spokes[i].1,
+            &out.datagrams[0].1,
+            now,
+            &mut tun,
+            &mut replies,
+        );
+        assert_eq!(replies.datagrams.len(), 1);
+        assert_eq!(replies.datagrams[0].1[0], 3, "a cookie reply");
+        let mut ignored = (Collect::new(), Collect::new());
+        device.decapsulate(
+            hub_addr,
+            &replies.datagrams[0].1,
+            now,
+            &mut ignored.0,
+            &mut ignored.1,
+        );
+    }
+    // Their retries, with cookies, all at one instant, the hub still under load.
+    let later = now + Duration::from_millis(5_500);
+    hub.note_backlog(1 << 20, 1 << 20, later);
+    let mut answered = Vec::new();
+    for (i, device) in devices.iter_mut().enumerate() {
+        let mut out = Collect::new();
+        device.tick(later, &mut out);
+        assert_eq!(out.datagrams.len(), 1, "spoke {i} retries");
+        let (mut tun, mut replies) = (Collect::new(), Collect::new());
+        hub.decapsulate(
+            spokes[i].1,
+            &out.datagrams[0].1,
+            later,
+            &mut tun,
+            &mut replies,
+        );
+        answered.push(replies.datagrams.first().map(|(_, d)| d[0]));
+    }
+    let from_first_address = answered[..10].iter().filter(|a| **a == Some(2)).count();
+    assert_eq!(
+        from_first_address, 5,
+        "one address, one burst: {answered:?}"
+    );
+    assert!(
+        answered[..10].iter().all(|a| *a == Some(2) || a.is_none()),
+        "past its budget an address gets nothing, not another cookie: {answered:?}"
+    );
+    assert_eq!(answered[10], Some(2), "another address is answered");
+    assert_eq!(
+        hub.stats()
+            .drops(tunneld_wireguard::DropReason::RateLimited),
+        5
+    );
+}
