@@ -442,6 +442,9 @@ fn measure_in(
             )
         });
         let cpu = cpu_seconds(&[pid]) - cpu_before;
+        if let Some(e) = &report.error {
+            return Err(format!("the storm stopped: {e}"));
+        }
         if report.confirmed < count {
             // What the hub says of itself, to tell a lost datagram from a refused one.
             if let Hub::Tunneld(bin) = hub {

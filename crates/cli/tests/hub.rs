@@ -95,6 +95,7 @@ fn storm(
             STORM_DEADLINE,
         )
     });
+    assert_eq!(report.error, None, "the storm stopped early");
     eprintln!(
         "storm of {}: {} confirmed in {:?}, {} retransmissions, {} cookie replies, {} responses",
         report.spokes,

@@ -58,6 +58,10 @@ pub struct StormReport {
     pub responses: u64,
     /// When each spoke was done, from the start.
     pub done_at: Vec<Option<Duration>>,
+    /// Why the storm stopped early (a spoke's socket could not be made), if it did. Not a
+    /// panic: the benchmark runs with `panic = "abort"`, and its namespaces and hub must
+    /// still be removed.
+    pub error: Option<String>,
 }
 
 /// One datagram or packet a spoke's device wrote.
@@ -213,7 +217,8 @@ impl Spokes {
             }
         };
 
-        while done < n && started.elapsed() < deadline {
+        let mut error = None;
+        while done < n && started.elapsed() < deadline && error.is_none() {
             let now = Instant::now();
             // Start the spokes due by now: spoke i at i/n of the spread.
             let due = if spread.is_zero() {
@@ -228,9 +233,15 @@ impl Spokes {
                 let i = started_count;
                 started_count += 1;
                 let ip = sources[i % sources.len()];
-                let socket = UdpSocket::bind(SocketAddr::new(ip, 0))
-                    .unwrap_or_else(|e| panic!("bind {ip}: {e}"));
-                socket.set_nonblocking(true).unwrap();
+                let socket = match UdpSocket::bind(SocketAddr::new(ip, 0))
+                    .and_then(|s| s.set_nonblocking(true).map(|()| s))
+                {
+                    Ok(socket) => socket,
+                    Err(e) => {
+                        error = Some(format!("spoke {i}: a socket on {ip}: {e}"));
+                        break;
+                    }
+                };
                 let mut event = libc::epoll_event {
                     events: libc::EPOLLIN as u32,
                     u64: i as u64,
@@ -340,6 +351,7 @@ impl Spokes {
             cookie_replies,
             responses,
             done_at,
+            error,
         }
     }
 }

@@ -468,8 +468,7 @@ impl Sessions {
         now: Instant,
     ) -> Result<Opened, DropReason> {
         let index = data.receiver();
-        let named =
-            |s: &Option<Box<Session>>| s.as_ref().is_some_and(|s| s.local_index == index);
+        let named = |s: &Option<Box<Session>>| s.as_ref().is_some_and(|s| s.local_index == index);
         let which = if named(&self.current) {
             &mut self.current
         } else if named(&self.next) {
