@@ -450,10 +450,13 @@ fn measure_in(
             if let Hub::Tunneld(bin) = hub {
                 let bin = bin.to_string_lossy().into_owned();
                 let show = run_in(&hub_ns, &[&bin, "show", &ifname]).unwrap_or_else(|e| e);
-                let show: String = show
-                    .lines()
-                    .filter(|l| !l.trim_start().starts_with("peer") && !l.contains("endpoint"))
-                    .take(60)
+                // The interface and its workers' counters, not every peer.
+                let lines: Vec<&str> = show.lines().collect();
+                let show = lines
+                    .iter()
+                    .take(4)
+                    .chain(lines.iter().skip(lines.len().saturating_sub(40)))
+                    .copied()
                     .collect::<Vec<_>>()
                     .join("\n");
                 eprintln!(
@@ -547,13 +550,23 @@ fn up_with_routes(
     let took = started.elapsed().as_secs_f64();
     let routes = run_in(&ns, &["ip", "-4", "route", "show", "dev", &ifname])?;
     let count = routes.lines().filter(|l| l.starts_with("10.")).count();
-    let pid = pid_of(&ifname);
-    if let Ok(pid) = pid {
-        stop(&ns, pid, &ifname);
-    }
-    if let Some(mut child) = child {
-        let _ = child.kill();
-        let _ = child.wait();
+    match &mut child {
+        // tunneld up: SIGTERM, its clean teardown (interface, routes, UAPI socket).
+        Some(child) => {
+            // SAFETY: kill sends a signal to this bench's own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        None => {
+            if let Ok(pid) = pid_of(&ifname) {
+                stop(&ns, pid, &ifname);
+            }
+        }
     }
     if count < n {
         return Err(format!(
