@@ -149,6 +149,9 @@ pub struct Worker<P, D> {
     segment_buf: Box<[u8]>,
     /// Datagrams or packets the kernel refused to take (full buffers); counted, not retried.
     send_shortfall: u64,
+    /// How much of `send_shortfall` the device's counters have (as `not_sent` drops, so
+    /// `tunneld show` and the metrics see it).
+    shortfall_counted: u64,
     /// Super-packets from the TUN that could not be segmented (see `offload::segment`).
     offload_errors: u64,
     /// How long to keep polling without sleeping after a sparse turn (0: never).
@@ -191,6 +194,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             underlay_tx,
             segment_buf: vec![0; FRAME_PAYLOAD].into_boxed_slice(),
             send_shortfall: 0,
+            shortfall_counted: 0,
             offload_errors: 0,
             busy_poll: BusyPoll::new(Duration::ZERO),
             outboxes: Vec::new(),
@@ -274,6 +278,13 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     pub fn tick(&mut self, now: Instant) {
         self.device.tick(now, &mut self.underlay_tx);
         self.flush_network();
+        let unsent = self.send_shortfall - self.shortfall_counted;
+        if unsent > 0 {
+            self.device
+                .stats_mut()
+                .drop_many(DropReason::NotSent, unsent);
+            self.shortfall_counted = self.send_shortfall;
+        }
     }
 
     /// One turn of the data path without waiting: what the kernel has ready, processed inline.

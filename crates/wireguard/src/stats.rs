@@ -37,6 +37,7 @@ drop_reasons! {
     Expired => "expired",
     UnderLoad => "under_load",
     RateLimited => "rate_limited",
+    NotSent => "not_sent",
     HandOffFull => "handoff_full",
     Other => "other",
 }
@@ -68,6 +69,11 @@ impl Stats {
     #[inline]
     pub fn drop(&mut self, reason: DropReason) {
         self.drops[reason as usize] += 1;
+    }
+
+    /// Counts `n` drops at once (what the kernel did not take of a batch).
+    pub fn drop_many(&mut self, reason: DropReason, n: u64) {
+        self.drops[reason as usize] += n;
     }
 
     pub fn drops(&self, reason: DropReason) -> u64 {
