@@ -446,6 +446,7 @@ fn measure_in(
             return Err(format!("the storm stopped: {e}"));
         }
         if report.confirmed < count {
+            eprintln!("    the spokes' own drops: {:?}", report.spoke_drops);
             // What the hub says of itself, to tell a lost datagram from a refused one.
             if let Hub::Tunneld(bin) = hub {
                 let bin = bin.to_string_lossy().into_owned();

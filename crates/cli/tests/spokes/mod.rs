@@ -62,6 +62,8 @@ pub struct StormReport {
     /// panic: the benchmark runs with `panic = "abort"`, and its namespaces and hub must
     /// still be removed.
     pub error: Option<String>,
+    /// The spokes' own drops, by reason, summed (what they refused of the hub's replies).
+    pub spoke_drops: Vec<(String, u64)>,
 }
 
 /// One datagram or packet a spoke's device wrote.
@@ -336,6 +338,12 @@ impl Spokes {
                 }
             }
         }
+        let mut drops: std::collections::BTreeMap<String, u64> = Default::default();
+        for (device, _) in spokes.iter().flatten() {
+            for (reason, n) in device.stats().nonzero_drops() {
+                *drops.entry(reason.to_string()).or_default() += n;
+            }
+        }
         let took = done_at
             .iter()
             .flatten()
@@ -352,6 +360,7 @@ impl Spokes {
             responses,
             done_at,
             error,
+            spoke_drops: drops.into_iter().collect(),
         }
     }
 }
