@@ -4,8 +4,9 @@
 //!
 //! The devices are made in `iter_batched`'s untimed set-up, so key generation and device
 //! construction are not counted. Fresh devices also keep every exchange clear of the
-//! device's handshake rate limiter (`HANDSHAKE_RATE_LIMIT` in crates/wireguard/src/device.rs),
-//! which a long-lived pair would hit within a second and answer with cookies instead.
+//! device's "under load" rule (more than 64 handshake messages in one turn where no backlog
+//! is reported, `HANDSHAKE_SLICE` in crates/wireguard/src/device.rs), which a long-lived
+//! pair would meet at the same `now` and answer with cookies instead.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use tunneld_benches::{device_pair, handshake, ipv4_packet, ExchangeBatches};

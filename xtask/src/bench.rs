@@ -762,7 +762,7 @@ fn chart(contenders: &[Contender], path: &Path) -> Result<(), String> {
 }
 
 /// Builds the offload-capable wireguard-go from the Go module proxy with the machine's Go.
-fn build_wireguard_go(tools: &Path) -> Result<PathBuf, String> {
+pub(crate) fn build_wireguard_go(tools: &Path) -> Result<PathBuf, String> {
     let bin = tools.join("bin/wireguard");
     if bin.is_file() {
         return Ok(bin);

@@ -7,6 +7,7 @@ mod demo;
 mod embedded_bench;
 mod fleet_bench;
 mod fuzz;
+mod hub_bench;
 mod kernel_wg;
 #[cfg(test)]
 mod library_deps;
@@ -60,6 +61,12 @@ commands:
                    each, default 10), time for a new site to be reachable from N = 10 and
                    50 others, etcd requests per gateway per minute, CPU and memory at rest;
                    report in target/bench-report/fleet-report.md
+  bench-hub [--quick] [--rounds N] [--peers N,...] [--no-up] [--update-docs]
+                   a hub with N peers (default 1000,10000,100000), tunneld beside
+                   wireguard-go: wg setconf, up with routes, wg show dump, RSS per peer,
+                   and a restart storm of N real initiators from 256 addresses (time until
+                   every session is confirmed, retransmissions, hub CPU per handshake);
+                   report in target/bench-report/hub-report.md
   fuzz <target|all|list> [--time N]
                    coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
                    installed when missing); default 60 s each
@@ -92,7 +99,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if matches!(
         args.first().map(String::as_str),
-        Some("demo" | "bench" | "bench-tls" | "bench-embedded" | "bench-fleet")
+        Some("demo" | "bench" | "bench-tls" | "bench-embedded" | "bench-fleet" | "bench-hub")
     ) {
         system::catch_interrupts();
     }
@@ -103,6 +110,7 @@ fn main() -> ExitCode {
         Some("bench-tls") => tls_bench::run(&args[1..]),
         Some("bench-embedded") => embedded_bench::run(&args[1..]),
         Some("bench-fleet") => fleet_bench::run(&args[1..]),
+        Some("bench-hub") => hub_bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("tlsfuzzer") => tlsfuzzer::run(&args[1..]),
         Some("kernel-wg") => system::install_tools().and_then(|()| kernel_wg::run(&args[1..])),

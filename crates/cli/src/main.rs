@@ -399,6 +399,60 @@ fn run(command: Command, foreground: bool) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// systemd's watchdog (`WatchdogSec=`), fed from the workers' progress rather than from a
+/// timer that would go on while they are stuck: every half interval, `WATCHDOG=1` only if
+/// every worker has run its timers since the last time. A worker stuck for the interval
+/// leaves it unfed, and systemd kills and restarts the service.
+struct Watchdog {
+    every: std::time::Duration,
+    next: std::time::Instant,
+    last: Option<Vec<u64>>,
+    warned: bool,
+}
+
+impl Watchdog {
+    fn new(interval: std::time::Duration) -> Watchdog {
+        let every = interval / 2;
+        Watchdog {
+            every,
+            next: std::time::Instant::now() + every,
+            last: None,
+            warned: false,
+        }
+    }
+
+    fn feed(&mut self, gateway: &tunneld::Gateway) {
+        let now = std::time::Instant::now();
+        if now < self.next {
+            return;
+        }
+        self.next = now + self.every;
+        // TLS forwarding alone has no WireGuard workers: its process is alive if we are.
+        let progress = gateway.worker_progress().unwrap_or_default();
+        let stuck: Vec<usize> = match &self.last {
+            Some(last) => progress
+                .iter()
+                .zip(last)
+                .enumerate()
+                .filter(|(_, (now, then))| now <= then)
+                .map(|(i, _)| i)
+                .collect(),
+            None => Vec::new(),
+        };
+        self.last = Some(progress);
+        if stuck.is_empty() {
+            self.warned = false;
+            tell_systemd(&[NotifyState::Watchdog]);
+        } else if !self.warned {
+            self.warned = true;
+            tracing::error!(
+                "worker(s) {stuck:?} made no progress for {:?}: the systemd watchdog is not fed",
+                self.every
+            );
+        }
+    }
+}
+
 /// `tunneld up`: starts the gateway the file describes, then waits for a signal: SIGHUP
 /// reloads the file, SIGINT and SIGTERM stop it; so does a worker that stops on its own.
 fn up(path: &std::path::Path) -> anyhow::Result<()> {
@@ -445,6 +499,7 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
         None => "TLS forwarding up".into(),
     };
     tell_systemd(&[NotifyState::Ready, NotifyState::Status(&status)]);
+    let mut watchdog = sd_notify::watchdog_enabled().map(Watchdog::new);
     let signal = 'wait: loop {
         for signal in signals.pending() {
             match signal {
@@ -463,6 +518,9 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
         }
         if gateway.has_failed() {
             break None;
+        }
+        if let Some(watchdog) = &mut watchdog {
+            watchdog.feed(&gateway);
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };

@@ -49,6 +49,7 @@ const DATAPLANE_FIELDS: &[&str] = &[
     "aead",
     "xdp_interface",
     "xdp_checksum_offload",
+    "clamp_mss",
 ];
 /// The most sub-tunnels one peer can be split into (`parallel`).
 pub const MAX_PARALLEL: u8 = 64;
@@ -140,7 +141,25 @@ pub struct DataplaneConfig {
     /// `backend = "xdp"`: leave UDP checksums to the device where it computes them (TX
     /// checksum offload); `false`: always compute them in software.
     pub xdp_checksum_offload: bool,
+    /// TCP MSS clamping of SYNs crossing the tunnel, both ways (`clamp_mss`).
+    pub clamp_mss: ClampMss,
 }
+
+/// `[dataplane] clamp_mss`: whether TCP SYNs crossing the tunnel get their MSS lowered, so
+/// that hosts behind a gateway never send segments the tunnel would fragment or drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClampMss {
+    /// Left as the hosts set it (the default, as in the other WireGuard implementations).
+    #[default]
+    Off,
+    /// `"auto"`: from the tunnel's MTU (MTU − 40 over IPv4, MTU − 60 over IPv6).
+    Auto,
+    /// At most this over IPv4 (20 less over IPv6).
+    Mss(u16),
+}
+
+/// The smallest MSS `clamp_mss` may give (IPv4's minimum datagram less its headers).
+const MIN_CLAMP_MSS: i64 = 536;
 
 impl Default for DataplaneConfig {
     fn default() -> Self {
@@ -155,6 +174,7 @@ impl Default for DataplaneConfig {
             aead: None,
             xdp_interface: None,
             xdp_checksum_offload: true,
+            clamp_mss: ClampMss::Off,
         }
     }
 }
@@ -1197,6 +1217,23 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
             ),
         );
     }
+    let clamp_mss = match t.get("clamp_mss") {
+        None | Some(Value::Boolean(false)) => ClampMss::Off,
+        Some(Value::String(s)) if s == "auto" => ClampMss::Auto,
+        Some(Value::Integer(n)) if (MIN_CLAMP_MSS..=65_495).contains(n) => {
+            ClampMss::Mss(u16::try_from(*n).unwrap_or(u16::MAX))
+        }
+        Some(other) => {
+            c.error(
+                "dataplane.clamp_mss",
+                format!(
+                    "must be \"auto\" (from the tunnel MTU), an MSS of {MIN_CLAMP_MSS}-65495 or false, not {}",
+                    describe(other)
+                ),
+            );
+            ClampMss::Off
+        }
+    };
     DataplaneConfig {
         backend,
         workers,
@@ -1208,6 +1245,7 @@ fn check_dataplane(c: &mut Checker, t: &Table) -> DataplaneConfig {
         aead,
         xdp_interface,
         xdp_checksum_offload,
+        clamp_mss,
     }
 }
 

@@ -1,7 +1,9 @@
 //! Config validation, error by error: each bad value gives one line naming its field, all of
 //! them at once, never echoing a secret; wg-quick files import to configs that parse.
 
-use tunneld_config::{self as config, Backend, Config, Endpoint, KeySource, Parallel, Workers};
+use tunneld_config::{
+    self as config, Backend, ClampMss, Config, Endpoint, KeySource, Parallel, Workers,
+};
 use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
 
 /// Fixed keys, so that failures are reproducible.
@@ -1100,6 +1102,7 @@ udp_gso = "yes"
 tun_offload = 1
 busy_poll_us = 20000
 xdp_interface = "eth 0"
+clamp_mss = "always"
 
 [[peer]]
 public_key = "{p}"
@@ -1130,6 +1133,10 @@ preshared_key_file = "y"
     assert_has(&e, "dataplane.udp_gso: must be true or false, not \"yes\"");
     assert_has(&e, "dataplane.tun_offload: must be true or false, not 1");
     assert_has(&e, "dataplane.busy_poll_us: 20000 is out of range 0-10000");
+    assert_has(
+        &e,
+        "dataplane.clamp_mss: must be \"auto\" (from the tunnel MTU), an MSS of 536-65495 or false, not \"always\"",
+    );
     assert_has(
         &e,
         "dataplane.xdp_interface: `eth 0` is not an interface name",
@@ -1429,5 +1436,22 @@ fn fleet_errors_name_the_field_in_one_line() {
     assert!(
         e.iter().any(|l| l.contains("fleet: needs an [interface]")),
         "{e:?}"
+    );
+}
+
+#[test]
+fn clamp_mss_is_off_auto_or_a_number() {
+    let base = format!(
+        "[interface]\nname = \"wg0\"\nprivate_key = \"{}\"\n",
+        random_private()
+    );
+    assert_eq!(ok(&base).dataplane.clamp_mss, ClampMss::Off);
+    let with = |v: &str| format!("{base}\n[dataplane]\nclamp_mss = {v}\n");
+    assert_eq!(ok(&with("\"auto\"")).dataplane.clamp_mss, ClampMss::Auto);
+    assert_eq!(ok(&with("1200")).dataplane.clamp_mss, ClampMss::Mss(1200));
+    assert_eq!(ok(&with("false")).dataplane.clamp_mss, ClampMss::Off);
+    assert_has(
+        &errors(&with("100")),
+        "dataplane.clamp_mss: must be \"auto\" (from the tunnel MTU), an MSS of 536-65495 or false, not 100",
     );
 }

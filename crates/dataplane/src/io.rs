@@ -38,4 +38,10 @@ pub trait DatagramIo {
     fn batches(&mut self) -> Option<(Batch, Batch)> {
         None
     }
+    /// How many bytes wait in the kernel's receive queue and how many it holds, for a
+    /// backend that can tell (a socket's `SO_MEMINFO`): the backlog that decides whether the
+    /// device is under load (`Device::note_backlog`). `None` (the default): it cannot tell.
+    fn backlog(&self) -> Option<(usize, usize)> {
+        None
+    }
 }

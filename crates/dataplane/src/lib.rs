@@ -31,3 +31,9 @@ pub fn system_environment() -> tunneld_wireguard::Environment {
         .unwrap_or_default();
     tunneld_wireguard::Environment::new(rand_core::OsRng, unix_now)
 }
+
+/// A cookie secret from the operating system's random numbers, for all the workers of one
+/// interface (`Environment::with_cookie_secret`).
+pub fn system_cookie_secret() -> tunneld_wireguard::CookieSecret {
+    tunneld_wireguard::CookieSecret::new(&mut rand_core::OsRng)
+}

@@ -507,7 +507,35 @@ pub(crate) fn is_fatal(e: &io::Error) -> bool {
     )
 }
 
+/// The bytes waiting in `fd`'s receive queue and the queue's size (`SO_MEMINFO`).
+pub(crate) fn receive_backlog(fd: RawFd) -> Option<(usize, usize)> {
+    let mut info = [0u32; 9];
+    let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info` and updates `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    let rcvbuf = libc::SK_MEMINFO_RCVBUF as usize;
+    if rc < 0 || (len as usize) < (rcvbuf + 1) * 4 {
+        return None;
+    }
+    Some((
+        info[libc::SK_MEMINFO_RMEM_ALLOC as usize] as usize,
+        info[rcvbuf] as usize,
+    ))
+}
+
 impl DatagramIo for UdpSocket {
+    fn backlog(&self) -> Option<(usize, usize)> {
+        receive_backlog(self.fd.as_raw_fd())
+    }
+
     fn recv_batch(&mut self, batch: &mut Batch) -> io::Result<usize> {
         let start = batch.len();
         let free = BATCH_SIZE - start;

@@ -828,6 +828,11 @@ struct SendTally {
 }
 
 impl DatagramIo for UringUdp {
+    /// The socket's queue: what the multishot receive has not yet moved into the ring.
+    fn backlog(&self) -> Option<(usize, usize)> {
+        self.sock.backlog()
+    }
+
     fn recv_batch(&mut self, batch: &mut Batch) -> io::Result<usize> {
         if batch.is_full() {
             return Ok(0);

@@ -13,6 +13,7 @@ use crate::waker::Waker;
 use crate::{Batch, DatagramIo, PacketIo, FRAME_PAYLOAD};
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,22 +39,44 @@ enum Control {
 pub struct WorkerHandle {
     sender: mpsc::Sender<Control>,
     waker: Arc<Waker>,
+    progress: Arc<AtomicU64>,
 }
 
+/// `TUNNELD_TEST_STALL_AFTER_MS=N`: a test hook that makes the first worker to get there
+/// stop making progress N ms after it starts (it sleeps inside its loop, as a worker stuck
+/// in a batch would), so a test can see the systemd watchdog stop being fed.
+const STALL_HOOK: &str = "TUNNELD_TEST_STALL_AFTER_MS";
+static STALLED: AtomicBool = AtomicBool::new(false);
+
 impl WorkerHandle {
+    /// How many times the worker has run its timers: it does every 250 ms whether traffic
+    /// flows or not, so a count that stops rising is a worker that is stuck (what the
+    /// systemd watchdog is fed from).
+    pub fn progress(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
     /// Runs `f` on the worker's thread with its device, between batches, and returns its
     /// result; `None` if the worker has stopped.
     pub fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Device, Instant) -> T + Send + 'static,
     ) -> Option<T> {
+        self.start(f)?.recv().ok()
+    }
+
+    /// Queues `f` for the worker and returns where its result will arrive.
+    fn start<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Device, Instant) -> T + Send + 'static,
+    ) -> Option<mpsc::Receiver<T>> {
         let (reply_tx, reply_rx) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |device, now| {
             let _ = reply_tx.send(f(device, now));
         });
         self.sender.send(Control::Run(job)).ok()?;
         self.waker.wake();
-        reply_rx.recv().ok()
+        Some(reply_rx)
     }
 
     /// Asks the worker to stop after its current batch.
@@ -74,13 +97,19 @@ impl Workers {
         Workers { handles }
     }
 
-    /// Runs `f` on each worker in turn (each between its batches) and returns the results
-    /// in worker order; `None` if a worker has stopped.
+    /// Runs `f` on every worker (each between its batches, all at once: a hub's `set` of
+    /// thousands of peers takes one worker's time, not the sum) and returns the results in
+    /// worker order; `None` if a worker has stopped.
     pub fn run_each<T: Send + 'static>(
         &self,
         f: impl Fn(&mut Device, Instant) -> T + Clone + Send + 'static,
     ) -> Option<Vec<T>> {
-        self.handles.iter().map(|h| h.run(f.clone())).collect()
+        let pending: Vec<Option<mpsc::Receiver<T>>> =
+            self.handles.iter().map(|h| h.start(f.clone())).collect();
+        pending
+            .into_iter()
+            .map(|reply| reply.and_then(|r| r.recv().ok()))
+            .collect()
     }
 
     /// Runs `f` on the first worker only, for what every worker's device knows alike (each
@@ -90,6 +119,11 @@ impl Workers {
         f: impl FnOnce(&mut Device, Instant) -> T + Send + 'static,
     ) -> Option<T> {
         self.handles.first()?.run(f)
+    }
+
+    /// Each worker's [`WorkerHandle::progress`], in worker order.
+    pub fn progress(&self) -> Vec<u64> {
+        self.handles.iter().map(WorkerHandle::progress).collect()
     }
 
     /// Asks every worker to stop after its current batch.
@@ -115,6 +149,9 @@ pub struct Worker<P, D> {
     segment_buf: Box<[u8]>,
     /// Datagrams or packets the kernel refused to take (full buffers); counted, not retried.
     send_shortfall: u64,
+    /// How much of `send_shortfall` the device's counters have (as `not_sent` drops, so
+    /// `tunneld show` and the metrics see it).
+    shortfall_counted: u64,
     /// Super-packets from the TUN that could not be segmented (see `offload::segment`).
     offload_errors: u64,
     /// How long to keep polling without sleeping after a sparse turn (0: never).
@@ -122,6 +159,8 @@ pub struct Worker<P, D> {
     /// Rings to each other worker (`None` for this one) and from each: empty with one worker.
     outboxes: Vec<Option<Outbox>>,
     inboxes: Vec<Inbox>,
+    /// Timer runs so far, read by the control plane (`WorkerHandle::progress`).
+    progress: Arc<AtomicU64>,
 }
 
 impl<P, D> std::fmt::Debug for Worker<P, D> {
@@ -136,9 +175,11 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     pub fn new(device: Device, overlay: P, mut underlay: D) -> io::Result<(Self, WorkerHandle)> {
         let (sender, control) = mpsc::channel();
         let waker = Arc::new(Waker::new()?);
+        let progress = Arc::new(AtomicU64::new(0));
         let handle = WorkerHandle {
             sender,
             waker: waker.clone(),
+            progress: progress.clone(),
         };
         let (underlay_rx, underlay_tx) = underlay.batches().unwrap_or_default();
         let worker = Self {
@@ -153,10 +194,12 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
             underlay_tx,
             segment_buf: vec![0; FRAME_PAYLOAD].into_boxed_slice(),
             send_shortfall: 0,
+            shortfall_counted: 0,
             offload_errors: 0,
             busy_poll: BusyPoll::new(Duration::ZERO),
             outboxes: Vec::new(),
             inboxes: Vec::new(),
+            progress,
         };
         Ok((worker, handle))
     }
@@ -188,6 +231,10 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     pub fn run(mut self) -> Device {
         let mut next_tick = Instant::now() + TICK;
         let mut logged_drops = 0;
+        let stall_at = std::env::var(STALL_HOOK)
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .map(|ms| Instant::now() + Duration::from_millis(ms));
         loop {
             let now = Instant::now();
             let timeout = if self.busy_poll.polling(now) {
@@ -215,6 +262,13 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                 self.tick(now);
                 next_tick = now + TICK;
                 self.log_new_drops(&mut logged_drops);
+                self.progress.fetch_add(1, Ordering::Relaxed);
+                if stall_at.is_some_and(|at| now >= at) && !STALLED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!("{STALL_HOOK}: this worker stops making progress (a test hook)");
+                    loop {
+                        std::thread::sleep(Duration::from_secs(3600));
+                    }
+                }
             }
         }
     }
@@ -224,6 +278,13 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     pub fn tick(&mut self, now: Instant) {
         self.device.tick(now, &mut self.underlay_tx);
         self.flush_network();
+        let unsent = self.send_shortfall - self.shortfall_counted;
+        if unsent > 0 {
+            self.device
+                .stats_mut()
+                .drop_many(DropReason::NotSent, unsent);
+            self.shortfall_counted = self.send_shortfall;
+        }
     }
 
     /// One turn of the data path without waiting: what the kernel has ready, processed inline.
@@ -337,6 +398,12 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                 return 0;
             }
         }
+        if self.underlay_rx.is_full() {
+            // More may wait: how much decides whether handshakes need cookies.
+            if let Some((queued, capacity)) = self.underlay.backlog() {
+                self.device.note_backlog(queued, capacity, now);
+            }
+        }
         let mut datagrams = 0;
         for i in 0..self.underlay_rx.len() {
             let from = self.underlay_rx.addr(i);
@@ -409,7 +476,7 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
                         now,
                         &mut self.underlay_tx,
                     ),
-                    Cargo::Datagram(from) => self.device.decapsulate(
+                    Cargo::Datagram(from) => self.device.decapsulate_handed_off(
                         from,
                         &parcel.buf[..parcel.len],
                         now,

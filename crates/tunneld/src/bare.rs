@@ -246,12 +246,8 @@ impl Staged {
             mtu: self.opened.mtu,
             fwmark: self.fwmark,
         };
-        let mut device = Device::new(
-            settings,
-            Vec::new(),
-            now,
-            tunneld_dataplane::system_environment(),
-        );
+        // A checker: no peer's static Diffie-Hellman, which the workers compute anyway.
+        let mut device = Device::checker(settings, now, tunneld_dataplane::system_environment());
         for request in self.requests.iter().chain(extra) {
             device.apply(peers_only(request), now)?;
         }

@@ -211,6 +211,8 @@ pub(crate) fn run_dataplane(
     let listen_port = udp.local_port();
     let cpus = worker_cpus(dataplane, workers, &peers);
     let now = Instant::now();
+    // One cookie secret for the interface: a cookie any worker gives out is good at all.
+    let cookies = tunneld_dataplane::system_cookie_secret();
     let devices: Vec<Device> = (0..workers)
         .map(|i| {
             let mut device = Device::for_worker(
@@ -219,9 +221,14 @@ pub(crate) fn run_dataplane(
                 now,
                 i,
                 workers,
-                tunneld_dataplane::system_environment(),
+                tunneld_dataplane::system_environment().with_cookie_secret(cookies.clone()),
             );
             device.set_listen_port(listen_port);
+            device.set_clamp_mss(match dataplane.clamp_mss {
+                tunneld_config::ClampMss::Off => None,
+                tunneld_config::ClampMss::Auto => Some(tunneld_wireguard::packet::mss_for_mtu(mtu)),
+                tunneld_config::ClampMss::Mss(mss) => Some((mss, mss.saturating_sub(20))),
+            });
             device
         })
         .collect();

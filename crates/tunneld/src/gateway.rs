@@ -622,6 +622,17 @@ impl Gateway {
         Ok(monitor)
     }
 
+    /// How far each WireGuard worker has got: a count that rises every 250 ms while the
+    /// worker runs, busy or idle, and stops when it is stuck (what `tunneld up` feeds
+    /// systemd's watchdog from). `None` without a WireGuard interface.
+    pub fn worker_progress(&self) -> Option<Vec<u64>> {
+        let running = lock(&self.inner.running);
+        running
+            .as_ref()
+            .and_then(|r| r.wireguard.as_ref())
+            .map(|wg| wg.workers.progress())
+    }
+
     /// Whether a worker has stopped on its own (a failure: the interface is gone).
     pub fn has_failed(&self) -> bool {
         let running = lock(&self.inner.running);

@@ -5,11 +5,12 @@
 //! [`Device::apply`] (a UAPI `set`). Output goes into the caller's sinks.
 
 use crate::allowed_ips::AllowedIps;
-use crate::noise::cookie::CookieJar;
+use crate::noise::cookie::{CookieJar, CookieSecret};
 use crate::noise::handshake::{consume_initiation, ReceivedInitiation};
 use crate::noise::{self, Local, Opened, Sent, Sessions, Timer};
 use crate::packet::{self, flow_hash, padded_len};
 use crate::peer::Peer;
+use crate::ratelimit::RateLimiter;
 use crate::sink::{DatagramSink, PacketSink};
 use crate::stats::{DropReason, Stats};
 use crate::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, SetRequest, UapiError};
@@ -21,12 +22,18 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
 
-/// Handshake messages per second above which the device is under load: a handshake message
-/// then needs a valid mac2 (a cookie proving its source address), else it gets a cookie reply.
-const HANDSHAKE_RATE_LIMIT: u64 = 100;
+/// Under load, a handshake message needs a valid mac2 (a cookie proving its source address),
+/// else it gets a cookie reply, and its source's budget (`ratelimit.rs`). The device is under
+/// load when a backlog of work waits behind it: what the I/O below reports
+/// ([`Device::note_backlog`]: an eighth of a socket's receive buffer queued, the kernel's
+/// rule for its handshake queue), or, where nothing is reported, more than this many
+/// handshake messages in one turn (one `now`), which is as much as one full batch of them.
+const HANDSHAKE_SLICE: u32 = 64;
+/// How long the device stays under load after the last sign of a backlog (the kernel's
+/// second), so that the cookies it gave out are asked for when they come back.
+const UNDER_LOAD_AFTER: Duration = Duration::from_secs(1);
 /// Peer slots must fit in the 24 high bits of a receiver index (a session uses the low 8).
 const MAX_PEERS: usize = 1 << 24;
-const RATE_LIMIT_RESET: Duration = Duration::from_secs(1);
 
 /// Settings of the interface itself.
 #[derive(Debug, Clone)]
@@ -107,6 +114,7 @@ impl PeerSettings {
 pub struct Environment {
     rng: Box<dyn CryptoRngCore + Send>,
     unix_now: Duration,
+    cookie_secret: Option<CookieSecret>,
 }
 
 impl Environment {
@@ -117,7 +125,16 @@ impl Environment {
         Environment {
             rng: Box::new(rng),
             unix_now,
+            cookie_secret: None,
         }
+    }
+
+    /// The cookie secret the device makes cookies with, shared with the interface's other
+    /// workers so that each honours the cookies the others give out. Without it a device
+    /// makes a secret of its own (fine for a single worker).
+    pub fn with_cookie_secret(mut self, secret: CookieSecret) -> Self {
+        self.cookie_secret = Some(secret);
+        self
     }
 
     /// A deterministic environment for tests and simulations: ChaCha20 seeded from `seed`.
@@ -176,6 +193,36 @@ pub fn owner_of(key: &PublicKey, parallel: u8, sub: u8, workers: usize) -> usize
     }
 }
 
+/// Whether the device is under load: see `HANDSHAKE_SLICE`.
+#[derive(Debug, Default)]
+struct Load {
+    /// Under load until then.
+    until: Option<Instant>,
+    /// The I/O below reports its backlog (`Device::note_backlog`).
+    reported: bool,
+    /// The current turn (its `now`) and the handshake messages seen in it, where no backlog
+    /// is reported.
+    turn: Option<Instant>,
+    in_turn: u32,
+}
+
+impl Load {
+    /// Counts one handshake message at `now` and says whether the device is under load.
+    fn under_load(&mut self, now: Instant) -> bool {
+        if !self.reported {
+            if self.turn != Some(now) {
+                self.turn = Some(now);
+                self.in_turn = 0;
+            }
+            self.in_turn = self.in_turn.saturating_add(1);
+            if self.in_turn > HANDSHAKE_SLICE {
+                self.until = Some(now + UNDER_LOAD_AFTER);
+            }
+        }
+        self.until.is_some_and(|until| now < until)
+    }
+}
+
 pub struct Device {
     private_key: PrivateKey,
     local: Local,
@@ -184,16 +231,22 @@ pub struct Device {
     fwmark: u32,
     /// Peer slots; a slot's index is the high 24 bits of its receiver indices.
     peers: Vec<Option<Peer>>,
+    /// Places in `peers` left empty by a removal, for the next peer added.
+    free: Vec<usize>,
     by_key: HashMap<PublicKey, usize>,
     /// Peer `i` (its place in `peers`) uses slot `i * slot_stride + slot_offset` in its
     /// receiver indices: see `for_worker`.
     slot_stride: usize,
     slot_offset: usize,
     routes: AllowedIps<usize>,
+    /// TCP SYNs crossing the tunnel get their MSS lowered to this (IPv4, IPv6), if set.
+    clamp_mss: Option<(u16, u16)>,
+    /// A device that only checks requests (`Device::checker`): peers get no static secret.
+    checking: bool,
     cookies: CookieJar,
-    /// Handshake messages received since `last_rate_reset`.
-    handshakes_received: u64,
-    last_rate_reset: Instant,
+    /// Per-source handshake budgets, asked under load.
+    limiter: RateLimiter,
+    load: Load,
     stats: Stats,
     rng: Box<dyn CryptoRngCore + Send>,
     /// The wall clock at `started` (from the `Environment`), for a new key's timestamps.
@@ -223,6 +276,16 @@ impl Device {
         Device::for_worker(settings, peers, now, 0, 1, environment)
     }
 
+    /// A device that only checks `set` requests (`apply`) and reports what they would make
+    /// (`snapshot`), and never handshakes: its peers get no static Diffie-Hellman, the most
+    /// of a set's cost, and a low-order key is refused as [`Device::new`]'s would be. The
+    /// bare mode checks requests on one before the workers apply them.
+    pub fn checker(settings: DeviceSettings, now: Instant, environment: Environment) -> Self {
+        let mut device = Device::new(settings, Vec::new(), now, environment);
+        device.checking = true;
+        device
+    }
+
     /// A device for worker `worker` of `workers`: the receiver indices it hands out name a
     /// slot `s` with `s % workers == worker`, so that a datagram's index says which worker
     /// owns its session (the reuseport steering program reads exactly that), and indices of
@@ -236,7 +299,15 @@ impl Device {
         environment: Environment,
     ) -> Self {
         let workers = workers.max(1);
-        let Environment { mut rng, unix_now } = environment;
+        let Environment {
+            mut rng,
+            unix_now,
+            cookie_secret,
+        } = environment;
+        let cookies = match cookie_secret {
+            Some(secret) => CookieJar::shared(secret),
+            None => CookieJar::new(&mut *rng),
+        };
         let mut device = Self {
             local: Local::new(*settings.private_key.as_bytes(), now, unix_now),
             private_key: settings.private_key,
@@ -244,11 +315,14 @@ impl Device {
             mtu: settings.mtu,
             fwmark: settings.fwmark,
             peers: Vec::new(),
+            free: Vec::new(),
             by_key: HashMap::new(),
             routes: AllowedIps::new(),
-            cookies: CookieJar::new(&mut *rng),
-            handshakes_received: 0,
-            last_rate_reset: now,
+            clamp_mss: None,
+            checking: false,
+            cookies,
+            limiter: RateLimiter::default(),
+            load: Load::default(),
             stats: Stats::default(),
             rng,
             unix_at_start: unix_now,
@@ -296,10 +370,14 @@ impl Device {
             self.set_private_key(private_key, now);
             report.key_changed = true;
         }
+        let wanted_keys: std::collections::HashSet<&PublicKey> =
+            wanted.iter().map(|p| &p.public_key).collect();
+        let previous: HashMap<&PublicKey, &PeerSettings> =
+            previous.iter().map(|p| (&p.public_key, p)).collect();
         let gone: Vec<PublicKey> = self
             .by_key
             .keys()
-            .filter(|k| !wanted.iter().any(|p| p.public_key == **k))
+            .filter(|k| !wanted_keys.contains(k))
             .copied()
             .collect();
         for key in gone {
@@ -326,7 +404,7 @@ impl Device {
                 }
                 continue;
             }
-            let before = previous.iter().find(|q| q.public_key == p.public_key);
+            let before = previous.get(&p.public_key);
             let endpoint = p
                 .endpoint
                 .filter(|e| before.is_none_or(|b| b.endpoint != Some(*e)));
@@ -374,6 +452,15 @@ impl Device {
     }
     pub fn mtu(&self) -> u16 {
         self.mtu
+    }
+    /// Lowers the MSS of TCP SYNs crossing the tunnel, both ways, to at most `mss` (IPv4,
+    /// IPv6; [`packet::mss_for_mtu`] of the tunnel's MTU for `clamp_mss = "auto"`), inline
+    /// before encryption and after decryption; `None` leaves them alone.
+    pub fn set_clamp_mss(&mut self, mss: Option<(u16, u16)>) {
+        self.clamp_mss = mss;
+    }
+    pub fn clamp_mss(&self) -> Option<(u16, u16)> {
+        self.clamp_mss
     }
     pub fn stats(&self) -> &Stats {
         &self.stats
@@ -484,6 +571,11 @@ impl Device {
         if peer.maybe_queued {
             Self::flush_queued(peer, now, out, &mut self.stats);
         }
+        if let Some(mss) = self.clamp_mss {
+            if packet::clamp_mss(&mut frame[..len], mss) {
+                self.stats.mss_clamped += 1;
+            }
+        }
         let padded = padded_len(len, usize::from(self.mtu)).min(frame.len());
         frame[len..padded].fill(0);
         let Some(buf) = out.slot() else {
@@ -531,6 +623,33 @@ impl Device {
         overlay: &mut impl PacketSink,
         underlay: &mut impl DatagramSink,
     ) -> Disposition {
+        self.decapsulate_checked(from, datagram, now, overlay, underlay, false)
+    }
+
+    /// [`Device::decapsulate`] of a datagram another worker handed over
+    /// ([`Disposition::HandOff`]): a handshake initiation was admitted there (mac1, and
+    /// under load mac2 and its source's budget, against the interface's one cookie secret),
+    /// so it is not counted or charged twice.
+    pub fn decapsulate_handed_off(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        now: Instant,
+        overlay: &mut impl PacketSink,
+        underlay: &mut impl DatagramSink,
+    ) -> Disposition {
+        self.decapsulate_checked(from, datagram, now, overlay, underlay, true)
+    }
+
+    fn decapsulate_checked(
+        &mut self,
+        from: SocketAddr,
+        datagram: &[u8],
+        now: Instant,
+        overlay: &mut impl PacketSink,
+        underlay: &mut impl DatagramSink,
+        admitted: bool,
+    ) -> Disposition {
         let message = match wire::parse(datagram) {
             Ok(message) => message,
             Err(unparsed) => {
@@ -546,7 +665,7 @@ impl Device {
         }
         let authenticated = match message {
             Message::Initiation(initiation) => {
-                self.receive_initiation(from, initiation, now, underlay)
+                self.receive_initiation(from, initiation, now, underlay, admitted)
             }
             Message::Response(response) => self.receive_response(from, response, now, underlay),
             Message::CookieReply(reply) => self.receive_cookie(reply, now),
@@ -589,8 +708,9 @@ impl Device {
         initiation: wire::Initiation<'_>,
         now: Instant,
         underlay: &mut impl DatagramSink,
+        admitted: bool,
     ) -> Result<usize, Disposition> {
-        if !self.admit_handshake(from, initiation.into(), now, underlay) {
+        if !admitted && !self.admit_handshake(from, initiation.into(), now, underlay) {
             return Err(Disposition::Done);
         }
         let Some((slot, received)) = self.initiator_slot(initiation) else {
@@ -720,6 +840,11 @@ impl Device {
         match peer.sessions.receive_data(data, buf, now) {
             Ok(Opened::Packet { len, source }) => {
                 if self.routes.lookup_cached(source) == Some(slot) {
+                    if let Some(mss) = self.clamp_mss {
+                        if packet::clamp_mss(&mut buf[..len], mss) {
+                            self.stats.mss_clamped += 1;
+                        }
+                    }
                     overlay.push(len);
                     self.stats.rx_packets += 1;
                 } else {
@@ -736,8 +861,9 @@ impl Device {
     }
 
     /// The first check of a handshake message (initiation or response): its mac1 must be
-    /// right, and when the device is under load its mac2 too, or the sender gets a cookie
-    /// reply instead. False when the message goes no further.
+    /// right, and when the device is under load its mac2 too (or the sender gets a cookie
+    /// reply instead), and its source must be within its budget. False when the message goes
+    /// no further.
     fn admit_handshake(
         &mut self,
         from: SocketAddr,
@@ -749,11 +875,15 @@ impl Device {
             self.stats.drop(DropReason::InvalidMac);
             return false;
         }
-        self.handshakes_received += 1;
-        if self.handshakes_received <= HANDSHAKE_RATE_LIMIT
-            || self.cookies.mac2_valid(message, from, now, &mut *self.rng)
-        {
+        if !self.load.under_load(now) {
             return true;
+        }
+        if self.cookies.mac2_valid(message, from, now) {
+            if self.limiter.allow(from.ip(), now) {
+                return true;
+            }
+            self.stats.drop(DropReason::RateLimited);
+            return false;
         }
         let Some(buf) = underlay.slot() else {
             self.stats.drop(DropReason::NetworkBatchFull);
@@ -784,6 +914,22 @@ impl Device {
         }
         self.stats.drop(DropReason::UnderLoad);
         false
+    }
+
+    /// Tells the device how much work waits behind the batch it is handling: `queued` bytes
+    /// in a receive queue that holds `capacity` (a socket's `SO_MEMINFO`). An eighth full or
+    /// more puts the device under load for a second, as the kernel's handshake queue does;
+    /// once a backlog has been reported, that decides, not the count of handshakes per turn.
+    pub fn note_backlog(&mut self, queued: usize, capacity: usize, now: Instant) {
+        self.load.reported = true;
+        if capacity > 0 && queued.saturating_mul(8) >= capacity {
+            self.load.until = Some(now + UNDER_LOAD_AFTER);
+        }
+    }
+
+    /// Whether the device is under load at `now` (handshakes need cookies).
+    pub fn under_load(&self, now: Instant) -> bool {
+        self.load.until.is_some_and(|until| now < until)
     }
 
     /// For a handshake initiation: the slot of the initiating peer, found by the static key
@@ -930,10 +1076,7 @@ impl Device {
     /// Runs the protocol timers (handshake retries, rekeys, keepalives) of every peer.
     /// Call it every few hundred milliseconds.
     pub fn tick(&mut self, now: Instant, underlay: &mut impl DatagramSink) {
-        if now.saturating_duration_since(self.last_rate_reset) >= RATE_LIMIT_RESET {
-            self.handshakes_received = 0;
-            self.last_rate_reset = now;
-        }
+        self.limiter.sweep(now);
         // Another worker runs the timers of the sessions it carries.
         for peer in self.peers.iter_mut().flatten().filter(|p| p.owned) {
             let Some(buf) = underlay.slot() else {
@@ -1071,6 +1214,10 @@ impl Device {
         let unix_now = self.unix_at_start + now.saturating_duration_since(self.started);
         self.local = Local::new(*key.as_bytes(), now, unix_now);
         self.private_key = key;
+        if self.checking {
+            // No static secrets to make again; a key's order does not depend on ours.
+            return;
+        }
         let mut unusable = Vec::new();
         for peer in self.peers.iter_mut().flatten() {
             if peer.sessions.set_local(&self.local).is_err() {
@@ -1087,8 +1234,17 @@ impl Device {
 
     fn remove_peer(&mut self, key: &PublicKey) {
         if let Some(slot) = self.by_key.remove(key) {
-            self.routes.retain(|_, s| *s != slot);
-            self.peers[slot] = None;
+            // A peer's `allowed_ips` are exactly the prefixes it holds in `routes` (one that
+            // moves to another peer leaves its list), so its own list is all there is to
+            // take out: no walk over every route.
+            if let Some(peer) = self.peers[slot].take() {
+                for net in peer.allowed_ips {
+                    if self.routes.get(net) == Some(&slot) {
+                        self.routes.remove(net);
+                    }
+                }
+            }
+            self.free.push(slot);
         }
     }
 
@@ -1119,7 +1275,8 @@ impl Device {
                     psk.clone()
                 };
                 // A new key starts a new session, as a reload reports (`SyncReport::restarted`).
-                peer.sessions = Sessions::new(
+                peer.sessions = new_sessions(
+                    self.checking,
                     &self.local,
                     *peer.public_key.as_bytes(),
                     session_psk.map(|k| *k.as_bytes()),
@@ -1208,7 +1365,13 @@ impl Device {
             }
             _ => true,
         };
-        let free = (0..self.peers.len()).find(|&p| self.peers[p].is_none() && fits(p));
+        // Places freed by removals, newest first; a place that does not fit this peer
+        // stays for another (only a split peer's places must fit).
+        let free = self
+            .free
+            .iter()
+            .rposition(|&p| self.peers.get(p).is_some_and(Option::is_none) && fits(p))
+            .map(|i| self.free.swap_remove(i));
         let slot = match free {
             Some(free) => free,
             None => {
@@ -1216,6 +1379,8 @@ impl Device {
                 let next = (self.peers.len()..capacity).find(|&p| fits(p));
                 match next {
                     Some(place) => {
+                        // The places skipped stay free for plain peers.
+                        self.free.extend(self.peers.len()..place);
                         self.peers.resize_with(place + 1, || None);
                         place
                     }
@@ -1236,8 +1401,15 @@ impl Device {
             None
         };
         let wire_slot = self.wire_slot(slot);
-        let sessions = Sessions::new(&self.local, *key.as_bytes(), psk, wire_slot, &mut *self.rng)
-            .map_err(|_| low_order(&key))?;
+        let sessions = new_sessions(
+            self.checking,
+            &self.local,
+            *key.as_bytes(),
+            psk,
+            wire_slot,
+            &mut *self.rng,
+        )
+        .map_err(|_| low_order(&key))?;
         let mut peer = Peer::new(key, sessions);
         peer.parallel = parallel;
         peer.sub = sub;
@@ -1245,6 +1417,22 @@ impl Device {
         self.peers[slot] = Some(peer);
         self.by_key.insert(key, slot);
         Ok(slot)
+    }
+}
+
+/// A peer's sessions: with its static Diffie-Hellman, or on a checking device without.
+fn new_sessions(
+    checking: bool,
+    local: &Local,
+    peer_public: [u8; 32],
+    psk: Option<[u8; 32]>,
+    slot: u32,
+    rng: &mut dyn rand_core::CryptoRngCore,
+) -> Result<Sessions, DropReason> {
+    if checking {
+        Sessions::for_checking(peer_public, psk, slot, rng)
+    } else {
+        Sessions::new(local, peer_public, psk, slot, rng)
     }
 }
 

@@ -16,6 +16,7 @@ pub mod framing;
 pub mod noise;
 pub mod packet;
 mod peer;
+pub mod ratelimit;
 pub mod sink;
 pub mod stats;
 pub mod uapi;
@@ -25,5 +26,6 @@ pub use device::{
     owner_of, worker_of_index, Device, DeviceSettings, Disposition, Environment, PeerSettings,
     SyncReport,
 };
+pub use noise::cookie::CookieSecret;
 pub use sink::{DatagramSink, PacketSink};
 pub use stats::{DropReason, Stats};

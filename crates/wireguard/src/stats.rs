@@ -36,6 +36,8 @@ drop_reasons! {
     NoSession => "no_session",
     Expired => "expired",
     UnderLoad => "under_load",
+    RateLimited => "rate_limited",
+    NotSent => "not_sent",
     HandOffFull => "handoff_full",
     Other => "other",
 }
@@ -55,6 +57,8 @@ pub struct Stats {
     pub rx_bytes: u64,
     pub handshakes_sent: u64,
     pub cookie_replies_sent: u64,
+    /// TCP SYNs whose MSS was lowered (`clamp_mss`).
+    pub mss_clamped: u64,
     /// Packets and initiations passed to / taken from other workers (see `Disposition`).
     pub handoffs_out: u64,
     pub handoffs_in: u64,
@@ -65,6 +69,11 @@ impl Stats {
     #[inline]
     pub fn drop(&mut self, reason: DropReason) {
         self.drops[reason as usize] += 1;
+    }
+
+    /// Counts `n` drops at once (what the kernel did not take of a batch).
+    pub fn drop_many(&mut self, reason: DropReason, n: u64) {
+        self.drops[reason as usize] += n;
     }
 
     pub fn drops(&self, reason: DropReason) -> u64 {
@@ -91,6 +100,7 @@ impl Stats {
         self.rx_bytes += other.rx_bytes;
         self.handshakes_sent += other.handshakes_sent;
         self.cookie_replies_sent += other.cookie_replies_sent;
+        self.mss_clamped += other.mss_clamped;
         self.handoffs_out += other.handoffs_out;
         self.handoffs_in += other.handoffs_in;
         for (a, b) in self.drops.iter_mut().zip(other.drops.iter()) {

@@ -353,12 +353,18 @@ impl DeviceSnapshot {
     pub fn merge(parts: Vec<DeviceSnapshot>) -> DeviceSnapshot {
         let mut parts = parts.into_iter();
         let mut merged = parts.next().unwrap_or_default();
+        // By key, so that merging N peers from each worker is linear in N.
+        let mut at: std::collections::HashMap<PublicKey, usize> = merged
+            .peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.public_key, i))
+            .collect();
         for part in parts {
             for peer in part.peers {
-                match merged
-                    .peers
-                    .iter_mut()
-                    .find(|p| p.public_key == peer.public_key)
+                match at
+                    .get(&peer.public_key)
+                    .and_then(|&i| merged.peers.get_mut(i))
                 {
                     Some(seen) => {
                         seen.tx_bytes += peer.tx_bytes;
@@ -366,7 +372,10 @@ impl DeviceSnapshot {
                         seen.last_handshake = seen.last_handshake.max(peer.last_handshake);
                         seen.endpoint = seen.endpoint.or(peer.endpoint);
                     }
-                    None => merged.peers.push(peer),
+                    None => {
+                        at.insert(peer.public_key, merged.peers.len());
+                        merged.peers.push(peer);
+                    }
                 }
             }
         }

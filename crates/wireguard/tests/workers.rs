@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey};
 use tunneld_wireguard::packet::MAX_DATAGRAM;
 use tunneld_wireguard::{
-    wire, worker_of_index, DatagramSink, Device, DeviceSettings, Disposition, Environment,
-    PacketSink, PeerSettings, SyncReport,
+    wire, worker_of_index, CookieSecret, DatagramSink, Device, DeviceSettings, Disposition,
+    Environment, PacketSink, PeerSettings, SyncReport,
 };
 
 #[derive(Default)]
@@ -89,6 +89,19 @@ impl Gateway {
         workers: usize,
         now: Instant,
     ) -> Gateway {
+        Gateway::with_cookies(addr, key, peer, workers, now, None)
+    }
+
+    /// A gateway whose workers share `cookies` (as tunneld's do); `None`: each worker
+    /// makes a secret of its own.
+    fn with_cookies(
+        addr: &str,
+        key: &PrivateKey,
+        peer: PeerSettings,
+        workers: usize,
+        now: Instant,
+        cookies: Option<CookieSecret>,
+    ) -> Gateway {
         let addr: SocketAddr = addr.parse().unwrap();
         let settings = DeviceSettings {
             private_key: key.clone(),
@@ -101,7 +114,10 @@ impl Gateway {
             workers: (0..workers)
                 .map(|w| {
                     let seed = (u64::from(addr.port()) << 16) | w as u64;
-                    let environment = Environment::seeded(seed, Duration::from_secs(1));
+                    let mut environment = Environment::seeded(seed, Duration::from_secs(1));
+                    if let Some(secret) = &cookies {
+                        environment = environment.with_cookie_secret(secret.clone());
+                    }
                     Device::for_worker(
                         settings.clone(),
                         vec![peer.clone()],
@@ -181,8 +197,13 @@ impl Gateway {
                     "only initiations are handed off when the steering program places the rest"
                 );
                 self.handed[owner] += 1;
-                let again =
-                    self.workers[owner].decapsulate(from, datagram, now, &mut tunnel, &mut network);
+                let again = self.workers[owner].decapsulate_handed_off(
+                    from,
+                    datagram,
+                    now,
+                    &mut tunnel,
+                    &mut network,
+                );
                 assert_eq!(again, Disposition::Done, "a hand-off was handed on");
             }
         }
@@ -544,5 +565,230 @@ fn a_reload_keeps_the_sessions_of_unchanged_peers() {
         out.iter().any(|(_, d)| d[0] == 1),
         "a new preshared key starts with a handshake: {:?}",
         out.iter().map(|(_, d)| d[0]).collect::<Vec<_>>()
+    );
+}
+
+/// Under load, a spoke answers a cookie reply from one worker with an initiation carrying
+/// that cookie's mac2 (5 s later, as WireGuard initiators do), and the kernel's hash lands
+/// it on another worker: with one secret for the interface it is answered; with a secret per
+/// worker (what tunneld had) it got another cookie reply, again and again.
+#[test]
+fn a_cookie_from_one_worker_is_honoured_by_the_others() {
+    for shared in [true, false] {
+        let now = Instant::now();
+        let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
+        let to_b = peer(&kb, "192.0.2.2:51820", "10.2.0.0/16", 1, None);
+        let to_a = peer(&ka, "192.0.2.1:51820", "10.1.0.0/16", 1, None);
+        let mut a = Gateway::new("192.0.2.1:51820", &ka, to_b, 1, now);
+        let secret = shared.then(|| CookieSecret::new(&mut rand_core::OsRng));
+        let mut b = Gateway::with_cookies("192.0.2.2:51820", &kb, to_a, 2, now, secret);
+        // A backlog as deep as the socket's queue: every worker of b is under load.
+        let load = |b: &mut Gateway, now| {
+            for device in &mut b.workers {
+                device.note_backlog(1 << 20, 1 << 20, now);
+            }
+        };
+        load(&mut b, now);
+        let packet = udp_packet([10, 1, 0, 1], [10, 2, 0, 1], 40000, 0);
+        let out = a.send(&packet, 0, now);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].1[0], 1, "an initiation");
+        let replies = b.receive(a.addr, &out[0].1, 0, now);
+        assert_eq!(replies.len(), 1);
+        assert_eq!(replies[0].1[0], 3, "under load: a cookie reply");
+        assert!(a.receive(b.addr, &replies[0].1, 0, now).is_empty());
+        // The retry, with the cookie, lands on the other worker.
+        let later = now + Duration::from_millis(5_500);
+        load(&mut b, later);
+        let retry = a.tick(later);
+        assert_eq!(retry.len(), 1, "a retransmitted initiation");
+        assert_eq!(retry[0].1[0], 1);
+        let replies = b.receive(a.addr, &retry[0].1, 1, later);
+        assert_eq!(replies.len(), 1);
+        if shared {
+            assert_eq!(replies[0].1[0], 2, "the cookie is honoured: a response");
+            pump(&mut a, &mut b, vec![(false, replies[0].1.clone())], later);
+            assert_eq!(
+                b.delivered,
+                vec![packet.clone()],
+                "the queued packet arrives"
+            );
+        } else {
+            assert_eq!(replies[0].1[0], 3, "a secret per worker: another cookie");
+        }
+    }
+}
+
+/// A checking device (the bare mode's scratch) takes and refuses `set`s exactly as a real
+/// one, without the peers' static Diffie-Hellman: the same peers and routes, and a low-order
+/// key refused with the same error.
+#[test]
+fn a_checking_device_refuses_what_a_real_one_does() {
+    use tunneld_wireguard::uapi::{PeerUpdate, SetRequest};
+    let now = Instant::now();
+    let settings = DeviceSettings {
+        private_key: PrivateKey::generate(),
+        listen_port: 51820,
+        mtu: 1420,
+        fwmark: 0,
+    };
+    let mut real = Device::new(
+        settings.clone(),
+        Vec::new(),
+        now,
+        Environment::seeded(1, Duration::from_secs(1)),
+    );
+    let mut checker = Device::checker(
+        settings,
+        now,
+        Environment::seeded(2, Duration::from_secs(1)),
+    );
+    let peer = |key: tunneld_crypto::PublicKey, net: &str| {
+        let mut update = PeerUpdate::new(key);
+        update.replace_allowed_ips = true;
+        update.allowed_ips = vec![net.parse().unwrap()];
+        update
+    };
+    let good = SetRequest {
+        peers: (0..50u8)
+            .map(|i| {
+                peer(
+                    PrivateKey::generate().public_key(),
+                    &format!("10.9.{i}.0/24"),
+                )
+            })
+            .collect(),
+        ..SetRequest::default()
+    };
+    assert!(real.apply(good.clone(), now).is_ok());
+    assert!(checker.apply(good, now).is_ok());
+    assert_eq!(real.peer_count(), checker.peer_count());
+    let mut routes = (real.routes(), checker.routes());
+    routes.0.sort();
+    routes.1.sort();
+    assert_eq!(routes.0, routes.1);
+    // u = 0, a point of order 2: refused by both alike.
+    let low = tunneld_crypto::PublicKey::from_bytes([0; 32]);
+    let bad = SetRequest {
+        peers: vec![peer(low, "10.10.0.0/24")],
+        ..SetRequest::default()
+    };
+    let (r, c) = (real.apply(bad.clone(), now), checker.apply(bad, now));
+    assert!(r.is_err());
+    assert_eq!(r.unwrap_err().to_string(), c.unwrap_err().to_string());
+}
+
+/// Under load, cookies prove an address, and each address then has its own budget (a burst
+/// of 5, then 20 a second): ten spokes behind one address retrying with their cookies at
+/// once get five answers, and a spoke at another address is answered all the same.
+#[test]
+fn under_load_each_source_address_has_a_budget_of_its_own() {
+    let now = Instant::now();
+    let hub_key = PrivateKey::generate();
+    let hub_addr: SocketAddr = "192.0.2.1:51820".parse().unwrap();
+    let spokes: Vec<(PrivateKey, SocketAddr)> = (0..11u16)
+        .map(|i| {
+            let ip = if i < 10 {
+                "198.51.100.7"
+            } else {
+                "198.51.100.8"
+            };
+            (
+                PrivateKey::generate(),
+                format!("{ip}:{}", 40000 + i).parse().unwrap(),
+            )
+        })
+        .collect();
+    let mut hub = Device::new(
+        DeviceSettings {
+            private_key: hub_key.clone(),
+            listen_port: 51820,
+            mtu: 1420,
+            fwmark: 0,
+        },
+        spokes
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _))| peer(k, "192.0.2.99:1", &format!("10.8.{i}.0/24"), 1, None))
+            .collect(),
+        now,
+        Environment::seeded(7, Duration::from_secs(1)),
+    );
+    let mut devices: Vec<Device> = spokes
+        .iter()
+        .enumerate()
+        .map(|(i, (k, _))| {
+            Device::new(
+                DeviceSettings {
+                    private_key: k.clone(),
+                    listen_port: 0,
+                    mtu: 1420,
+                    fwmark: 0,
+                },
+                vec![peer(&hub_key, "192.0.2.1:51820", "10.0.0.0/8", 1, None)],
+                now,
+                Environment::seeded(100 + i as u64, Duration::from_secs(1)),
+            )
+        })
+        .collect();
+    // Every spoke's first initiation, at a hub under load: a cookie reply each.
+    hub.note_backlog(1 << 20, 1 << 20, now);
+    for (i, device) in devices.iter_mut().enumerate() {
+        let packet = udp_packet([10, 8, i as u8, 1], [10, 0, 0, 1], 4000, 0);
+        let mut frame = packet.clone();
+        frame.resize(packet.len() + 64, 0);
+        let mut out = Collect::new();
+        device.encapsulate(&mut frame, packet.len(), now, &mut out);
+        let (mut tun, mut replies) = (Collect::new(), Collect::new());
+        hub.decapsulate(
+            spokes[i].1,
+            &out.datagrams[0].1,
+            now,
+            &mut tun,
+            &mut replies,
+        );
+        assert_eq!(replies.datagrams.len(), 1);
+        assert_eq!(replies.datagrams[0].1[0], 3, "a cookie reply");
+        let mut ignored = (Collect::new(), Collect::new());
+        device.decapsulate(
+            hub_addr,
+            &replies.datagrams[0].1,
+            now,
+            &mut ignored.0,
+            &mut ignored.1,
+        );
+    }
+    // Their retries, with cookies, all at one instant, the hub still under load.
+    let later = now + Duration::from_millis(5_500);
+    hub.note_backlog(1 << 20, 1 << 20, later);
+    let mut answered = Vec::new();
+    for (i, device) in devices.iter_mut().enumerate() {
+        let mut out = Collect::new();
+        device.tick(later, &mut out);
+        assert_eq!(out.datagrams.len(), 1, "spoke {i} retries");
+        let (mut tun, mut replies) = (Collect::new(), Collect::new());
+        hub.decapsulate(
+            spokes[i].1,
+            &out.datagrams[0].1,
+            later,
+            &mut tun,
+            &mut replies,
+        );
+        answered.push(replies.datagrams.first().map(|(_, d)| d[0]));
+    }
+    let from_first_address = answered[..10].iter().filter(|a| **a == Some(2)).count();
+    assert_eq!(
+        from_first_address, 5,
+        "one address, one burst: {answered:?}"
+    );
+    assert!(
+        answered[..10].iter().all(|a| *a == Some(2) || a.is_none()),
+        "past its budget an address gets nothing, not another cookie: {answered:?}"
+    );
+    assert_eq!(answered[10], Some(2), "another address is answered");
+    assert_eq!(
+        hub.stats()
+            .drops(tunneld_wireguard::DropReason::RateLimited),
+        5
     );
 }

@@ -10,6 +10,7 @@ use chacha20poly1305::{Key, KeyInit as _, Tag, XChaCha20Poly1305, XNonce};
 use rand_core::{CryptoRng, RngCore};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
@@ -20,19 +21,87 @@ const SECRET_LIFETIME: Duration = Duration::from_secs(120);
 use cookie_reply::{COOKIE, NONCE, RECEIVER};
 const TAG: usize = COOKIE + 16;
 
-/// The responder's side of cookies: a random secret, renewed every two minutes, that cookies
-/// are made from. Time comes in as `now`.
+/// The responder's cookie secret, one per interface: every worker's [`CookieJar`] holds a
+/// clone, so a cookie one worker gives out is honoured by all of them (an initiation may be
+/// answered by another worker than the one that sent the cookie reply, and a handed-off one
+/// is checked again by its owner). Nothing in it changes after it is made, so workers share
+/// it without a lock: the secret of each two-minute epoch is derived from a random master
+/// key, `MAC(master, epoch)`, and the epochs count from the first use, which all workers
+/// see alike (a `OnceLock`). Like the kernel's secret, which is replaced by a fresh random
+/// one at most every two minutes, a cookie is worth nothing in the next epoch.
+#[derive(Clone)]
+pub struct CookieSecret {
+    inner: Arc<SecretInner>,
+}
+
+struct SecretInner {
+    master: Zeroizing<[u8; 32]>,
+    /// The start of epoch 0, set by the first use, since `new` has no `now`.
+    base: OnceLock<Instant>,
+}
+
+impl CookieSecret {
+    pub fn new(rng: &mut (impl RngCore + CryptoRng + ?Sized)) -> Self {
+        let mut master = Zeroizing::new([0u8; 32]);
+        rng.fill_bytes(&mut *master);
+        CookieSecret {
+            inner: Arc::new(SecretInner {
+                master,
+                base: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The epoch `now` is in.
+    fn epoch(&self, now: Instant) -> u64 {
+        let base = *self.inner.base.get_or_init(|| now);
+        now.saturating_duration_since(base).as_secs() / SECRET_LIFETIME.as_secs()
+    }
+
+    /// The secret of `epoch`.
+    fn derive(&self, epoch: u64) -> Zeroizing<[u8; 32]> {
+        let mut secret = Zeroizing::new([0u8; 32]);
+        let (low, high) = secret.split_at_mut(16);
+        low.copy_from_slice(&mac(
+            &self.inner.master,
+            &[b"cookie 0", &epoch.to_le_bytes()],
+        ));
+        high.copy_from_slice(&mac(
+            &self.inner.master,
+            &[b"cookie 1", &epoch.to_le_bytes()],
+        ));
+        secret
+    }
+}
+
+impl fmt::Debug for CookieSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CookieSecret")
+            .field("base", &self.inner.base.get())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The responder's side of cookies: cookies are made from the interface's [`CookieSecret`],
+/// renewed every two minutes. Time comes in as `now`.
 pub struct CookieJar {
-    secret: Zeroizing<[u8; 32]>,
-    /// When the secret was first used; `None` until then, since `new` has no `now`.
-    born: Option<Instant>,
+    secret: CookieSecret,
+    /// The current epoch's secret, derived once per epoch.
+    current: Option<(u64, Zeroizing<[u8; 32]>)>,
 }
 
 impl CookieJar {
+    /// A jar with a secret of its own.
     pub fn new(rng: &mut (impl RngCore + CryptoRng + ?Sized)) -> Self {
-        let mut secret = Zeroizing::new([0u8; 32]);
-        rng.fill_bytes(&mut *secret);
-        Self { secret, born: None }
+        Self::shared(CookieSecret::new(rng))
+    }
+
+    /// A jar over a secret other jars (other workers) share.
+    pub fn shared(secret: CookieSecret) -> Self {
+        Self {
+            secret,
+            current: None,
+        }
     }
 
     /// Whether `msg`, an initiation or a response, carries a mac2 made with the cookie we
@@ -43,16 +112,15 @@ impl CookieJar {
         msg: impl Into<Handshake<'a>>,
         source: SocketAddr,
         now: Instant,
-        rng: &mut (impl RngCore + CryptoRng + ?Sized),
     ) -> bool {
         let msg = msg.into();
-        let cookie = self.cookie(source, now, rng);
+        let cookie = self.cookie(source, now);
         ct_eq(&mac(&cookie, &[msg.before_mac2()]), msg.mac2())
     }
 
     /// Writes into `out` the cookie reply to `msg`, an initiation or a response sent to us
     /// (`local`) from `source`. Refuses messages whose mac1 is not ours, so that only someone
-    /// who knows our public key can make us send replies.
+    /// who knows our public key can make us send replies. `rng` gives the reply's nonce.
     pub fn write_reply<'a>(
         &mut self,
         local: &LocalIdentity,
@@ -67,7 +135,7 @@ impl CookieJar {
             return Err(HandshakeError::BadMac1);
         }
         let mac1 = msg.mac1();
-        let cookie = self.cookie(source, now, rng);
+        let cookie = self.cookie(source, now);
 
         wire::write_header(MSG_COOKIE_REPLY, out);
         // The reply names the handshake message's sender.
@@ -84,28 +152,20 @@ impl CookieJar {
         Ok(())
     }
 
-    /// The cookie for `source`: MAC(secret, IP address ‖ port), under a secret at most two
-    /// minutes old.
-    fn cookie(
-        &mut self,
-        source: SocketAddr,
-        now: Instant,
-        rng: &mut (impl RngCore + CryptoRng + ?Sized),
-    ) -> [u8; 16] {
-        match self.born {
-            None => self.born = Some(now),
-            Some(born) if now.saturating_duration_since(born) >= SECRET_LIFETIME => {
-                rng.fill_bytes(&mut *self.secret);
-                self.born = Some(now);
-            }
-            Some(_) => {}
-        }
+    /// The cookie for `source`: MAC(secret, IP address ‖ port), under this two-minute
+    /// epoch's secret.
+    fn cookie(&mut self, source: SocketAddr, now: Instant) -> [u8; 16] {
+        let epoch = self.secret.epoch(now);
+        let secret = match &self.current {
+            Some((e, secret)) if *e == epoch => secret,
+            _ => &self.current.insert((epoch, self.secret.derive(epoch))).1,
+        };
         let port = source.port().to_be_bytes();
         // An IPv4 peer seen through a dual-stack socket as ::ffff:a.b.c.d gets the same cookie
         // as when seen as a.b.c.d.
         match source.ip().to_canonical() {
-            IpAddr::V4(ip) => mac(&self.secret, &[&ip.octets(), &port]),
-            IpAddr::V6(ip) => mac(&self.secret, &[&ip.octets(), &port]),
+            IpAddr::V4(ip) => mac(secret, &[&ip.octets(), &port]),
+            IpAddr::V6(ip) => mac(secret, &[&ip.octets(), &port]),
         }
     }
 }
@@ -113,7 +173,7 @@ impl CookieJar {
 impl fmt::Debug for CookieJar {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CookieJar")
-            .field("born", &self.born)
+            .field("secret", &self.secret)
             .finish_non_exhaustive()
     }
 }
@@ -204,7 +264,7 @@ mod tests {
 
         let (state, first) = initiate(&a, None);
         assert!(
-            !jar.mac2_valid(handshake(&first).unwrap(), source, now, &mut OsRng),
+            !jar.mac2_valid(handshake(&first).unwrap(), source, now),
             "no cookie yet"
         );
 
@@ -227,21 +287,21 @@ mod tests {
         let cookie = consume_cookie_reply(&a.peer, &state.mac1(), &reply).unwrap();
 
         let (_, second) = initiate(&a, Some(&cookie));
-        assert!(jar.mac2_valid(handshake(&second).unwrap(), source, now, &mut OsRng));
+        assert!(jar.mac2_valid(handshake(&second).unwrap(), source, now));
         // A mac2 does not stop the message from being an ordinary initiation.
         assert!(consume_initiation(&b.local, &second, |_| Some(&b.peer)).is_ok());
 
         // Another address or port, or a later secret, does not own this cookie.
         let other_ip: SocketAddr = (Ipv4Addr::new(192, 0, 2, 2), 51820).into();
         let other_port: SocketAddr = (Ipv4Addr::new(192, 0, 2, 1), 51821).into();
-        assert!(!jar.mac2_valid(handshake(&second).unwrap(), other_ip, now, &mut OsRng));
-        assert!(!jar.mac2_valid(handshake(&second).unwrap(), other_port, now, &mut OsRng));
+        assert!(!jar.mac2_valid(handshake(&second).unwrap(), other_ip, now));
+        assert!(!jar.mac2_valid(handshake(&second).unwrap(), other_port, now));
         let mapped: SocketAddr = (Ipv4Addr::new(192, 0, 2, 1).to_ipv6_mapped(), 51820).into();
-        assert!(jar.mac2_valid(handshake(&second).unwrap(), mapped, now, &mut OsRng));
+        assert!(jar.mac2_valid(handshake(&second).unwrap(), mapped, now));
         let later = now + Duration::from_secs(119);
-        assert!(jar.mac2_valid(handshake(&second).unwrap(), source, later, &mut OsRng));
+        assert!(jar.mac2_valid(handshake(&second).unwrap(), source, later));
         let renewed = now + Duration::from_secs(120);
-        assert!(!jar.mac2_valid(handshake(&second).unwrap(), source, renewed, &mut OsRng));
+        assert!(!jar.mac2_valid(handshake(&second).unwrap(), source, renewed));
 
         // The reply opens only for the message it answers and from the peer that sent it.
         assert_eq!(
@@ -328,7 +388,7 @@ mod tests {
             &mut again,
         )
         .unwrap();
-        assert!(jar.mac2_valid(handshake(&again).unwrap(), source, now, &mut OsRng));
+        assert!(jar.mac2_valid(handshake(&again).unwrap(), source, now));
         assert!(consume_response(&state, &a.local, &a.peer, &[0; 32], &again).is_ok());
     }
 
@@ -432,7 +492,7 @@ mod tests {
         let source: SocketAddr = (Ipv4Addr::new(203, 0, 113, 5), 9999).into();
 
         let first = to_network(tunn.format_handshake_initiation(&mut buf, false));
-        assert!(!jar.mac2_valid(handshake(&first).unwrap(), source, now, &mut OsRng));
+        assert!(!jar.mac2_valid(handshake(&first).unwrap(), source, now));
         let mut reply = [0u8; COOKIE_REPLY_LEN];
         jar.write_reply(
             &local,
@@ -449,6 +509,42 @@ mod tests {
         ));
 
         let second = to_network(tunn.format_handshake_initiation(&mut buf, true));
-        assert!(jar.mac2_valid(handshake(&second).unwrap(), source, now, &mut OsRng));
+        assert!(jar.mac2_valid(handshake(&second).unwrap(), source, now));
+    }
+
+    /// Workers share one secret: a cookie one jar gave out is honoured by every jar over the
+    /// same secret, at any worker's `now` in the same epoch, and by no jar with a secret of
+    /// its own.
+    #[test]
+    fn jars_over_one_secret_honour_each_others_cookies() {
+        let (a, b) = sides();
+        let secret = CookieSecret::new(&mut OsRng);
+        let (mut giver, mut checker) =
+            (CookieJar::shared(secret.clone()), CookieJar::shared(secret));
+        let mut stranger = CookieJar::new(&mut OsRng);
+        let now = Instant::now();
+        let source: SocketAddr = (Ipv4Addr::new(192, 0, 2, 7), 40000).into();
+        let (state, first) = initiate(&a, None);
+        let mut reply = [0u8; COOKIE_REPLY_LEN];
+        giver
+            .write_reply(
+                &b.local,
+                handshake(&first).unwrap(),
+                source,
+                now,
+                &mut OsRng,
+                &mut reply,
+            )
+            .unwrap();
+        let cookie = consume_cookie_reply(&a.peer, &state.mac1(), &reply).unwrap();
+        let (_, second) = initiate(&a, Some(&cookie));
+        let later = now + Duration::from_secs(5);
+        assert!(checker.mac2_valid(handshake(&second).unwrap(), source, later));
+        assert!(giver.mac2_valid(handshake(&second).unwrap(), source, later));
+        assert!(!stranger.mac2_valid(handshake(&second).unwrap(), source, later));
+        // The next epoch's secret is another one, at every jar.
+        let next = now + SECRET_LIFETIME;
+        assert!(!checker.mac2_valid(handshake(&second).unwrap(), source, next));
+        assert!(!giver.mac2_valid(handshake(&second).unwrap(), source, next));
     }
 }

@@ -124,6 +124,23 @@ impl PeerIdentity {
         self.public
     }
 
+    /// The identity of `peer_public` on a device that only checks requests and never
+    /// handshakes (the bare mode's scratch device): the same refusal of a low-order key as
+    /// [`PeerIdentity::new`], told without the Diffie-Hellman, which is most of the cost of
+    /// a `set` of many peers; its static secret is left zero.
+    pub fn for_checking(peer_public: [u8; 32]) -> Result<Self, HandshakeError> {
+        if is_low_order(&peer_public) {
+            return Err(HandshakeError::LowOrderKey);
+        }
+        Ok(Self {
+            public: peer_public,
+            mac1_key: hash(&[LABEL_MAC1, &peer_public]),
+            cookie_key: hash(&[LABEL_COOKIE, &peer_public]),
+            static_shared: Zeroizing::new([0; 32]),
+            start: Transcript::start(&peer_public),
+        })
+    }
+
     pub(super) fn cookie_key(&self) -> &[u8; 32] {
         &self.cookie_key
     }
@@ -501,6 +518,17 @@ fn write_macs<const N: usize>(
 
 /// Diffie-Hellman, refusing an all-zero result: the other key was of small order, and the
 /// result would be one anybody could compute.
+/// Whether `public` is a point of small order (its Diffie-Hellman with every key is zero):
+/// [8]P is the identity. A clamped private key is 8 times a number below the group's prime
+/// order, so this is exactly when `dh` refuses the key, at the cost of four ladder steps.
+pub(crate) fn is_low_order(public: &[u8; 32]) -> bool {
+    let eight = [true, false, false, false].into_iter();
+    curve25519_dalek::MontgomeryPoint(*public)
+        .mul_bits_be(eight)
+        .to_bytes()
+        == [0; 32]
+}
+
 fn dh(private: &StaticSecret, public: &[u8; 32]) -> Result<Secret, HandshakeError> {
     let shared = private.diffie_hellman(&PublicKey::from(*public));
     if !shared.was_contributory() {
@@ -596,6 +624,56 @@ impl fmt::Debug for Hex<'_> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// `is_low_order` says exactly what the Diffie-Hellman says, on random keys, on
+    /// small-order points made as [group order]P of random points (the prime-order part
+    /// gone, the torsion left), and on those with the ignored top bit set, and on the
+    /// encodings 0, 1, p - 1, p and p + 1.
+    #[test]
+    fn the_low_order_check_agrees_with_the_diffie_hellman() {
+        use rand_core::RngCore;
+        let local = LocalIdentity::new(keys().private);
+        let order_hex = "1000000000000000000000000000000014def9dea2f79cd65812631a5cf5d3ed";
+        let order_bits: Vec<bool> = order_hex
+            .chars()
+            .flat_map(|c| {
+                let v = c.to_digit(16).unwrap();
+                (0..4).rev().map(move |b| v >> b & 1 == 1)
+            })
+            .collect();
+        let mut candidates: Vec<[u8; 32]> = Vec::new();
+        let mut small = 0;
+        for _ in 0..64 {
+            let mut random = [0u8; 32];
+            rand_core::OsRng.fill_bytes(&mut random);
+            candidates.push(random);
+            let torsion = curve25519_dalek::MontgomeryPoint(random)
+                .mul_bits_be(order_bits.iter().copied())
+                .to_bytes();
+            candidates.push(torsion);
+            let mut high = torsion;
+            high[31] |= 0x80;
+            candidates.push(high);
+        }
+        let p_minus = |d: u8| {
+            let mut b = [0xffu8; 32];
+            b[0] = 0xed - d;
+            b[31] = 0x7f;
+            b
+        };
+        let mut one = [0u8; 32];
+        one[0] = 1;
+        let mut p_plus_one = p_minus(0);
+        p_plus_one[0] = 0xee;
+        candidates.extend([[0u8; 32], one, p_minus(1), p_minus(0), p_plus_one]);
+        for key in candidates {
+            let refused = PeerIdentity::new(&local, key).is_err();
+            assert_eq!(is_low_order(&key), refused, "{key:02x?}");
+            assert_eq!(PeerIdentity::for_checking(key).is_err(), refused);
+            small += usize::from(refused);
+        }
+        assert!(small >= 64, "only {small} small-order points were tried");
+    }
     use boringtun::noise::{Tunn, TunnResult};
     use boringtun::x25519;
     use chacha20poly1305::aead::Aead;

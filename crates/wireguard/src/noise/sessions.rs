@@ -113,10 +113,10 @@ pub struct Sessions {
     slot: u32,
     next_index: u8,
     pending: Option<Pending>,
-    current: Option<Session>,
-    previous: Option<Session>,
+    current: Option<Box<Session>>,
+    previous: Option<Box<Session>>,
     /// A session we answered for; it becomes current when the initiator first uses it.
-    next: Option<Session>,
+    next: Option<Box<Session>>,
     cookie: Option<([u8; 16], Instant)>,
     /// mac1 of the last handshake message we sent and its sender index: a cookie reply
     /// names the index and is bound to the mac1.
@@ -160,10 +160,33 @@ impl Sessions {
     ) -> Result<Self, DropReason> {
         let peer = PeerIdentity::new(&local.identity, peer_public)
             .map_err(|_| DropReason::HandshakeRejected)?;
+        Ok(Self::with_identity(peer, psk, slot, rng))
+    }
+
+    /// [`Sessions::new`] for a device that only checks requests and never handshakes: the
+    /// key is refused alike, without the static Diffie-Hellman
+    /// ([`PeerIdentity::for_checking`]).
+    pub fn for_checking(
+        peer_public: [u8; 32],
+        psk: Option<[u8; 32]>,
+        slot: u32,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Result<Self, DropReason> {
+        let peer =
+            PeerIdentity::for_checking(peer_public).map_err(|_| DropReason::HandshakeRejected)?;
+        Ok(Self::with_identity(peer, psk, slot, rng))
+    }
+
+    fn with_identity(
+        peer: PeerIdentity,
+        psk: Option<[u8; 32]>,
+        slot: u32,
+        rng: &mut dyn CryptoRngCore,
+    ) -> Self {
         let mut seed = Zeroizing::new([0u8; 32]);
         rng.fill_bytes(&mut *seed);
         let mut rng = ChaCha20Rng::from_seed(*seed);
-        Ok(Self {
+        Self {
             peer,
             psk: Zeroizing::new(psk.unwrap_or([0; 32])),
             slot,
@@ -184,7 +207,7 @@ impl Sessions {
             unanswered_receive: None,
             expired: false,
             rng,
-        })
+        }
     }
 
     /// Our static key changed: every session and handshake made with the old one ends.
@@ -217,7 +240,7 @@ impl Sessions {
 
     fn usable(&self, now: Instant) -> Option<&Session> {
         self.current
-            .as_ref()
+            .as_deref()
             .filter(|s| now.saturating_duration_since(s.born) < REJECT_AFTER_TIME)
     }
 
@@ -380,14 +403,14 @@ impl Sessions {
         self.last_timestamp = Some(timestamp);
         self.last_initiation_at = Some(now);
         self.last_mac1 = Some((mac1, index));
-        self.next = Some(Session::new(
+        self.next = Some(Box::new(Session::new(
             index,
             received.peer_index(),
             &keys.sending,
             &keys.receiving,
             now,
             false,
-        ));
+        )));
         self.unanswered_send = None;
         Ok(RESPONSE_LEN)
     }
@@ -411,14 +434,14 @@ impl Sessions {
         self.pending = None;
         self.previous = self.current.take();
         self.next = None;
-        self.current = Some(Session::new(
+        self.current = Some(Box::new(Session::new(
             index,
             response.peer_index,
             &response.keys.sending,
             &response.keys.receiving,
             now,
             true,
-        ));
+        )));
         self.handshake_done(now);
         // The responder may not send until it hears from us on the new session.
         Ok(if self.queue.is_empty() {
@@ -450,7 +473,7 @@ impl Sessions {
         now: Instant,
     ) -> Result<Opened, DropReason> {
         let index = data.receiver();
-        let named = |s: &Option<Session>| s.as_ref().is_some_and(|s| s.local_index == index);
+        let named = |s: &Option<Box<Session>>| s.as_ref().is_some_and(|s| s.local_index == index);
         let which = if named(&self.current) {
             &mut self.current
         } else if named(&self.next) {
