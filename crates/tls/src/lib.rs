@@ -159,6 +159,9 @@ pub enum PeerTraffic {
 fn provider() -> Arc<CryptoProvider> {
     let mut aws_lc = rustls::crypto::aws_lc_rs::default_provider();
     aws_lc.kx_groups.push(groups::SECP521R1);
+    // TLS 1.3 only, whichever rustls features the rest of the binary asks for (tonic, for
+    // the fleet's etcd client, compiles TLS 1.2 in).
+    aws_lc.cipher_suites.retain(|suite| suite.tls13().is_some());
     if !ring_has_faster_aes_gcm() {
         return Arc::new(aws_lc);
     }

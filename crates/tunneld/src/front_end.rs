@@ -19,7 +19,8 @@ pub(crate) type FrontEndSlot = Arc<Mutex<Option<Arc<dyn FrontEnd>>>>;
 
 /// The attached front end's status as a UAPI reply (`None`: nothing is attached).
 pub(crate) fn uapi_reply(slot: &FrontEndSlot) -> Option<String> {
-    let front_end = crate::control::lock(slot).clone()?;
+    // A holder that panicked left the slot whole: an Arc is set or taken in one step.
+    let front_end = slot.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
     let mut reply = String::new();
     for line in front_end.uapi_status().lines() {
         // An empty line would end the reply early.
