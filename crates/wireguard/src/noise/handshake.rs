@@ -672,7 +672,10 @@ pub(crate) mod tests {
             assert_eq!(PeerIdentity::for_checking(key).is_err(), refused);
             small += usize::from(refused);
         }
-        assert!(small >= 64, "only {small} small-order points were tried");
+        // About half the random points are on the curve, whose multiple by the group's order
+        // is small-order (twice, with the top bit); the rest are on the twist. Fewer than
+        // 16 in 128 would take a chance of about 1e-20.
+        assert!(small >= 16, "only {small} small-order points were tried");
     }
     use boringtun::noise::{Tunn, TunnResult};
     use boringtun::x25519;
