@@ -758,7 +758,7 @@ impl Records {
     }
 
     /// Owes the other side (a client whose handshake is over) one NewSessionTicket that it
-    /// is to discard at once ([`discarded_ticket`]), sent by [`Records::due`] before
+    /// is to discard at once (`discarded_ticket`), sent by [`Records::due`] before
     /// anything else. For a client that offered no psk_dhe_ke, to which rustls sends no
     /// tickets: OpenSSL's server sends tickets to every client, and clients and conformance
     /// suites written against it (tlsfuzzer's `connection-abort`) wait for one.
