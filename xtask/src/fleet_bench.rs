@@ -20,7 +20,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tunneld_testnet::etcd::{link, Cluster, Underlay};
+use tunneld_testnet::etcd::{self, link, Cluster, Underlay};
 use tunneld_testnet::{unique_name, NetNs};
 
 const MEMBERS: [&str; 3] = ["192.0.2.11", "192.0.2.12", "192.0.2.13"];
@@ -88,6 +88,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let dir = std::env::temp_dir().join(unique_name("fleetb"));
     fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let result = measure(&tunneld, &dir, &options);
+    // FLEET_BENCH_KEEP=1 keeps the gateways' configs and logs, to read after a run.
     if std::env::var_os("FLEET_BENCH_KEEP").is_none() {
         let _ = fs::remove_dir_all(&dir);
     }
@@ -310,18 +311,9 @@ impl Probe {
     fn resumed_after(&self, event: f64) -> Result<f64, String> {
         let deadline = Instant::now() + STEP_LIMIT;
         loop {
-            let text = fs::read_to_string(&self.out).unwrap_or_default();
-            let times: Vec<f64> = text
-                .lines()
-                .filter(|l| l.contains("bytes from"))
-                .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
-                .collect();
-            let mut previous = times.iter().copied().rfind(|t| *t <= event);
-            for t in times.iter().copied().filter(|t| *t > event) {
-                if t - previous.unwrap_or(event) > 0.3 {
-                    return Ok(t - event);
-                }
-                previous = Some(t);
+            let times = etcd::ping_reply_times(&fs::read_to_string(&self.out).unwrap_or_default());
+            if let Some(resumed) = etcd::resumed_after(&times, event) {
+                return Ok(resumed);
             }
             if times.iter().any(|t| *t > event + 2.0) {
                 return Ok(0.0);
@@ -585,10 +577,9 @@ fn join(
     let mut joined = Vec::new();
     for pinger in pingers {
         let out = pinger.wait_with_output().map_err(|e| e.to_string())?;
-        let reply = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| l.contains("bytes from"))
-            .find_map(|l| l.strip_prefix('[')?.split(']').next()?.parse::<f64>().ok());
+        let reply = etcd::ping_reply_times(&String::from_utf8_lossy(&out.stdout))
+            .first()
+            .copied();
         match reply {
             Some(at) => joined.push(at - started_unix),
             None => {
@@ -645,23 +636,14 @@ fn join(
     Ok(joined)
 }
 
-/// Seconds from `event` (Unix time) to site A's log line saying site b is served by `name`
-/// (the last such line; its UTC time of day read off the line).
+/// Seconds from `event` (Unix time) to site A's last log line saying site b is served by
+/// `name`.
 fn repointed_after(log: &str, name: &str, event: f64) -> f64 {
     let needle = format!("site b is served by {name} now");
-    let Some(line) = log.lines().rev().find(|l| l.contains(&needle)) else {
-        return f64::NAN;
-    };
-    let parts: Vec<f64> = line
-        .get(11..26)
-        .unwrap_or_default()
-        .split(':')
-        .filter_map(|p| p.parse().ok())
-        .collect();
-    let [h, m, s] = parts[..] else {
-        return f64::NAN;
-    };
-    (h * 3600.0 + m * 60.0 + s - event.rem_euclid(86_400.0) + 86_400.0).rem_euclid(86_400.0)
+    log.lines()
+        .rev()
+        .find(|l| l.contains(&needle))
+        .map_or(f64::NAN, |l| etcd::logged_after(l, event))
 }
 
 /// gRPC messages the members have received, summed (from each one's metrics, read from

@@ -21,7 +21,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tunneld_testnet::etcd::{link, Cluster, Underlay};
+use tunneld_testnet::etcd::{self, link, Cluster, Underlay};
 use tunneld_testnet::{require_tool, unique_name, NetNs};
 
 const PREFIX: &str = "/tunneld/test";
@@ -196,12 +196,7 @@ impl Probe {
     }
 
     fn reply_times(&self) -> Vec<f64> {
-        fs::read_to_string(&self.out)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains("bytes from"))
-            .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
-            .collect()
+        etcd::ping_reply_times(&fs::read_to_string(&self.out).unwrap_or_default())
     }
 
     /// Seconds from `event` (Unix time) until replies flowed again after the gap it caused;
@@ -210,13 +205,8 @@ impl Probe {
         let deadline = Instant::now() + CONVERGE;
         loop {
             let times = self.reply_times();
-            let mut previous = times.iter().copied().rfind(|t| *t <= event);
-            for t in times.iter().copied().filter(|t| *t > event) {
-                // A reply that left before the event may still arrive just after it.
-                if t - previous.unwrap_or(event) > 0.3 {
-                    return t - event;
-                }
-                previous = Some(t);
+            if let Some(resumed) = etcd::resumed_after(&times, event) {
+                return resumed;
             }
             if Instant::now() > deadline {
                 // No gap: traffic never stopped.
@@ -278,19 +268,11 @@ fn paced_transfer(
     })
 }
 
-/// Seconds from `event` (Unix time) to the first log line with `needle` (its UTC
-/// timestamp, `2026-01-02T03:04:05.678901Z`, read as seconds of the day).
+/// Seconds from `event` (Unix time) to the first log line with `needle`.
 fn logged_after(log: &str, needle: &str, event: f64) -> f64 {
-    let Some(line) = log.lines().find(|l| l.contains(needle)) else {
-        return f64::NAN;
-    };
-    let clock = line.get(11..26).unwrap_or_default();
-    let parts: Vec<f64> = clock.split(':').filter_map(|p| p.parse().ok()).collect();
-    let [h, m, s] = parts[..] else {
-        return f64::NAN;
-    };
-    let logged = h * 3600.0 + m * 60.0 + s;
-    (logged - event.rem_euclid(86_400.0) + 86_400.0).rem_euclid(86_400.0)
+    log.lines()
+        .find(|l| l.contains(needle))
+        .map_or(f64::NAN, |l| etcd::logged_after(l, event))
 }
 
 /// The log lines from `event` (Unix time) to `seconds` after it.

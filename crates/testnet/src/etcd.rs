@@ -405,3 +405,42 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// Seconds from `event` (Unix time) to the time a tunneld log line was written (its UTC
+/// timestamp, `2026-01-02T03:04:05.678901Z`, read as a time of day); NaN for a line without
+/// one.
+pub fn logged_after(line: &str, event: f64) -> f64 {
+    let parts: Vec<f64> = line
+        .get(11..26)
+        .unwrap_or_default()
+        .split(':')
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    let [h, m, s] = parts[..] else {
+        return f64::NAN;
+    };
+    (h * 3600.0 + m * 60.0 + s - event.rem_euclid(86_400.0) + 86_400.0).rem_euclid(86_400.0)
+}
+
+/// The Unix times of the replies in `ping -D` output.
+pub fn ping_reply_times(output: &str) -> Vec<f64> {
+    output
+        .lines()
+        .filter(|l| l.contains("bytes from"))
+        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+        .collect()
+}
+
+/// Seconds from `event` to the first reply after the gap it caused (a pause of more than
+/// 0.3 s: a reply that left before the event may still arrive just after it); `None` while
+/// no reply has ended a gap.
+pub fn resumed_after(replies: &[f64], event: f64) -> Option<f64> {
+    let mut previous = replies.iter().copied().rfind(|t| *t <= event);
+    for t in replies.iter().copied().filter(|t| *t > event) {
+        if t - previous.unwrap_or(event) > 0.3 {
+            return Some(t - event);
+        }
+        previous = Some(t);
+    }
+    None
+}
