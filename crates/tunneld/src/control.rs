@@ -14,12 +14,13 @@ use crate::plan::{self, Plan, Resolve};
 use crate::reload::{self, ReloadError, ReloadReport};
 use crate::Error;
 use ipnet::IpNet;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tunneld_config::{Config, PeerConfig};
+use tunneld_config::{Config, Endpoint, PeerConfig};
 use tunneld_crypto::PublicKey;
 use tunneld_dataplane::worker::Workers;
 use tunneld_wireguard::uapi::{
@@ -50,6 +51,37 @@ pub(crate) struct Control {
     /// Peers a program added through the library (`Gateway::add_peer`), by key: a reload
     /// of the file leaves them alone (the file's own peers follow the file).
     added: BTreeMap<PublicKey, PeerSettings>,
+    /// The file's UDP peers whose endpoint is a host name, which `reresolve.rs` looks up
+    /// again when their handshakes go unanswered. An endpoint set by hand (`wg set`, the
+    /// library) takes the peer out until the next reload.
+    host_endpoints: HashMap<PublicKey, HostEndpoint>,
+}
+
+/// A peer's endpoint as the file names it: a host name and a port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HostEndpoint {
+    pub host: String,
+    pub port: u16,
+}
+
+/// The file's UDP peers whose endpoint is a host name (a TLS peer's endpoint is its
+/// transport's, resolved when it connects).
+fn host_endpoints<'a>(
+    peers: impl Iterator<Item = &'a PeerConfig>,
+) -> HashMap<PublicKey, HostEndpoint> {
+    peers
+        .filter(|p| p.tls.is_none())
+        .filter_map(|p| match &p.endpoint {
+            Some(Endpoint::Host { host, port }) => Some((
+                p.public_key,
+                HostEndpoint {
+                    host: host.clone(),
+                    port: *port,
+                },
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What an interface brought up from settings has beyond the bare mode's.
@@ -97,6 +129,10 @@ impl Control {
             path: base.path,
             config: base.config,
         });
+        let host_endpoints = managed
+            .as_ref()
+            .map(|m| host_endpoints(m.running.iter().map(|(c, _)| c)))
+            .unwrap_or_default();
         Arc::new(Mutex::new(Control {
             workers,
             worker_count,
@@ -104,6 +140,7 @@ impl Control {
             managed,
             front_end: FrontEndSlot::default(),
             added: BTreeMap::new(),
+            host_endpoints,
         }))
     }
 
@@ -180,6 +217,16 @@ impl Control {
             self.marks.check(mark)?;
         }
         self.follow_added(&set);
+        if set.replace_peers {
+            self.host_endpoints.clear();
+        }
+        for update in set
+            .peers
+            .iter()
+            .filter(|u| u.remove || u.endpoint.is_some())
+        {
+            self.host_endpoints.remove(&update.public_key);
+        }
         let outcome = self.workers.run_each(move |device, now| {
             let before = device.routes();
             let result = device.apply(set.clone(), now);
@@ -291,6 +338,47 @@ impl Control {
                 }
             }
         })
+    }
+
+    /// The host name and port `key`'s endpoint follows, if it does (see `host_endpoints`).
+    pub(crate) fn host_endpoint(&self, key: &PublicKey) -> Option<HostEndpoint> {
+        self.host_endpoints.get(key).cloned()
+    }
+
+    /// Whether any peer's endpoint follows a host name.
+    pub(crate) fn has_host_endpoints(&self) -> bool {
+        !self.host_endpoints.is_empty()
+    }
+
+    /// Where `key`'s datagrams go now (a roaming peer's latest address included).
+    pub(crate) fn current_endpoint(&self, key: PublicKey) -> Option<SocketAddr> {
+        self.workers
+            .run_each(move |device, _| device.carried_peer_endpoint(&key))?
+            .into_iter()
+            .flatten()
+            .next()
+    }
+
+    /// Sends `key`'s datagrams to `endpoint`, a new answer for its host name, and
+    /// handshakes there at once. False when the peer no longer follows a host name (removed,
+    /// or its endpoint set by hand meanwhile) or the workers have stopped.
+    pub(crate) fn follow_resolved(&mut self, key: PublicKey, endpoint: SocketAddr) -> bool {
+        if !self.host_endpoints.contains_key(&key) {
+            return false;
+        }
+        let moved = self
+            .workers
+            .run_each(move |device, _| device.move_peer(&key, endpoint))
+            .is_some_and(|moved| moved.into_iter().any(|m| m));
+        if let Some(managed) = &mut self.managed {
+            // A reload compares the file with this, so the new address is what runs.
+            for (_, running) in managed.running.iter_mut() {
+                if running.public_key == key {
+                    running.endpoint = Some(endpoint);
+                }
+            }
+        }
+        moved
     }
 
     /// Makes the kernel's routes through the interface follow the peers' allowed IPs (in
@@ -408,6 +496,7 @@ impl Control {
             "{label}: WireGuard settings reloaded; unchanged peers keep their sessions"
         );
         managed.running = wanted;
+        self.host_endpoints = host_endpoints(managed.running.iter().map(|(c, _)| c));
         Ok(ReloadReport {
             peers: report,
             needs_restart: not_applied,

@@ -372,6 +372,9 @@ struct Inner {
     running: Mutex<Option<Running>>,
     /// Events and readiness, started by the first subscriber (`events.rs`).
     monitor: Mutex<Option<Arc<Monitor>>>,
+    /// Whether the thread that looks host-name endpoints up again runs (`reresolve.rs`),
+    /// started with the first such peer.
+    reresolving: Mutex<bool>,
 }
 
 /// The WireGuard side of a running gateway, fixed for its life.
@@ -488,9 +491,11 @@ impl Gateway {
     /// interface's addresses follow. What cannot change while running (the interface's name,
     /// port, MTU, `[dataplane]`, …) is left as it runs and named in the report.
     pub fn reload(&self, settings: Settings) -> Result<ReloadReport, Error> {
-        lock(&self.interface()?.control)
+        let report = lock(&self.interface()?.control)
             .reload(settings.plan, "reload")
-            .map_err(reload_error)
+            .map_err(reload_error)?;
+        self.follow_host_names();
+        Ok(report)
     }
 
     /// Reads the config file the gateway was started from again and applies it, as
@@ -498,9 +503,36 @@ impl Gateway {
     /// connections use them). `label` starts each log line (`tunneld up` passes "SIGHUP").
     pub fn reload_file(&self, label: &str) -> Result<ReloadReport, Error> {
         self.reload_tls_certificates(label);
-        lock(&self.interface()?.control)
+        let report = lock(&self.interface()?.control)
             .reload_file(label)
-            .map_err(reload_error)
+            .map_err(reload_error)?;
+        self.follow_host_names();
+        Ok(report)
+    }
+
+    /// Starts looking host-name endpoints up again (`reresolve.rs`) once a peer has one.
+    /// A gateway that cannot start the thread runs on, with the endpoints as first
+    /// resolved, and says so.
+    fn follow_host_names(&self) {
+        let Ok(interface) = self.interface() else {
+            return;
+        };
+        let mut reresolving = lock(&self.inner.reresolving);
+        if *reresolving || !lock(&interface.control).has_host_endpoints() {
+            return;
+        }
+        let started = self.events().and_then(|events| {
+            crate::reresolve::start(interface.control.clone(), events).map_err(|e| Error::Io {
+                message: format!("starting the thread that resolves host names again: {e}"),
+                source: e,
+            })
+        });
+        match started {
+            Ok(()) => *reresolving = true,
+            Err(e) => {
+                tracing::error!("{e}; host-name endpoints keep the address they first resolved to")
+            }
+        }
     }
 
     /// Reads the TLS sections' certificates, keys and CAs again (all or none), logged.
@@ -809,13 +841,16 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
         let _ = stop(running);
         return Err(Error::system(e));
     }
-    Ok(Gateway {
+    let gateway = Gateway {
         inner: Arc::new(Inner {
             interface,
             running: Mutex::new(Some(running)),
             monitor: Mutex::new(None),
+            reresolving: Mutex::new(false),
         }),
-    })
+    };
+    gateway.follow_host_names();
+    Ok(gateway)
 }
 
 #[cfg(test)]

@@ -56,6 +56,7 @@ mod netlink;
 mod plan;
 mod privileges;
 mod reload;
+mod reresolve;
 mod tls_peers;
 mod topology;
 mod uapi_server;

@@ -1036,6 +1036,15 @@ impl Device {
         Some((p.tx_bytes, p.rx_bytes))
     }
 
+    /// Where `peer`'s datagrams go, as the device that carries its session knows it (a
+    /// roaming peer's latest address); `None` for an unknown peer, one carried by another
+    /// device, or one with no endpoint yet.
+    pub fn carried_peer_endpoint(&self, peer: &PublicKey) -> Option<SocketAddr> {
+        let slot = *self.by_key.get(peer)?;
+        let p = self.peers.get(slot)?.as_ref()?;
+        p.endpoint.filter(|_| p.owned)
+    }
+
     /// The state of every peer whose session this device carries, for an
     /// [`event::Tracker`](crate::event::Tracker): endpoint, last handshake, attempt under way.
     pub fn observe_peers(
