@@ -1,7 +1,9 @@
 //! `cargo xtask deb`: the Debian package (cargo-deb, installed when missing), and the check
 //! `cargo xtask test` runs on it: install it with dpkg, use what it installed (the binary,
-//! the example config, the man page, the systemd unit: `systemd-analyze verify` and
-//! `security --offline=yes`, which must rate the unit's exposure 2.0 or lower), remove it.
+//! the example config checked as the unit's user with CAP_NET_ADMIN alone, the user and
+//! /etc/tunneld its postinst makes, the man page, the systemd unit: `systemd-analyze
+//! verify` and `security --offline=yes`, which must rate the unit's exposure 2.0 or
+//! lower), purge it.
 
 use crate::system::{self, run};
 use std::fs;
@@ -64,17 +66,33 @@ pub fn check_installed(deb: &Path) -> Result<(), String> {
             "a tunneld package is installed already; not replacing it to test this one".into(),
         );
     }
+    let user_was_there = user_exists(SERVICE_USER);
     eprintln!("==> dpkg -i {}", deb.display());
     run(Command::new("dpkg").arg("-i").arg(deb))?;
     let checked = checks();
-    eprintln!("==> dpkg -r tunneld");
-    let removed = run(Command::new("dpkg").args(["-r", "tunneld"]));
+    eprintln!("==> dpkg --purge tunneld");
+    let removed = run(Command::new("dpkg").args(["--purge", "tunneld"]));
+    // Debian leaves a package's system user behind on purge; this check made it, so it
+    // removes it (with its group).
+    if !user_was_there && user_exists(SERVICE_USER) {
+        let _ = run(Command::new("userdel").arg(SERVICE_USER));
+    }
     checked?;
     removed?;
     if Path::new("/usr/bin/tunneld").exists() {
-        return Err("dpkg -r left /usr/bin/tunneld behind".into());
+        return Err("dpkg --purge left /usr/bin/tunneld behind".into());
     }
     Ok(())
+}
+
+/// The user tunneld@.service runs tunneld as, made by the package's postinst.
+const SERVICE_USER: &str = "tunneld";
+
+fn user_exists(name: &str) -> bool {
+    Command::new("getent")
+        .args(["passwd", name])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn dpkg_status(package: &str) -> bool {
@@ -90,7 +108,19 @@ fn checks() -> Result<(), String> {
     if !version.starts_with("tunneld ") {
         return Err(format!("tunneld --version printed {version:?}"));
     }
-    // The example, with the key file it names made as its comment says.
+    if !user_exists(SERVICE_USER) {
+        return Err(format!(
+            "the package made no {SERVICE_USER} user for its unit to run as"
+        ));
+    }
+    let etc = output_of(Command::new("stat").args(["-c", "%U:%G %a", "/etc/tunneld"]))?;
+    if etc != format!("root:{SERVICE_USER} 750") {
+        return Err(format!(
+            "/etc/tunneld is {etc}, not root:{SERVICE_USER} 750 (the configs' directory, readable by the service's group)"
+        ));
+    }
+    // The example, with the key file it names made as its comment says, checked as the
+    // unit runs tunneld: as its user, with CAP_NET_ADMIN alone.
     let dir = std::env::temp_dir().join(format!("tunneld-deb-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -100,7 +130,21 @@ fn checks() -> Result<(), String> {
             .map_err(|e| format!("the example config is not installed: {e}"))?;
         let key = output_of(Command::new("tunneld").arg("genkey"))?;
         write_private(&dir.join("site-a.key"), &key)?;
-        output_of(Command::new("tunneld").arg("check").arg(&example))?;
+        output_of(Command::new("chown").arg("-R").arg(SERVICE_USER).arg(&dir))?;
+        output_of(
+            Command::new("setpriv")
+                .args([
+                    &format!("--reuid={SERVICE_USER}"),
+                    &format!("--regid={SERVICE_USER}"),
+                    "--init-groups",
+                    "--bounding-set=-all,+net_admin",
+                    "--inh-caps=-all,+net_admin",
+                    "--ambient-caps=+net_admin",
+                    "tunneld",
+                    "check",
+                ])
+                .arg(&example),
+        )?;
         let page = output_of(Command::new("man").args(["-w", "tunneld"]))?;
         eprintln!("man page: {page}");
         let unit = "/lib/systemd/system/tunneld@.service";

@@ -178,3 +178,188 @@ fn the_watchdog_is_fed_from_the_workers_progress_and_starves_when_one_is_stuck()
         "the watchdog was fed while a worker was stuck: {starved:?}"
     );
 }
+
+/// Puts a directory's owner back when dropped (also when the test fails).
+struct Owner {
+    path: &'static str,
+    uid: u32,
+    gid: u32,
+}
+
+impl Owner {
+    fn change(path: &'static str, uid: u32, gid: u32) -> Owner {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::create_dir_all(path).unwrap();
+        let meta = std::fs::metadata(path).unwrap();
+        let before = Owner {
+            path,
+            uid: meta.uid(),
+            gid: meta.gid(),
+        };
+        std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+        before
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = std::os::unix::fs::chown(self.path, Some(self.uid), Some(self.gid));
+    }
+}
+
+/// What the unit does (`User=tunneld`, `AmbientCapabilities=CAP_NET_ADMIN`,
+/// `CapabilityBoundingSet=CAP_NET_ADMIN`, `RuntimeDirectory=wireguard` owned by the user):
+/// `tunneld up` started by `setpriv` as `nobody` with CAP_NET_ADMIN alone brings the
+/// interface up, carries traffic to a peer, serves `wg` (root's), reloads its file on
+/// SIGHUP and removes its socket on SIGTERM; every thread runs as that user with
+/// CAP_NET_ADMIN and nothing else.
+#[test]
+fn up_runs_as_an_unprivileged_user_with_cap_net_admin_alone() {
+    const NOBODY: u32 = 65534;
+    let test = "up_runs_as_an_unprivileged_user_with_cap_net_admin_alone";
+    if !require_netns_and_wg(test) || !require_tool(test, "setpriv") {
+        return;
+    }
+    let (a, b) = two_sites();
+    let (ka, kb) = (genkey(), genkey());
+    let ib = tunneld_testnet::unique_name("wg");
+    let _gb = Gateway::start(&b, &ib, &kb, &site_body(2, &pubkey(&ka), "192.0.2.1:51820"));
+
+    // The binary, config and key in a directory of the user's own (the build's directory
+    // may not be open to other users).
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("tunneld");
+    std::fs::copy(TUNNELD, &bin).unwrap();
+    write_private(dir.path(), "private.key", &ka);
+    let ia = tunneld_testnet::unique_name("wg");
+    let body = site_body(1, &pubkey(&kb), "192.0.2.2:51820");
+    let config = dir.path().join("gateway.toml");
+    let write_config = |extra: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[interface]\nname = \"{ia}\"\nprivate_key_file = \"private.key\"\n{body}{extra}"
+            ),
+        )
+        .unwrap();
+    };
+    write_config("");
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        std::os::unix::fs::chown(entry.unwrap().path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    // The UAPI socket's directory, as RuntimeDirectory= makes it; root's tunnelds and `wg`
+    // go on using it.
+    let _run = Owner::change("/var/run/wireguard", NOBODY, NOBODY);
+    let log = dir.path().join("tunneld.log");
+
+    step("tunneld up as nobody with CAP_NET_ADMIN alone");
+    let mut child = KillOnDrop(
+        a.command("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--bounding-set=-all,+net_admin",
+                "--inh-caps=-all,+net_admin",
+                "--ambient-caps=+net_admin",
+            ])
+            .arg(&bin)
+            .arg("up")
+            .arg(&config)
+            .env("TUNNELD_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let socket = socket_path(&ia);
+    wait_until("the interface is up", || {
+        if let Ok(Some(status)) = child.0.try_wait() {
+            panic!("tunneld exited ({status}):\n{}", log_text());
+        }
+        log_text().contains("interface up") && socket.exists()
+    });
+    ping(&a, "10.77.0.2");
+    let shown = a.run(&["wg", "show", &ia]);
+    assert!(shown.contains("latest handshake"), "{shown}");
+
+    step("every thread runs as nobody with CAP_NET_ADMIN alone");
+    let pid = child.0.id();
+    let mut threads = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(field("Uid:"), "65534 65534 65534 65534", "{status}");
+        // CAP_NET_ADMIN is bit 12.
+        assert_eq!(field("CapEff:"), "0000000000001000", "{status}");
+        assert_eq!(field("CapPrm:"), "0000000000001000", "{status}");
+        threads += 1;
+    }
+    assert!(threads > 1, "tunneld runs {threads} thread");
+
+    step("SIGHUP: the file read again as nobody, a new allowed IP routed");
+    write_config("");
+    let changed = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("\"fd77::2/128\"]", "\"fd77::2/128\", \"10.99.0.0/24\"]");
+    std::fs::write(&config, changed).unwrap();
+    std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .unwrap();
+    wait_until("the reload is applied", || {
+        log_text().contains("WireGuard settings reloaded")
+    });
+    let routes = a.run(&["ip", "route", "show", "dev", &ia]);
+    assert!(routes.contains("10.99.0.0/24"), "{routes}");
+
+    step("SIGTERM: it exits and removes its socket");
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "tunneld did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}:\n{}", log_text());
+    assert!(!socket.exists(), "the socket is left behind");
+
+    step("a key file the user cannot read: one line naming the file and the user");
+    write_private(dir.path(), "root.key", &genkey());
+    let refused = dir.path().join("refused.toml");
+    std::fs::write(
+        &refused,
+        format!("[interface]\nname = \"{ia}\"\nprivate_key_file = \"root.key\"\n{body}"),
+    )
+    .unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .arg("check")
+        .arg(&refused)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "check accepted an unreadable key");
+    assert!(
+        stderr.contains("interface.private_key_file: cannot read")
+            && stderr.contains("root.key")
+            && stderr.contains("tunneld runs as uid 65534: the file must be that user's"),
+        "{stderr}"
+    );
+}

@@ -193,9 +193,23 @@ fn read_key(
     match read_key_file(&path) {
         Ok(text) => Some(text),
         Err(e) => {
-            errors.push(format!("{field}: {e}"));
+            errors.push(format!("{field}: {e}{}", unreadable_hint(&e)));
             None
         }
+    }
+}
+
+/// For a key file this process may not read while it runs as a user other than root (as
+/// tunneld@.service runs it): which user must own it.
+fn unreadable_hint(e: &tunneld_crypto::KeyFileError) -> String {
+    let denied = matches!(e, tunneld_crypto::KeyFileError::Read { source, .. }
+        if source.kind() == std::io::ErrorKind::PermissionDenied);
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if denied && uid != 0 {
+        format!(" (tunneld runs as uid {uid}: the file must be that user's, mode 600)")
+    } else {
+        String::new()
     }
 }
 
@@ -223,7 +237,7 @@ fn key_file_problems(text: &str, base: &Path) -> Vec<String> {
     let mut problems = Vec::new();
     for (field, file) in files {
         if let Err(e) = read_key_file(&base.join(file)) {
-            problems.push(format!("{field}: {e}"));
+            problems.push(format!("{field}: {e}{}", unreadable_hint(&e)));
         }
     }
     problems

@@ -4,9 +4,10 @@
 //! need root. Afterwards tunneld needs only `CAP_NET_ADMIN`: `wg set` changes routes through
 //! netlink; with no WireGuard interface (TLS forwarding only) it needs nothing at all. So every
 //! other capability leaves the effective, permitted, inheritable, ambient
-//! and bounding sets, and `no_new_privs` stops any later exec from regaining one. The process
-//! keeps uid 0 so that it can still remove its own UAPI socket from the root-owned
-//! `/var/run/wireguard` at exit; running as a dedicated user is future work.
+//! and bounding sets, and `no_new_privs` stops any later exec from regaining one. Started as
+//! root, it keeps uid 0 (and removes its own UAPI socket from the root-owned
+//! `/var/run/wireguard` at exit); the systemd unit starts it as a user of its own with
+//! `CAP_NET_ADMIN` alone, where there is nothing left to drop.
 //!
 //! Capabilities belong to threads: this must run before the worker and UAPI threads start,
 //! which then inherit the reduced sets.
