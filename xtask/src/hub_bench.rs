@@ -25,7 +25,7 @@ use crate::system;
 use crate::testbed::cpu_seconds;
 use std::fmt::Write as _;
 use std::fs;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -334,14 +334,6 @@ fn rss_kib(pid: u32) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// 256 source addresses for the spokes: 192.0.2.10-137 and 198.51.100.1-128.
-fn source_addresses() -> Vec<IpAddr> {
-    (10..138u8)
-        .map(|h| IpAddr::from([192, 0, 2, h]))
-        .chain((1..129u8).map(|h| IpAddr::from([198, 51, 100, h])))
-        .collect()
-}
-
 /// Stops the hub (SIGTERM, then SIGKILL after 5 s) and removes its interface.
 fn stop(ns: &NetNs, pid: u32, ifname: &str) {
     // SAFETY: kill sends a signal to a process this bench started.
@@ -386,16 +378,7 @@ fn measure_in(
 
     let hub_ns = NetNs::new();
     let spokes_ns = NetNs::new();
-    let (_, spokes_if) = tunneld_testnet::veth(&hub_ns, "192.0.2.1/24", &spokes_ns, "192.0.2.2/24");
-    let mut batch = String::new();
-    for ip in source_addresses() {
-        let _ = writeln!(batch, "address add {ip}/24 dev {spokes_if}");
-    }
-    ip_batch(&spokes_ns, &batch)?;
-    run_in(
-        &hub_ns,
-        &["ip", "route", "add", "198.51.100.0/24", "via", "192.0.2.2"],
-    )?;
+    tunneld_testnet::hub_and_spokes(&hub_ns, &spokes_ns);
 
     let ifname = unique_name("hub");
     let bin = hub.bin().to_string_lossy().into_owned();
@@ -436,7 +419,7 @@ fn measure_in(
                 count,
                 hub_public,
                 SocketAddr::from(([192, 0, 2, 1], LISTEN_PORT)),
-                &source_addresses(),
+                &tunneld_testnet::spoke_source_addresses(),
                 Duration::from_secs(1),
                 STORM_DEADLINE,
             )

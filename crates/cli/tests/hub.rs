@@ -10,40 +10,13 @@ mod spokes;
 use common::*;
 use spokes::{hub_setconf, Spokes};
 use std::fs;
-use std::io::Write;
-use std::net::{IpAddr, SocketAddr};
-use std::process::Stdio;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tunneld_testnet::{unique_name, NetNs};
 
 const SPOKES: usize = 2_000;
 /// Far more than a storm of 2 000 takes, even with a debug build of tunneld.
 const STORM_DEADLINE: Duration = Duration::from_secs(120);
-
-/// 256 source addresses in the spokes' namespace: 192.0.2.10-137 and 198.51.100.1-128.
-fn source_addresses() -> Vec<IpAddr> {
-    (10..138u8)
-        .map(|h| IpAddr::from([192, 0, 2, h]))
-        .chain((1..129u8).map(|h| IpAddr::from([198, 51, 100, h])))
-        .collect()
-}
-
-/// Runs `ip -batch -` in `ns` with `commands` on its stdin.
-fn ip_batch(ns: &NetNs, commands: &str) {
-    let mut child = ns
-        .command("ip")
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("ip -batch");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(commands.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "ip -batch failed");
-}
 
 /// Deletes the hub's interface (so a bare tunneld exits) and its socket, even on failure.
 struct Cleanup<'a>(&'a NetNs, String);
@@ -90,7 +63,7 @@ fn storm(
             SPOKES,
             hub_public,
             SocketAddr::from(([192, 0, 2, 1], 51820)),
-            &source_addresses(),
+            &tunneld_testnet::spoke_source_addresses(),
             Duration::from_secs(1),
             STORM_DEADLINE,
         )
@@ -116,13 +89,7 @@ fn a_restarted_hub_brings_every_spoke_back() {
     }
     let hub = NetNs::new();
     let spokes_ns = NetNs::new();
-    let (_, spokes_if) = tunneld_testnet::veth(&hub, "192.0.2.1/24", &spokes_ns, "192.0.2.2/24");
-    let mut batch = String::new();
-    for ip in source_addresses() {
-        batch.push_str(&format!("address add {ip}/24 dev {spokes_if}\n"));
-    }
-    ip_batch(&spokes_ns, &batch);
-    hub.run(&["ip", "route", "add", "198.51.100.0/24", "via", "192.0.2.2"]);
+    tunneld_testnet::hub_and_spokes(&hub, &spokes_ns);
 
     step("2 000 spokes' keys and the hub's configuration");
     let spokes = std::sync::Arc::new(Spokes::new(SPOKES));

@@ -249,6 +249,52 @@ pub fn veth(a: &NetNs, a_addr: &str, b: &NetNs, b_addr: &str) -> (String, String
     (a_if, b_if)
 }
 
+/// The source addresses [`hub_and_spokes`] gives the spokes: 192.0.2.10-137 and
+/// 198.51.100.1-128.
+pub fn spoke_source_addresses() -> Vec<std::net::IpAddr> {
+    (10..138u8)
+        .map(|h| std::net::IpAddr::from([192, 0, 2, h]))
+        .chain((1..129u8).map(|h| std::net::IpAddr::from([198, 51, 100, h])))
+        .collect()
+}
+
+/// Joins a hub's namespace (192.0.2.1) to a spokes' namespace (192.0.2.2) holding the 256
+/// [`spoke_source_addresses`], which the hub reaches through 192.0.2.2 rather than on the
+/// link: so the hub keeps one neighbour entry, not 256. The kernel's neighbour table is
+/// one for all namespaces (`gc_thresh3`, 1024 by default): 256 on-link spokes per hub,
+/// beside other tests' namespaces, overflowed it, and replies to spokes were dropped.
+/// Returns the source addresses.
+pub fn hub_and_spokes(hub: &NetNs, spokes: &NetNs) -> Vec<std::net::IpAddr> {
+    let (hub_if, spokes_if) = veth(hub, "192.0.2.1/32", spokes, "192.0.2.2/24");
+    hub.run(&["ip", "route", "add", "192.0.2.2/32", "dev", &hub_if]);
+    for net in ["192.0.2.0/24", "198.51.100.0/24"] {
+        hub.run(&["ip", "route", "add", net, "via", "192.0.2.2"]);
+    }
+    let addresses = spoke_source_addresses();
+    let mut batch = String::new();
+    for ip in &addresses {
+        batch.push_str(&format!("address add {ip}/24 dev {spokes_if}\n"));
+    }
+    let mut child = spokes
+        .command("ip")
+        .args(["-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("ip -batch");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("ip's stdin");
+        stdin
+            .write_all(batch.as_bytes())
+            .expect("ip -batch's input");
+    }
+    assert!(
+        child.wait().expect("ip -batch").success(),
+        "ip -batch failed"
+    );
+    addresses
+}
+
 /// Runs a command and panics with its stderr when it fails.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd
