@@ -6,7 +6,7 @@
 
 use crate::allowed_ips::AllowedIps;
 use crate::noise::cookie::{CookieJar, CookieSecret};
-use crate::noise::handshake::{consume_initiation, ReceivedInitiation};
+use crate::noise::handshake::{consume_initiation, HandshakeError, ReceivedInitiation};
 use crate::noise::{self, Local, Opened, Sent, Sessions, Timer};
 use crate::packet::{self, flow_hash, padded_len};
 use crate::peer::Peer;
@@ -713,8 +713,24 @@ impl Device {
         if !admitted && !self.admit_handshake(from, initiation.into(), now, underlay) {
             return Err(Disposition::Done);
         }
-        let Some((slot, received)) = self.initiator_slot(initiation) else {
-            return Err(Disposition::Done);
+        let (slot, received) = match self.initiator_slot(initiation) {
+            Ok(found) => found,
+            Err(Some(slot)) => {
+                // The worker carrying the peer reads it in full (admitted here already).
+                let owner = self
+                    .peers
+                    .get(slot)
+                    .and_then(Option::as_ref)
+                    .and_then(|peer| self.elsewhere(peer, index_slot(initiation.sender())));
+                return Err(match owner {
+                    Some(worker) => Disposition::HandOff(worker),
+                    None => {
+                        self.stats.drop(DropReason::UnknownPeer);
+                        Disposition::Done
+                    }
+                });
+            }
+            Err(None) => return Err(Disposition::Done),
         };
         // Initiations arrive at any worker: the one carrying the session answers. A split
         // peer's initiator names its sub-tunnel by its own index (`add_peer`).
@@ -934,10 +950,14 @@ impl Device {
 
     /// For a handshake initiation: the slot of the initiating peer, found by the static key
     /// it carries, and the initiation decrypted (a worker that hands it off wasted that).
+    /// The peer an initiation is from and the initiation read: `Err(Some(slot))` when the
+    /// peer in `slot` is carried by another worker (this one has no static secret for it,
+    /// so it reads no further than the sender's key), `Err(None)` when it is dropped
+    /// (counted).
     fn initiator_slot(
         &mut self,
         initiation: wire::Initiation<'_>,
-    ) -> Option<(usize, ReceivedInitiation)> {
+    ) -> Result<(usize, ReceivedInitiation), Option<usize>> {
         let by_key = &self.by_key;
         let peers = &self.peers;
         let mut slot = None;
@@ -947,11 +967,12 @@ impl Device {
             peers.get(s)?.as_ref().map(|p| p.sessions.identity())
         });
         match (found, slot) {
-            (Ok(received), Some(slot)) => Some((slot, received)),
-            (Ok(_), None) => None,
+            (Ok(received), Some(slot)) => Ok((slot, received)),
+            (Err(HandshakeError::NotCarriedHere), Some(slot)) => Err(Some(slot)),
+            (Ok(_), None) => Err(None),
             (Err(e), _) => {
                 self.stats.drop(noise::drop_reason(&e));
-                None
+                Err(None)
             }
         }
     }
@@ -1285,7 +1306,7 @@ impl Device {
                 };
                 // A new key starts a new session, as a reload reports (`SyncReport::restarted`).
                 peer.sessions = new_sessions(
-                    self.checking,
+                    !self.checking && peer.owned,
                     &self.local,
                     *peer.public_key.as_bytes(),
                     session_psk.map(|k| *k.as_bytes()),
@@ -1411,7 +1432,7 @@ impl Device {
         };
         let wire_slot = self.wire_slot(slot);
         let sessions = new_sessions(
-            self.checking,
+            !self.checking && owned_sub.is_some(),
             &self.local,
             *key.as_bytes(),
             psk,
@@ -1429,19 +1450,21 @@ impl Device {
     }
 }
 
-/// A peer's sessions: with its static Diffie-Hellman, or on a checking device without.
+/// A peer's sessions: with its static Diffie-Hellman where handshakes with it are made
+/// (`handshakes`: the worker that carries it, on a device that is not only checking), else
+/// without, which saves that Diffie-Hellman on every other worker.
 fn new_sessions(
-    checking: bool,
+    handshakes: bool,
     local: &Local,
     peer_public: [u8; 32],
     psk: Option<[u8; 32]>,
     slot: u32,
     rng: &mut dyn rand_core::CryptoRngCore,
 ) -> Result<Sessions, DropReason> {
-    if checking {
-        Sessions::for_checking(peer_public, psk, slot, rng)
-    } else {
+    if handshakes {
         Sessions::new(local, peer_public, psk, slot, rng)
+    } else {
+        Sessions::without_static_secret(peer_public, psk, slot, rng)
     }
 }
 

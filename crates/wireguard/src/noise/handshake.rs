@@ -42,6 +42,10 @@ pub enum HandshakeError {
     LowOrderKey,
     #[error("handshake response to an index we did not send")]
     WrongIndex,
+    /// The initiation is from a known peer whose handshakes another worker makes (this one
+    /// keeps no static secret for it): that worker reads it in full.
+    #[error("handshake with a peer whose session another worker carries")]
+    NotCarriedHere,
 }
 
 /// Our static key pair and the keys derived from our public key that peers use towards us.
@@ -101,7 +105,9 @@ pub struct PeerIdentity {
     mac1_key: [u8; 32],
     /// HASH("cookie--" ‖ its public): opens the cookie replies it sends us.
     cookie_key: [u8; 32],
-    static_shared: Secret,
+    /// `None` where no handshake is made with the peer: a checking device, or a worker
+    /// that does not carry its session.
+    static_shared: Option<Secret>,
     /// The transcript every initiation to it starts from.
     start: Transcript,
 }
@@ -110,7 +116,7 @@ impl PeerIdentity {
     /// Fails with `LowOrderKey` when `peer_public` is a point of small order, whose
     /// Diffie-Hellman with any key is zero: such a peer could authenticate as anyone.
     pub fn new(local: &LocalIdentity, peer_public: [u8; 32]) -> Result<Self, HandshakeError> {
-        let static_shared = dh(&local.private, &peer_public)?;
+        let static_shared = Some(dh(&local.private, &peer_public)?);
         Ok(Self {
             public: peer_public,
             mac1_key: hash(&[LABEL_MAC1, &peer_public]),
@@ -124,11 +130,12 @@ impl PeerIdentity {
         self.public
     }
 
-    /// The identity of `peer_public` on a device that only checks requests and never
-    /// handshakes (the bare mode's scratch device): the same refusal of a low-order key as
-    /// [`PeerIdentity::new`], told without the Diffie-Hellman, which is most of the cost of
-    /// a `set` of many peers; its static secret is left zero.
-    pub fn for_checking(peer_public: [u8; 32]) -> Result<Self, HandshakeError> {
+    /// The identity of `peer_public` where no handshake is made with it (the bare mode's
+    /// scratch device, or a worker that does not carry the peer's session): the same
+    /// refusal of a low-order key as [`PeerIdentity::new`], told without the
+    /// Diffie-Hellman, which is most of the cost of a `set` of many peers; it has no static
+    /// secret, so an initiation from the peer is read only as far as its sender's key.
+    pub fn without_static_secret(peer_public: [u8; 32]) -> Result<Self, HandshakeError> {
         if is_low_order(&peer_public) {
             return Err(HandshakeError::LowOrderKey);
         }
@@ -136,9 +143,14 @@ impl PeerIdentity {
             public: peer_public,
             mac1_key: hash(&[LABEL_MAC1, &peer_public]),
             cookie_key: hash(&[LABEL_COOKIE, &peer_public]),
-            static_shared: Zeroizing::new([0; 32]),
+            static_shared: None,
             start: Transcript::start(&peer_public),
         })
+    }
+
+    /// Whether handshakes can be made with the peer here (see `static_shared`).
+    pub fn has_static_secret(&self) -> bool {
+        self.static_shared.is_some()
     }
 
     pub(super) fn cookie_key(&self) -> &[u8; 32] {
@@ -222,10 +234,14 @@ pub fn create_initiation(
     t.mix_hash(&ephemeral_public);
     t.mix_key(&ephemeral_public);
 
+    let static_shared = peer
+        .static_shared
+        .as_ref()
+        .ok_or(HandshakeError::NotCarriedHere)?;
     let key = t.mix_key_with_key(&*dh(&ephemeral, &peer.public)?);
     t.encrypt(&key, &local.public, &mut out[init::STATIC..init::TIMESTAMP]);
 
-    let key = t.mix_key_with_key(&*peer.static_shared);
+    let key = t.mix_key_with_key(&**static_shared);
     t.encrypt(&key, &timestamp, &mut out[init::TIMESTAMP..init::MAC1]);
 
     let mac1 = write_macs(out, &peer.mac1_key, cookie);
@@ -345,7 +361,10 @@ pub fn consume_initiation<'p>(
         return Err(HandshakeError::UnknownPeer);
     }
 
-    let key = t.mix_key_with_key(&*peer.static_shared);
+    let Some(static_shared) = &peer.static_shared else {
+        return Err(HandshakeError::NotCarriedHere);
+    };
+    let key = t.mix_key_with_key(&**static_shared);
     let mut timestamp = [0u8; 12];
     t.decrypt(&key, msg.encrypted_timestamp(), &mut timestamp)?;
 
@@ -669,7 +688,7 @@ pub(crate) mod tests {
         for key in candidates {
             let refused = PeerIdentity::new(&local, key).is_err();
             assert_eq!(is_low_order(&key), refused, "{key:02x?}");
-            assert_eq!(PeerIdentity::for_checking(key).is_err(), refused);
+            assert_eq!(PeerIdentity::without_static_secret(key).is_err(), refused);
             small += usize::from(refused);
         }
         // About half the random points are on the curve, whose multiple by the group's order

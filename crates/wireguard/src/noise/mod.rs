@@ -22,5 +22,7 @@ pub(crate) fn drop_reason(e: &HandshakeError) -> DropReason {
         // A sealed handshake field that does not open: most often, the preshared keys differ.
         HandshakeError::Decryption => DropReason::DecryptFailed,
         HandshakeError::LowOrderKey => DropReason::HandshakeRejected,
+        // Handed to the worker that carries the peer, not dropped; counted if it ever is.
+        HandshakeError::NotCarriedHere => DropReason::UnknownPeer,
     }
 }

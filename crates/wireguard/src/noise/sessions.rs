@@ -163,17 +163,17 @@ impl Sessions {
         Ok(Self::with_identity(peer, psk, slot, rng))
     }
 
-    /// [`Sessions::new`] for a device that only checks requests and never handshakes: the
-    /// key is refused alike, without the static Diffie-Hellman
-    /// ([`PeerIdentity::for_checking`]).
-    pub fn for_checking(
+    /// [`Sessions::new`] where no handshake is made with the peer (a checking device, or a
+    /// worker that does not carry its session): the key is refused alike, without the static
+    /// Diffie-Hellman ([`PeerIdentity::without_static_secret`]).
+    pub fn without_static_secret(
         peer_public: [u8; 32],
         psk: Option<[u8; 32]>,
         slot: u32,
         rng: &mut dyn CryptoRngCore,
     ) -> Result<Self, DropReason> {
-        let peer =
-            PeerIdentity::for_checking(peer_public).map_err(|_| DropReason::HandshakeRejected)?;
+        let peer = PeerIdentity::without_static_secret(peer_public)
+            .map_err(|_| DropReason::HandshakeRejected)?;
         Ok(Self::with_identity(peer, psk, slot, rng))
     }
 
@@ -212,8 +212,13 @@ impl Sessions {
 
     /// Our static key changed: every session and handshake made with the old one ends.
     pub fn set_local(&mut self, local: &Local) -> Result<(), DropReason> {
-        self.peer = PeerIdentity::new(&local.identity, self.peer.public())
-            .map_err(|_| DropReason::HandshakeRejected)?;
+        let public = self.peer.public();
+        self.peer = if self.peer.has_static_secret() {
+            PeerIdentity::new(&local.identity, public)
+        } else {
+            PeerIdentity::without_static_secret(public)
+        }
+        .map_err(|_| DropReason::HandshakeRejected)?;
         self.clear();
         Ok(())
     }
