@@ -532,9 +532,7 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     let before_removed = (removed_lines(&ga), removed_lines(&gc), removed_lines(&gd));
     let before_peers = peers(&na, &a.ifname);
     let rx_before = transfers(&na, &a.ifname);
-    for i in 0..members.len() {
-        members.stop_member(i, "TERM");
-    }
+    members.stop_all("TERM");
     let outage = Instant::now();
     wait_until("A sees the store down", || {
         show(&na, &a.ifname).contains("store: down")

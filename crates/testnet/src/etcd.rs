@@ -318,11 +318,29 @@ impl Cluster {
 
     /// Stops member `i` with `signal` (`KILL`, `TERM`) and waits for it.
     pub fn stop_member(&mut self, i: usize, signal: &str) {
-        if let Some(mut child) = self.members[i].child.take() {
-            let _ = Command::new("kill")
-                .args([&format!("-{signal}"), &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + WAIT;
+        self.stop_members(&[i], signal);
+    }
+
+    /// Sends `signal` to every member at once, then waits for each to exit (killing one
+    /// that outlives [`WAIT`]): the whole store goes down together, so a client never sees
+    /// the last member answer while the others are already gone.
+    pub fn stop_all(&mut self, signal: &str) {
+        let all: Vec<usize> = (0..self.members.len()).collect();
+        self.stop_members(&all, signal);
+    }
+
+    fn stop_members(&mut self, which: &[usize], signal: &str) {
+        let mut stopping = Vec::new();
+        for &i in which {
+            if let Some(child) = self.members[i].child.take() {
+                let _ = Command::new("kill")
+                    .args([&format!("-{signal}"), &child.id().to_string()])
+                    .status();
+                stopping.push(child);
+            }
+        }
+        let deadline = Instant::now() + WAIT;
+        for mut child in stopping {
             while child.try_wait().ok().flatten().is_none() {
                 if Instant::now() > deadline {
                     let _ = child.kill();
