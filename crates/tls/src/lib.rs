@@ -155,10 +155,11 @@ pub enum PeerTraffic {
 /// with the post-quantum hybrid X25519MLKEM768 (classic X25519 and P-256 stay as fallbacks),
 /// except for the record crypto (where the bytes go) on CPUs where ring's is the faster.
 ///
-/// After the provider's groups, secp521r1 (`groups.rs`), which OpenSSL also offers.
+/// After the provider's groups, those of `groups.rs` (secp521r1, X448, ffdhe2048 to 8192), which
+/// OpenSSL also offers.
 fn provider() -> Arc<CryptoProvider> {
     let mut aws_lc = rustls::crypto::aws_lc_rs::default_provider();
-    aws_lc.kx_groups.push(groups::SECP521R1);
+    aws_lc.kx_groups.extend(groups::EXTRA);
     // TLS 1.3 only, whichever rustls features the rest of the binary asks for (tonic, for
     // the fleet's etcd client, compiles TLS 1.2 in).
     aws_lc.cipher_suites.retain(|suite| suite.tls13().is_some());
