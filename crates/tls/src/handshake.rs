@@ -693,8 +693,9 @@ struct Screen {
 
 /// Handshake message types the screen reads.
 const CLIENT_HELLO: u8 = 1;
-/// rustls's limit for a handshake message (a larger ClientHello is refused by it anyway).
-const MAX_HELLO: usize = 0xffff;
+/// rustls's limit for a handshake message, as vendor/rustls raises it to OpenSSL's for a
+/// ClientHello (a larger one is refused by rustls anyway).
+const MAX_HELLO: usize = 131_396;
 
 impl Screen {
     /// Notes the records about to be sent (whole ones: rustls encodes records).
@@ -1271,6 +1272,31 @@ mod tests {
         assert_eq!(answer, Ok((0x0017, true)));
         let answer = group_answered(&unknown_share(&[0x11ec]));
         assert_eq!(answer, Err(vec![ALERT, 3, 3, 0, 2, 2, 40]));
+    }
+
+    /// A ClientHello over 64 KiB, in records of 2^14 bytes, is answered with a ServerHello
+    /// (tlsfuzzer's `signature-algorithms` sends 32 715 schemes; rustls 0.23 refused any
+    /// handshake message over 64 KiB - 1 and closed: see vendor/rustls/TUNNELD.md).
+    #[test]
+    fn a_client_hello_over_64_kib_is_answered() {
+        let hello = client_hello();
+        let filler = (0x1_0000 + 100 - hello.len()) / 2;
+        // P-256 ECDSA (the test certificate's) and unknown schemes.
+        let mut schemes = vec![0x04, 0x03];
+        schemes.extend(std::iter::repeat_n([0xfe, 0xfe], filler).flatten());
+        let mut data = (schemes.len() as u16).to_be_bytes().to_vec();
+        data.extend_from_slice(&schemes);
+        let edited = edit_extension(&hello, 13, Some(&data));
+        // edit_extension's record length wrapped; the message after it is whole.
+        let message = &edited[HEADER..];
+        assert!(message.len() > 0xffff + 4, "{}", message.len());
+        let mut records = Vec::new();
+        for piece in message.chunks(MAX_PLAINTEXT) {
+            records.extend_from_slice(&[HANDSHAKE, 3, 1]);
+            records.extend_from_slice(&(piece.len() as u16).to_be_bytes());
+            records.extend_from_slice(piece);
+        }
+        assert_eq!(group_answered(&records), Ok((0x11ec, false)));
     }
 
     /// tlsfuzzer's `zero-length app data interleaved in handshake` (and its padded twins, the
