@@ -1229,6 +1229,48 @@ mod tests {
         Ok(answered_group(&answer))
     }
 
+    /// The first ClientHello is read from whole records only: every cut of one (in two
+    /// records) is `More`, the whole is read, and another record type, an oversized record or
+    /// a message that is not a ClientHello is `Not`; no input panics.
+    #[test]
+    fn the_first_hello_is_read_from_whole_records() {
+        let hello = client_hello();
+        let message = &hello[HEADER..];
+        let (a, b) = message.split_at(message.len() / 3);
+        let mut records = Vec::new();
+        for piece in [a, b] {
+            records.extend_from_slice(&[HANDSHAKE, 3, 1]);
+            records.extend_from_slice(&(piece.len() as u16).to_be_bytes());
+            records.extend_from_slice(piece);
+        }
+        for end in 0..records.len() {
+            assert_eq!(
+                first_hello(&records[..end]),
+                FirstHello::More,
+                "cut at {end}"
+            );
+        }
+        let FirstHello::Whole(read) = first_hello(&records) else {
+            panic!("not read");
+        };
+        assert_eq!(read.shares, [0x11ec, 0x001d]);
+        let mut other = records.clone();
+        other[0] = APPLICATION_DATA;
+        assert_eq!(first_hello(&other), FirstHello::Not);
+        let mut oversized = records.clone();
+        oversized[3..5].copy_from_slice(&[0x40, 0x01]);
+        assert_eq!(first_hello(&oversized), FirstHello::Not);
+        let mut not_hello = records.clone();
+        not_hello[HEADER] = 2;
+        assert_eq!(first_hello(&not_hello), FirstHello::Not);
+        // Any byte changed anywhere: an answer, never a panic.
+        for i in 0..records.len() {
+            let mut bent = records.clone();
+            bent[i] ^= 0xa5;
+            let _ = first_hello(&bent);
+        }
+    }
+
     /// A listener uses a key share the client sent for a group it offers, as OpenSSL does,
     /// even when the client lists another group first (rustls alone would ask for that
     /// one); of two such shares, the listener's preferred (X25519MLKEM768). Without one, it
