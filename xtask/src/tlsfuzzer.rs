@@ -71,7 +71,10 @@ const LENGTHS: &[usize] = &[
 
 /// The scripts the step (`cargo xtask test`) runs, each against OpenSSL and tunneld side by
 /// side: every TLS 1.3 script of tlsfuzzer where OpenSSL passes some probe and tunneld passes
-/// every probe OpenSSL passes (docs/reliability.md lists the others and why). A script
+/// every probe OpenSSL passes (docs/reliability.md lists the others and why), except
+/// `dhe-shared-secret-padding`, whose run time is chance (it repeats each group until a key
+/// share and a shared secret that start with a zero byte have both come: about 20 s here,
+/// more in a bad draw) and which `--compare-all` runs. A script
 /// where OpenSSL passes nothing could show no difference, so it would be a test that cannot
 /// fail; the step refuses such a run. `--compare-all` runs every TLS 1.3 script.
 const STEP_SCRIPTS: &[&str] = &[
@@ -81,9 +84,13 @@ const STEP_SCRIPTS: &[&str] = &[
     "connection-abort",
     "conversation",
     "count-tickets",
+    "crfg-curves",
+    "ecdhe-curves",
     "ecdsa-support",
     "eddsa",
     "empty-alert",
+    "ffdhe-groups",
+    "ffdhe-sanity",
     "finished",
     "finished-plaintext",
     "hrr",
@@ -95,15 +102,20 @@ const STEP_SCRIPTS: &[&str] = &[
     "legacy-version",
     "lengths",
     "multiple-ccs-messages",
+    "no-unknown-groups",
     "nociphers",
+    "obsolete-curves",
     "pkcs-signature",
     "record-layer-limits",
     "record-padding",
     "rsa-signatures",
+    "serverhello-random",
     "session-resumption",
     "shuffled-extentions",
+    "signature-algorithms",
     "symetric-ciphers",
     "unencrypted-alert",
+    "unrecognised-groups",
     "version-negotiation",
     "zero-content-type",
     "zero-length-data",

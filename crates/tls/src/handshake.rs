@@ -8,12 +8,13 @@ use super::records::{
 };
 use anyhow::bail;
 use rustls::client::{ClientConnectionData, UnbufferedClientConnection};
+use rustls::crypto::CryptoProvider;
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
 use rustls::unbuffered::{
     ConnectionState, EncodeError, InsufficientSizeError, UnbufferedConnectionCommon,
     UnbufferedStatus,
 };
-use rustls::{AlertDescription, InvalidMessage, PeerMisbehaved, ServerConfig};
+use rustls::{AlertDescription, InvalidMessage, NamedGroup, PeerMisbehaved, ServerConfig};
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,28 +55,127 @@ pub struct Established {
 }
 
 /// A connection to run the handshake of with [`handshake_for_records`].
+// Made once per connection and moved once, into `handshake_for_records`: not worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Unbuffered {
     Client(UnbufferedClientConnection),
-    /// A server's connection, with what it tells the handshake when it was made by
-    /// [`Unbuffered::server`] (without that, rustls's alerts are sent as rustls chose them).
+    /// A bare rustls server connection, for tests (without a [`ServerWatch`], rustls's
+    /// alerts are sent as rustls chose them).
+    #[cfg(test)]
     Server(UnbufferedServerConnection, Option<Arc<ServerWatch>>),
+    /// A listener's server connection, made by [`Unbuffered::server`]: its rustls connection
+    /// is made once the first ClientHello is in, with the config chosen for it
+    /// ([`ListenerConfig::for_hello`]).
+    Listener(Arc<ListenerConfig>),
 }
 
 impl Unbuffered {
     /// A server connection of `config` that answers as RFC 8446 and OpenSSL do where rustls
-    /// answers otherwise (see [`Screen`]): a copy of the config for this connection alone
-    /// (sharing the certificate, the session cache and everything else) whose key log and
-    /// certificate resolver report to a [`ServerWatch`].
-    pub fn server(config: &Arc<ServerConfig>) -> Result<Unbuffered, rustls::Error> {
-        let watch = Arc::new(ServerWatch::default());
-        let mut config = ServerConfig::clone(config);
-        config.key_log = watch.clone();
-        config.cert_resolver = Arc::new(SchemeCheck {
-            inner: config.cert_resolver.clone(),
-            watch: watch.clone(),
-        });
-        let conn = UnbufferedServerConnection::new(Arc::new(config))?;
-        Ok(Unbuffered::Server(conn, Some(watch)))
+    /// answers otherwise (see [`Screen`] and [`ListenerConfig::for_hello`]).
+    pub fn server(config: &Arc<ListenerConfig>) -> Unbuffered {
+        Unbuffered::Listener(config.clone())
+    }
+}
+
+/// A server connection of `config` with a [`ServerWatch`]: a copy of the config for this
+/// connection alone (sharing the certificate, the session cache and everything else) whose
+/// key log and certificate resolver report to the watch.
+fn watched(
+    config: &Arc<ServerConfig>,
+) -> Result<(UnbufferedServerConnection, Arc<ServerWatch>), rustls::Error> {
+    let watch = Arc::new(ServerWatch::default());
+    let mut config = ServerConfig::clone(config);
+    config.key_log = watch.clone();
+    config.cert_resolver = Arc::new(SchemeCheck {
+        inner: config.cert_resolver.clone(),
+        watch: watch.clone(),
+    });
+    Ok((UnbufferedServerConnection::new(Arc::new(config))?, watch))
+}
+
+/// A listener's rustls configs: one that offers every key exchange group of its provider,
+/// and for each of those groups a copy that offers it alone (sharing the certificate, the
+/// session cache and the ticketer), from which [`ListenerConfig::for_hello`] picks.
+#[derive(Debug)]
+pub struct ListenerConfig {
+    all: Arc<ServerConfig>,
+    alone: Vec<(NamedGroup, Arc<ServerConfig>)>,
+}
+
+impl ListenerConfig {
+    /// The configs `make` gives for the listener's provider (`all` of them) and for each of
+    /// its groups alone. `make` builds a config on the provider it is given, the rest as the
+    /// listener asks.
+    pub fn new<E>(
+        provider: Arc<CryptoProvider>,
+        make: impl Fn(Arc<CryptoProvider>) -> Result<ServerConfig, E>,
+    ) -> Result<ListenerConfig, E> {
+        let all = make(provider.clone())?;
+        let mut alone = Vec::new();
+        for &group in &provider.kx_groups {
+            let mut one = make(Arc::new(CryptoProvider {
+                kx_groups: vec![group],
+                ..CryptoProvider::clone(&provider)
+            }))?;
+            one.cert_resolver = all.cert_resolver.clone();
+            one.session_storage = all.session_storage.clone();
+            one.ticketer = all.ticketer.clone();
+            one.cert_compression_cache = all.cert_compression_cache.clone();
+            alone.push((group.name(), Arc::new(one)));
+        }
+        Ok(ListenerConfig {
+            all: Arc::new(all),
+            alone,
+        })
+    }
+
+    /// `config` alone, for tests that handshake with a rustls config of their own.
+    #[cfg(test)]
+    pub(crate) fn only(config: ServerConfig) -> Arc<ListenerConfig> {
+        Arc::new(ListenerConfig {
+            all: Arc::new(config),
+            alone: Vec::new(),
+        })
+    }
+
+    /// The config a connection handshakes with, given its first ClientHello (in each case
+    /// a config offering one group, so that rustls, which would take the first group of the
+    /// client's supported_groups it offers, takes the one chosen here):
+    ///
+    /// - the client sent a key share for a group the listener offers: that group (of
+    ///   several, the listener's preferred: X25519MLKEM768 before X25519). OpenSSL, too,
+    ///   uses a share it was sent, and it saves a round trip;
+    /// - none: the listener's preferred group of the client's supported_groups, asked for
+    ///   with a HelloRetryRequest, as OpenSSL chooses (its order, not the client's), except
+    ///   the post-quantum hybrids, which are used when their share was sent and never asked
+    ///   for: every client that implements one sends its 1.2 KB share in its first flight
+    ///   (rustls, OpenSSL 3.5, the browsers), and OpenSSL 3.0, the reference tlsfuzzer
+    ///   runs against, does not have them (`no-unknown-groups` lists X25519MLKEM768 among
+    ///   groups no server should ask for);
+    /// - no group to ask for: a config whose group the client did not list, which rustls
+    ///   refuses with handshake_failure, as OpenSSL does.
+    ///
+    /// A ClientHello that is not a whole TLS 1.3 one with supported_groups gets the config
+    /// offering every group, and rustls's answer.
+    fn for_hello(&self, hello: FirstHello) -> &Arc<ServerConfig> {
+        let FirstHello::Whole(hello) = hello else {
+            return &self.all;
+        };
+        if !hello.supported_groups {
+            return &self.all;
+        }
+        let listed = |group: &NamedGroup| hello.groups.contains(&u16::from(*group));
+        let shared = |group: &NamedGroup| hello.shares.contains(&u16::from(*group));
+        let pick = |wanted: &dyn Fn(&NamedGroup) -> bool| {
+            self.alone
+                .iter()
+                .find(|(group, _)| wanted(group))
+                .map(|(_, config)| config)
+        };
+        pick(&shared)
+            .or_else(|| pick(&|group| listed(group) && !is_hybrid(*group)))
+            .or_else(|| pick(&|group| !listed(group)))
+            .unwrap_or(&self.all)
     }
 }
 
@@ -178,18 +278,44 @@ pub fn handshake_for_records(
 ) -> anyhow::Result<Established> {
     let mut received = vec![0; CHUNK].into_boxed_slice();
     let mut early = Vec::new();
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    let start = Start {
+        deadline,
+        received_end: 0,
+    };
     let (driven, secrets, kernel) = match conn {
         Unbuffered::Client(mut conn) => {
-            let driven = drive_handshake(&mut *conn, None, sock, &mut received, &mut early)?;
+            let driven = drive_handshake(&mut *conn, None, sock, &mut received, start, &mut early)?;
             let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
             (driven, secrets, Kernel::Client(kernel))
         }
+        #[cfg(test)]
         Unbuffered::Server(mut conn, secret) => {
             let driven = drive_handshake(
                 &mut *conn,
                 secret.as_deref(),
                 sock,
                 &mut received,
+                start,
+                &mut early,
+            )?;
+            let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
+            (driven, secrets, Kernel::Server(kernel))
+        }
+        Unbuffered::Listener(config) => {
+            let received_end = read_first_hello(sock, &mut received, deadline)?;
+            let config = config.for_hello(first_hello(&received[..received_end]));
+            let (mut conn, watch) = watched(config)?;
+            let start = Start {
+                deadline,
+                received_end,
+            };
+            let driven = drive_handshake(
+                &mut *conn,
+                Some(&watch),
+                sock,
+                &mut received,
+                start,
                 &mut early,
             )?;
             let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
@@ -223,6 +349,25 @@ struct Driven {
     owe_ticket: bool,
 }
 
+/// A post-quantum group (a hybrid with ML-KEM, or ML-KEM alone).
+fn is_hybrid(group: NamedGroup) -> bool {
+    matches!(
+        group,
+        NamedGroup::X25519MLKEM768
+            | NamedGroup::secp256r1MLKEM768
+            | NamedGroup::MLKEM512
+            | NamedGroup::MLKEM768
+            | NamedGroup::MLKEM1024
+    )
+}
+
+/// Where [`drive_handshake`] starts: its deadline, and how many bytes are already in the
+/// receive buffer (read by [`read_first_hello`]).
+struct Start {
+    deadline: Instant,
+    received_end: usize,
+}
+
 /// Drives rustls's unbuffered state machine until the handshake is over and nothing is
 /// left to send. `secret`: a server's [`ServerWatch`].
 fn drive_handshake<C: Process>(
@@ -230,11 +375,14 @@ fn drive_handshake<C: Process>(
     secret: Option<&ServerWatch>,
     sock: &TcpStream,
     received: &mut [u8],
+    start: Start,
     early: &mut Vec<u8>,
 ) -> anyhow::Result<Driven> {
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    let Start {
+        deadline,
+        mut received_end,
+    } = start;
     let mut sock = sock;
-    let mut received_end = 0;
     // rustls sees `received[..offered]`: whole records, one more each time it asks for more,
     // so that what the other side sent after its last handshake message (with it, in one
     // read) stays raw for the record layer and its alerts, rather than reaching rustls.
@@ -397,6 +545,78 @@ fn drive_handshake<C: Process>(
     }
 }
 
+/// Reads until `received` holds the client's first handshake message whole, with the
+/// records it spans, or shows that it is not a ClientHello [`first_hello`] can read; returns
+/// the bytes read. What comes next is left to [`drive_handshake`], which reads on from
+/// there (and meets the same end of stream or error, if one ended this).
+fn read_first_hello(
+    sock: &TcpStream,
+    received: &mut [u8],
+    deadline: Instant,
+) -> anyhow::Result<usize> {
+    let mut sock = sock;
+    let mut end = 0;
+    // Bounded: each turn reads at least a byte into a buffer of fixed size, or ends.
+    while matches!(first_hello(&received[..end]), FirstHello::More) && end < received.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!("no answer within {HANDSHAKE_TIMEOUT:?}");
+        }
+        sock.set_read_timeout(Some(left))?;
+        match sock.read(&mut received[end..]) {
+            Ok(0) => break,
+            Ok(n) => end += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    Ok(end)
+}
+
+/// What the start of a connection's bytes holds.
+#[derive(Debug, PartialEq)]
+enum FirstHello {
+    /// The start of a ClientHello in plaintext handshake records: more is needed.
+    More,
+    /// A whole TLS 1.3 ClientHello, read.
+    Whole(ClientHello),
+    /// Anything else: a ClientHello that does not parse or offers no TLS 1.3, another
+    /// message or record type, a record over 2^14 bytes, a message over [`MAX_HELLO`]. The
+    /// screen and rustls answer it as before.
+    Not,
+}
+
+/// Reads the client's first handshake message from the records at the start of `bytes`.
+fn first_hello(mut bytes: &[u8]) -> FirstHello {
+    let mut message = Vec::new();
+    loop {
+        if let [kind, a, b, c, ..] = message[..] {
+            let len = u32::from_be_bytes([0, a, b, c]) as usize;
+            if kind != CLIENT_HELLO || len > MAX_HELLO {
+                return FirstHello::Not;
+            }
+            if let Some(body) = message.get(4..4 + len) {
+                return match ClientHello::read(body) {
+                    Some(hello) if hello.tls13 => FirstHello::Whole(hello),
+                    _ => FirstHello::Not,
+                };
+            }
+        }
+        let Some(header) = bytes.get(..HEADER) else {
+            return FirstHello::More;
+        };
+        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+        if header[0] != HANDSHAKE || len == 0 || len > MAX_PLAINTEXT {
+            return FirstHello::Not;
+        }
+        let Some(body) = bytes.get(HEADER..HEADER + len) else {
+            return FirstHello::More;
+        };
+        message.extend_from_slice(body);
+        bytes = &bytes[HEADER + len..];
+    }
+}
+
 /// The part of a protected record that a failed AEAD open overwrites: its payload without
 /// the tag (nothing when the record holds no more than a tag).
 fn opened_part(record: &[u8]) -> &[u8] {
@@ -473,8 +693,9 @@ struct Screen {
 
 /// Handshake message types the screen reads.
 const CLIENT_HELLO: u8 = 1;
-/// rustls's limit for a handshake message (a larger ClientHello is refused by it anyway).
-const MAX_HELLO: usize = 0xffff;
+/// rustls's limit for a handshake message, as vendor/rustls raises it to OpenSSL's for a
+/// ClientHello (a larger one is refused by rustls anyway).
+const MAX_HELLO: usize = 131_396;
 
 impl Screen {
     /// Notes the records about to be sent (whole ones: rustls encodes records).
@@ -601,6 +822,10 @@ struct ClientHello {
     /// key_share has an entry for a group supported_groups does not list (RFC 8446 4.2.8:
     /// a server may refuse it with illegal_parameter; OpenSSL does).
     share_outside_groups: bool,
+    /// The groups of key_share's entries, in the client's order.
+    shares: Vec<u16>,
+    /// supported_groups, in the client's order.
+    groups: Vec<u16>,
 }
 
 /// Big-endian fields off the front of a slice.
@@ -659,13 +884,19 @@ impl ClientHello {
                     hello.key_share = true;
                     let mut entries = Fields(Fields(data).vec16()?);
                     while !entries.0.is_empty() {
-                        shares.push(entries.take(2)?);
+                        let group = entries.take(2)?;
+                        shares.push(group);
+                        hello.shares.push(u16::from_be_bytes([group[0], group[1]]));
                         entries.vec16()?;
                     }
                 }
                 SUPPORTED_GROUPS => {
                     hello.supported_groups = true;
                     groups = Fields(data).vec16()?;
+                    hello.groups = groups
+                        .chunks_exact(2)
+                        .map(|g| u16::from_be_bytes([g[0], g[1]]))
+                        .collect();
                 }
                 PSK_KEY_EXCHANGE_MODES => {
                     hello.psk_dhe = Fields(data).vec8()?.contains(&PSK_DHE_KE);
@@ -924,7 +1155,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (sock, _) = listener.accept().unwrap();
-            let conn = Unbuffered::server(&Arc::new(server_config())).unwrap();
+            let conn = Unbuffered::server(&ListenerConfig::only(server_config()));
             match handshake_for_records(conn, &sock, true) {
                 Ok(_) => "no error".to_string(),
                 Err(e) => format!("{e:#}"),
@@ -937,6 +1168,177 @@ mod tests {
         // Ends at the server's FIN: a reset or a timeout fails the test.
         sock.read_to_end(&mut answer).unwrap();
         (server.join().unwrap(), answer)
+    }
+
+    /// The group of the key share in a server's answer (a ServerHello or a
+    /// HelloRetryRequest, which share a layout), and whether it was a HelloRetryRequest.
+    fn answered_group(answer: &[u8]) -> (u16, bool) {
+        const HRR_RANDOM: [u8; 8] = [0xcf, 0x21, 0xad, 0x74, 0xe5, 0x9a, 0x61, 0x11];
+        assert_eq!(answer[0], HANDSHAKE, "{answer:?}");
+        let mut f = Fields(&answer[HEADER + 4..]);
+        f.take(2).unwrap();
+        let retry = f.take(32).unwrap()[..8] == HRR_RANDOM;
+        f.vec8().unwrap();
+        f.take(3).unwrap();
+        let mut extensions = Fields(f.vec16().unwrap());
+        while !extensions.0.is_empty() {
+            let kind = extensions.u16().unwrap();
+            let data = extensions.vec16().unwrap();
+            if kind == KEY_SHARE {
+                return (u16::from_be_bytes([data[0], data[1]]), retry);
+            }
+        }
+        panic!("no key_share in {answer:?}");
+    }
+
+    /// A listener's config on tunneld's provider, its certificate made in memory.
+    fn listener_config() -> Arc<ListenerConfig> {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
+        let config = ListenerConfig::new(crate::provider(), |provider| {
+            rustls::ServerConfig::builder_with_provider(provider)
+                .with_protocol_versions(&[&rustls::version::TLS13])?
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.cert.der().clone()], key.clone_key())
+        });
+        Arc::new(config.unwrap())
+    }
+
+    /// Sends a ClientHello to a listener and half-closes; returns the group its answer
+    /// names and whether it asked for another share, or the bytes of an answer that is not
+    /// a handshake record.
+    fn group_answered(hello: &[u8]) -> Result<(u16, bool), Vec<u8>> {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let config = listener_config();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            let _ = handshake_for_records(Unbuffered::server(&config), &sock, true);
+        });
+        let mut sock = TcpStream::connect(addr).unwrap();
+        sock.write_all(hello).unwrap();
+        sock.shutdown(std::net::Shutdown::Write).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut answer = Vec::new();
+        sock.read_to_end(&mut answer).unwrap();
+        server.join().unwrap();
+        if answer.first() != Some(&HANDSHAKE) {
+            return Err(answer);
+        }
+        Ok(answered_group(&answer))
+    }
+
+    /// The first ClientHello is read from whole records only: every cut of one (in two
+    /// records) is `More`, the whole is read, and another record type, an oversized record or
+    /// a message that is not a ClientHello is `Not`; no input panics.
+    #[test]
+    fn the_first_hello_is_read_from_whole_records() {
+        let hello = client_hello();
+        let message = &hello[HEADER..];
+        let (a, b) = message.split_at(message.len() / 3);
+        let mut records = Vec::new();
+        for piece in [a, b] {
+            records.extend_from_slice(&[HANDSHAKE, 3, 1]);
+            records.extend_from_slice(&(piece.len() as u16).to_be_bytes());
+            records.extend_from_slice(piece);
+        }
+        for end in 0..records.len() {
+            assert_eq!(
+                first_hello(&records[..end]),
+                FirstHello::More,
+                "cut at {end}"
+            );
+        }
+        let FirstHello::Whole(read) = first_hello(&records) else {
+            panic!("not read");
+        };
+        assert_eq!(read.shares, [0x11ec, 0x001d]);
+        let mut other = records.clone();
+        other[0] = APPLICATION_DATA;
+        assert_eq!(first_hello(&other), FirstHello::Not);
+        let mut oversized = records.clone();
+        oversized[3..5].copy_from_slice(&[0x40, 0x01]);
+        assert_eq!(first_hello(&oversized), FirstHello::Not);
+        let mut not_hello = records.clone();
+        not_hello[HEADER] = 2;
+        assert_eq!(first_hello(&not_hello), FirstHello::Not);
+        // Any byte changed anywhere: an answer, never a panic.
+        for i in 0..records.len() {
+            let mut bent = records.clone();
+            bent[i] ^= 0xa5;
+            let _ = first_hello(&bent);
+        }
+    }
+
+    /// A listener uses a key share the client sent for a group it offers, as OpenSSL does,
+    /// even when the client lists another group first (rustls alone would ask for that
+    /// one); of two such shares, the listener's preferred (X25519MLKEM768). Without one, it
+    /// asks for its own preferred group of the client's list, as OpenSSL does.
+    #[test]
+    fn a_listener_uses_a_key_share_the_client_sent() {
+        // rustls's client sends shares for X25519MLKEM768 (0x11ec) and X25519 (0x001d).
+        let hello = client_hello();
+        let groups = |list: &[u16]| {
+            let mut data = ((list.len() * 2) as u16).to_be_bytes().to_vec();
+            list.iter()
+                .for_each(|g| data.extend_from_slice(&g.to_be_bytes()));
+            edit_extension(&hello, SUPPORTED_GROUPS as u16, Some(&data))
+        };
+        let p256_first = groups(&[0x0017, 0x001d, 0x11ec]);
+        assert_eq!(group_answered(&p256_first), Ok((0x11ec, false)));
+        assert_eq!(group_answered(&hello), Ok((0x11ec, false)));
+        // Only the X25519 share: X25519, whatever the list's order.
+        let mut share = Vec::new();
+        let key = rustls::crypto::aws_lc_rs::kx_group::X25519.start().unwrap();
+        share.extend_from_slice(&0x001du16.to_be_bytes());
+        share.extend_from_slice(&(key.pub_key().len() as u16).to_be_bytes());
+        share.extend_from_slice(key.pub_key());
+        let mut data = (share.len() as u16).to_be_bytes().to_vec();
+        data.extend_from_slice(&share);
+        let only_x25519 = edit_extension(&p256_first, KEY_SHARE as u16, Some(&data));
+        assert_eq!(group_answered(&only_x25519), Ok((0x001d, false)));
+        // No share for a group it offers: a HelloRetryRequest for its preferred group of
+        // the client's list (X25519 before P-256, whatever the client's order), never for
+        // X25519MLKEM768; with nothing else listed, handshake_failure.
+        let mut data = 36u16.to_be_bytes().to_vec();
+        data.extend_from_slice(&[0x0a, 0x0a, 0, 32]); // a GREASE group
+        data.extend_from_slice(&[7; 32]);
+        let unknown_share = |list: &[u16]| {
+            let listed = groups(&[&[0x0a0a], list].concat());
+            edit_extension(&listed, KEY_SHARE as u16, Some(&data))
+        };
+        let answer = group_answered(&unknown_share(&[0x0017, 0x001d, 0x11ec]));
+        assert_eq!(answer, Ok((0x001d, true)));
+        let answer = group_answered(&unknown_share(&[0x11ec, 0x0018, 0x0017]));
+        assert_eq!(answer, Ok((0x0017, true)));
+        let answer = group_answered(&unknown_share(&[0x11ec]));
+        assert_eq!(answer, Err(vec![ALERT, 3, 3, 0, 2, 2, 40]));
+    }
+
+    /// A ClientHello over 64 KiB, in records of 2^14 bytes, is answered with a ServerHello
+    /// (tlsfuzzer's `signature-algorithms` sends 32 715 schemes; rustls 0.23 refused any
+    /// handshake message over 64 KiB - 1 and closed: see vendor/rustls/TUNNELD.md).
+    #[test]
+    fn a_client_hello_over_64_kib_is_answered() {
+        let hello = client_hello();
+        let filler = (0x1_0000 + 100 - hello.len()) / 2;
+        // P-256 ECDSA (the test certificate's) and unknown schemes.
+        let mut schemes = vec![0x04, 0x03];
+        schemes.extend(std::iter::repeat_n([0xfe, 0xfe], filler).flatten());
+        let mut data = (schemes.len() as u16).to_be_bytes().to_vec();
+        data.extend_from_slice(&schemes);
+        let edited = edit_extension(&hello, 13, Some(&data));
+        // edit_extension's record length wrapped; the message after it is whole.
+        let message = &edited[HEADER..];
+        assert!(message.len() > 0xffff + 4, "{}", message.len());
+        let mut records = Vec::new();
+        for piece in message.chunks(MAX_PLAINTEXT) {
+            records.extend_from_slice(&[HANDSHAKE, 3, 1]);
+            records.extend_from_slice(&(piece.len() as u16).to_be_bytes());
+            records.extend_from_slice(piece);
+        }
+        assert_eq!(group_answered(&records), Ok((0x11ec, false)));
     }
 
     /// tlsfuzzer's `zero-length app data interleaved in handshake` (and its padded twins, the
@@ -1225,7 +1627,8 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (sock, _) = listener.accept().unwrap();
-            let conn = Unbuffered::server(&server_config).unwrap();
+            let conn =
+                Unbuffered::server(&ListenerConfig::only(ServerConfig::clone(&server_config)));
             match handshake_for_records(conn, &sock, true) {
                 Ok(_) => "no error".to_string(),
                 Err(e) => format!("{e:#}"),
@@ -1408,7 +1811,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (sock, _) = listener.accept().unwrap();
-            let conn = Unbuffered::server(&Arc::new(server_config())).unwrap();
+            let conn = Unbuffered::server(&ListenerConfig::only(server_config()));
             // Fails when the client goes away after the ServerHello.
             let _ = handshake_for_records(conn, &sock, true);
         });
@@ -1455,8 +1858,12 @@ mod tests {
             key_share: true,
             supported_groups: true,
             psk_dhe: true,
+            shares: read.shares.clone(),
+            groups: read.groups.clone(),
         };
         assert_eq!(read, all);
+        // rustls's client sends shares for X25519MLKEM768 and X25519.
+        assert_eq!(read.shares, [0x11ec, 0x001d]);
         let no_modes = without_extension(&hello, PSK_KEY_EXCHANGE_MODES as u16);
         let read = ClientHello::read(&no_modes[HEADER + 4..]).unwrap();
         assert!(!read.psk_dhe);
@@ -1532,7 +1939,8 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             let (sock, _) = listener.accept().unwrap();
-            let conn = Unbuffered::server(&server_config).unwrap();
+            let conn =
+                Unbuffered::server(&ListenerConfig::only(ServerConfig::clone(&server_config)));
             let mut established = handshake_for_records(conn, &sock, true).unwrap();
             let mut buf = vec![0; 4096];
             assert_eq!(

@@ -28,6 +28,7 @@ mod relay;
 mod stream;
 
 use anyhow::Context;
+use handshake::ListenerConfig;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -93,7 +94,7 @@ impl TlsStats {
 /// [`TlsService::serve`] has run.
 pub struct TlsService {
     forwards: Vec<(TlsForward, Arc<RwLock<Arc<ClientConfig>>>)>,
-    listens: Vec<(TlsListen, Arc<RwLock<Arc<ServerConfig>>>)>,
+    listens: Vec<(TlsListen, Arc<RwLock<Arc<ListenerConfig>>>)>,
     base: std::path::PathBuf,
     /// Bound listeners whose accept threads have not started yet.
     unstarted: Vec<(TcpListener, Side, String, Arc<ListenerStats>)>,
@@ -155,10 +156,11 @@ pub enum PeerTraffic {
 /// with the post-quantum hybrid X25519MLKEM768 (classic X25519 and P-256 stay as fallbacks),
 /// except for the record crypto (where the bytes go) on CPUs where ring's is the faster.
 ///
-/// After the provider's groups, secp521r1 (`groups.rs`), which OpenSSL also offers.
+/// After the provider's groups, those of `groups.rs` (secp521r1, X448, ffdhe2048 to 8192), which
+/// OpenSSL also offers.
 fn provider() -> Arc<CryptoProvider> {
     let mut aws_lc = rustls::crypto::aws_lc_rs::default_provider();
-    aws_lc.kx_groups.push(groups::SECP521R1);
+    aws_lc.kx_groups.extend(groups::EXTRA);
     // TLS 1.3 only, whichever rustls features the rest of the binary asks for (tonic, for
     // the fleet's etcd client, compiles TLS 1.2 in).
     aws_lc.cipher_suites.retain(|suite| suite.tls13().is_some());
@@ -323,27 +325,33 @@ fn client_config(
     Ok(Arc::new(config))
 }
 
-fn server_config(l: &TlsListen, base: &Path) -> anyhow::Result<Arc<ServerConfig>> {
-    let builder = ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .context("TLS 1.3")?;
-    let builder = match &l.client_ca_file {
-        None => builder.with_no_client_auth(),
-        Some(file) => {
-            let verifier = WebPkiClientVerifier::builder_with_provider(
+fn server_config(l: &TlsListen, base: &Path) -> anyhow::Result<Arc<ListenerConfig>> {
+    let verifier = match &l.client_ca_file {
+        None => None,
+        Some(file) => Some(
+            WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots(base, file, "client_ca_file")?),
                 provider(),
             )
             .build()
-            .map_err(|e| anyhow::anyhow!("client_ca_file: {e}"))?;
-            builder.with_client_cert_verifier(verifier)
-        }
+            .map_err(|e| anyhow::anyhow!("client_ca_file: {e}"))?,
+        ),
     };
     let (chain, key) = cert_and_key(base, &l.cert)?;
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .map_err(|e| anyhow::anyhow!("cert_file/key_file: {e}"))?;
-    config.enable_secret_extraction = true;
+    let config = ListenerConfig::new(provider(), |provider| -> anyhow::Result<_> {
+        let builder = ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .context("TLS 1.3")?;
+        let builder = match &verifier {
+            None => builder.with_no_client_auth(),
+            Some(verifier) => builder.with_client_cert_verifier(verifier.clone()),
+        };
+        let mut config = builder
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(|e| anyhow::anyhow!("cert_file/key_file: {e}"))?;
+        config.enable_secret_extraction = true;
+        Ok(config)
+    })?;
     Ok(Arc::new(config))
 }
 
@@ -507,7 +515,7 @@ enum Side {
     },
     Server {
         listen: TlsListen,
-        config: Arc<RwLock<Arc<ServerConfig>>>,
+        config: Arc<RwLock<Arc<ListenerConfig>>>,
         wg_port: Arc<OnceLock<u16>>,
     },
 }
@@ -628,8 +636,7 @@ fn connection(
             wg_port,
         } => {
             let config = config.read().unwrap_or_else(|p| p.into_inner()).clone();
-            let conn = handshake::Unbuffered::server(&config)
-                .map_err(|e| anyhow::anyhow!("TLS set-up: {e}"))?;
+            let conn = handshake::Unbuffered::server(&config);
             let established =
                 handshake::handshake_for_records(conn, &accepted, ring_has_faster_aes_gcm())
                     .context("TLS handshake failed")?;
