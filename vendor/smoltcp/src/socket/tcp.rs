@@ -19,6 +19,13 @@ use crate::wire::{
 };
 
 mod congestion;
+mod scoreboard;
+
+use scoreboard::Scoreboard;
+
+/// RFC 6675's DupThresh: a hole is lost once this many SACKed ranges, or more than
+/// `DUP_THRESH - 1` segments' worth of SACKed octets, lie above it.
+const DUP_THRESH: usize = 3;
 
 macro_rules! tcp_trace {
     ($($arg:expr),*) => (net_log!(trace, $($arg),*));
@@ -151,8 +158,13 @@ const RTTE_MIN_MARGIN: u32 = 5;
 const RTTE_K: u32 = 4;
 
 // RFC 6298 (2.4): Whenever RTO is computed, if it is less than 1 second, then the
-// RTO SHOULD be rounded up to 1 second.
+// RTO SHOULD be rounded up to 1 second. This is the default floor; a socket can lower it
+// with `Socket::set_min_rto` (Linux uses 200 ms), down to `RTTE_MIN_RTO_LIMIT`.
 const RTTE_MIN_RTO: u32 = 1000;
+
+// The lowest floor `Socket::set_min_rto` accepts: below this, timer granularity and
+// delayed ACKs make spurious retransmissions certain.
+const RTTE_MIN_RTO_LIMIT: u32 = 10;
 
 // RFC 6298 (2.5) A maximum value MAY be placed on RTO provided it is at least 60
 // seconds
@@ -173,6 +185,8 @@ struct RttEstimator {
     timestamp: Option<(Instant, TcpSeqNumber)>,
     max_seq_sent: Option<TcpSeqNumber>,
     rto_count: u8,
+    /// The floor of the computed RTO, in milliseconds.
+    min_rto: u32,
 }
 
 impl Default for RttEstimator {
@@ -185,11 +199,28 @@ impl Default for RttEstimator {
             timestamp: None,
             max_seq_sent: None,
             rto_count: 0,
+            min_rto: RTTE_MIN_RTO,
         }
     }
 }
 
 impl RttEstimator {
+    /// A fresh estimator (no measurement yet) whose computed RTO never goes below `min_rto`
+    /// milliseconds.
+    fn with_min_rto(min_rto: u32) -> Self {
+        Self {
+            min_rto,
+            ..Self::default()
+        }
+    }
+
+    fn set_min_rto(&mut self, min_rto: u32) {
+        self.min_rto = min_rto;
+        if self.have_measurement {
+            self.rto = self.rto.max(min_rto);
+        }
+    }
+
     fn retransmission_timeout(&self) -> Duration {
         Duration::from_millis(self.rto as _)
     }
@@ -214,7 +245,7 @@ impl RttEstimator {
 
         // RFC 6298 (2.2), (2.3)
         let margin = RTTE_MIN_MARGIN.max(self.rttvar * RTTE_K);
-        self.rto = (self.srtt + margin).clamp(RTTE_MIN_RTO, RTTE_MAX_RTO);
+        self.rto = (self.srtt + margin).clamp(self.min_rto, RTTE_MAX_RTO);
 
         self.rto_count = 0;
 
@@ -460,6 +491,21 @@ pub enum CongestionControl {
     Cubic,
 }
 
+/// What a socket retransmitted, and why: see [`Socket::retransmit_stats`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub struct RetransmitStats {
+    /// Segments sent again, for any reason.
+    pub segments: u64,
+    /// Octets of payload sent again, for any reason.
+    pub octets: u64,
+    /// Retransmission timeouts.
+    pub timeouts: u64,
+    /// Fast recoveries entered (on duplicate ACKs or SACK information).
+    pub recoveries: u64,
+}
+
 /// A Transmission Control Protocol socket.
 ///
 /// A TCP socket may passively listen for connections or actively connect to another endpoint.
@@ -523,6 +569,24 @@ pub struct Socket<'a> {
     local_rx_dup_acks: u8,
     /// If a fast retransmit needs to occur
     pending_fast_retransmit: bool,
+
+    /// The SACK scoreboard: what the remote reported holding above `local_seq_no`.
+    sack_board: Scoreboard,
+    /// While in fast recovery (RFC 6675 / RFC 6582): the highest sequence number sent when
+    /// it began. Recovery ends once everything up to it is acknowledged.
+    recovery_point: Option<TcpSeqNumber>,
+    /// RFC 6675's HighRxt: the end of the highest octet retransmitted in this recovery.
+    high_rxt: TcpSeqNumber,
+    /// The highest sequence number ever sent (RFC 6675's HighData), when above
+    /// `remote_last_seq` (which a retransmission timeout rewinds).
+    snd_max: Option<TcpSeqNumber>,
+    /// After a retransmission timeout, no fast recovery starts until this is acknowledged
+    /// (RFC 6675 section 5.1).
+    no_recovery_before: Option<TcpSeqNumber>,
+    /// Retransmission timeouts in a row at the same `local_seq_no`.
+    rto_streak: u8,
+    /// Counters of the retransmissions this socket made.
+    stats: RetransmitStats,
 
     /// Duration for Delayed ACK. If None no ACKs will be delayed.
     ack_delay: Option<Duration>,
@@ -614,6 +678,13 @@ impl<'a> Socket<'a> {
             local_rx_last_seq: None,
             local_rx_dup_acks: 0,
             pending_fast_retransmit: false,
+            sack_board: Scoreboard::new(),
+            recovery_point: None,
+            high_rxt: TcpSeqNumber::default(),
+            snd_max: None,
+            no_recovery_before: None,
+            rto_streak: 0,
+            stats: RetransmitStats::default(),
             ack_delay: Some(ACK_DELAY_DEFAULT),
             ack_delay_timer: AckDelayTimer::Idle,
             challenge_ack_timer: Instant::from_secs(0),
@@ -724,6 +795,38 @@ impl<'a> Socket<'a> {
     #[cfg(feature = "async")]
     pub fn register_send_waker(&mut self, waker: &Waker) {
         self.tx_waker.register(waker)
+    }
+
+    /// Set the floor of the retransmission timeout.
+    ///
+    /// The RTO is computed from the smoothed round-trip time and its variance (RFC 6298)
+    /// and then raised to at least this value. RFC 6298 (2.4) recommends 1 second, the
+    /// default; Linux uses 200 ms, which lets a connection on a lossy link with a short
+    /// round-trip time recover from a lost retransmission or a lost tail in a fraction of
+    /// the time. Values below 10 ms are raised to 10 ms, above 60 s lowered to 60 s. The
+    /// setting survives the socket being closed and reopened. Until the first round-trip
+    /// measurement the RTO stays at its initial 1 second (RFC 6298 (2.1)).
+    pub fn set_min_rto(&mut self, min: Duration) {
+        let millis = u32::try_from(min.total_millis()).unwrap_or(RTTE_MAX_RTO);
+        self.rtte
+            .set_min_rto(millis.clamp(RTTE_MIN_RTO_LIMIT, RTTE_MAX_RTO));
+    }
+
+    /// Return the floor of the retransmission timeout; see [`set_min_rto`](#method.set_min_rto).
+    pub fn min_rto(&self) -> Duration {
+        Duration::from_millis(self.rtte.min_rto as _)
+    }
+
+    /// Return what this socket has retransmitted since it was created: segments and
+    /// octets sent again, retransmission timeouts and fast recoveries. With SACK, a loss
+    /// costs about its own octets; after a timeout without SACK, the whole flight.
+    pub fn retransmit_stats(&self) -> RetransmitStats {
+        self.stats
+    }
+
+    /// Return whether the remote agreed to selective acknowledgements (RFC 2018).
+    pub fn remote_has_sack(&self) -> bool {
+        self.remote_has_sack
     }
 
     /// Return the timeout duration.
@@ -907,7 +1010,7 @@ impl<'a> Socket<'a> {
 
         self.state = State::Closed;
         self.timer = Timer::new();
-        self.rtte = RttEstimator::default();
+        self.rtte = RttEstimator::with_min_rto(self.rtte.min_rto);
         self.assembler = Assembler::new();
         self.tx_buffer.clear();
         self.rx_buffer.clear();
@@ -926,6 +1029,13 @@ impl<'a> Socket<'a> {
         self.remote_last_ts = None;
         self.ack_delay_timer = AckDelayTimer::Idle;
         self.challenge_ack_timer = Instant::from_secs(0);
+        self.local_rx_dup_acks = 0;
+        self.pending_fast_retransmit = false;
+        self.sack_board.clear();
+        self.recovery_point = None;
+        self.snd_max = None;
+        self.no_recovery_before = None;
+        self.rto_streak = 0;
 
         #[cfg(feature = "async")]
         {
@@ -1063,6 +1173,7 @@ impl<'a> Socket<'a> {
         let seq = Self::random_seq_no(cx);
         self.local_seq_no = seq;
         self.remote_last_seq = seq;
+        self.snd_max = None;
         Ok(())
     }
 
@@ -1402,7 +1513,104 @@ impl<'a> Socket<'a> {
         self.congestion_controller
             .inner()
             .window()
-            .saturating_sub(self.flight_size())
+            .saturating_sub(self.pipe())
+    }
+
+    /// The highest sequence number sent so far (RFC 6675's HighData).
+    fn snd_max(&self) -> TcpSeqNumber {
+        match self.snd_max {
+            Some(max) if max > self.remote_last_seq => max,
+            _ => self.remote_last_seq,
+        }
+    }
+
+    /// RFC 6675's IsLost: whether the hole starting at `seq` is deemed lost. In recovery,
+    /// the octet at the cumulative ACK is (RFC 6582: a partial ACK shows it was lost).
+    fn is_lost(&self, seq: TcpSeqNumber) -> bool {
+        if self.recovery_point.is_some() && seq == self.local_seq_no {
+            return true;
+        }
+        let (octets, ranges) = self.sack_board.sacked_above(seq);
+        ranges >= DUP_THRESH || octets > (DUP_THRESH - 1) * self.remote_mss
+    }
+
+    /// RFC 6675's pipe: the octets estimated to be in the network. What was sent and not
+    /// acknowledged, less what the remote SACKed and, in recovery, less the lost octets not
+    /// yet retransmitted. Without SACK information it is the flight size.
+    fn pipe(&self) -> usize {
+        let flight = self.flight_size();
+        if self.sack_board.is_empty() {
+            return flight;
+        }
+        let una = self.local_seq_no;
+        let nxt = self.remote_last_seq;
+        let sacked = self.sack_board.sacked_between(una, nxt);
+        let mut lost = 0;
+        if self.recovery_point.is_some() {
+            for (start, end) in self.sack_board.holes(una) {
+                let end = end.min(nxt);
+                let from = start.max(self.high_rxt);
+                if from < end && self.is_lost(start) {
+                    lost += end - from;
+                }
+            }
+        }
+        flight.saturating_sub(sacked).saturating_sub(lost)
+    }
+
+    /// In SACK-based recovery, the next lost octets to retransmit (RFC 6675 NextSeg rule 1):
+    /// the first hole above HighRxt that is deemed lost, as its start and length.
+    fn sack_retransmission(&self) -> Option<(TcpSeqNumber, usize)> {
+        self.recovery_point?;
+        if !self.remote_has_sack {
+            return None;
+        }
+        let nxt = self.remote_last_seq;
+        self.sack_board
+            .holes(self.local_seq_no)
+            .filter_map(|(start, end)| {
+                let from = start.max(self.high_rxt);
+                let end = end.min(nxt);
+                (from < end && self.is_lost(start)).then(|| (from, end - from))
+            })
+            .next()
+    }
+
+    /// Moves the send pointer past octets the remote has SACKed (after a retransmission
+    /// timeout rewound it): they are not sent again.
+    fn skip_sacked(&mut self) {
+        while let Some(end) = self.sack_board.covering(self.remote_last_seq) {
+            self.remote_last_seq = end;
+        }
+    }
+
+    /// Takes the SACK blocks of an ACK into the scoreboard. Blocks outside what was sent
+    /// and not yet acknowledged are ignored (RFC 2018 leaves their handling to the sender;
+    /// they may be stale or forged). Returns whether any reported octets not known before.
+    fn take_sack_blocks(&mut self, blocks: &[Option<(u32, u32)>; 3]) -> bool {
+        let una = self.local_seq_no;
+        let max = self.snd_max();
+        let mut news = false;
+        for &(left, right) in blocks.iter().flatten() {
+            let (left, right) = (TcpSeqNumber(left as i32), TcpSeqNumber(right as i32));
+            if right <= una || right > max || left >= right {
+                continue;
+            }
+            news |= self.sack_board.insert(left.max(una), right);
+        }
+        news
+    }
+
+    /// Enters fast recovery: the window shrinks once for this loss episode.
+    fn enter_recovery(&mut self, now: Instant) {
+        self.recovery_point = Some(self.snd_max());
+        self.high_rxt = self.local_seq_no;
+        self.stats.recoveries += 1;
+        let in_flight = self.flight_size();
+        self.congestion_controller
+            .inner_mut()
+            .on_loss(now, in_flight);
+        net_debug!("entering fast recovery until {}", self.snd_max());
     }
 
     /// Return the amount of octets queued in the receive buffer. This value can be larger than
@@ -1528,6 +1736,22 @@ impl<'a> Socket<'a> {
                     .map(|(left, right)| (ack + left, ack + right))
                     .next()
                     .map(|(left, right)| (left.0 as u32, right.0 as u32));
+            }
+
+            // RFC 2018: the data receiver SHOULD include as many distinct SACK blocks as
+            // possible. Every block the sender learns about is a hole it need not guess at,
+            // so with several holes in one window it can fill them all in one round trip.
+            // The others follow the first in ascending order (the holes nearest the
+            // cumulative ACK matter most to the sender). Three blocks fit beside a timestamp.
+            if let Some(first) = reply_repr.sack_ranges[0] {
+                let mut others = self
+                    .assembler
+                    .iter_data()
+                    .map(|(left, right)| ((ack + left).0 as u32, (ack + right).0 as u32))
+                    .filter(|&range| range != first);
+                for slot in reply_repr.sack_ranges[1..].iter_mut() {
+                    *slot = others.next();
+                }
             }
         }
 
@@ -1917,6 +2141,7 @@ impl<'a> Socket<'a> {
                     remote: IpEndpoint::new(ip_repr.src_addr(), repr.src_port),
                 });
                 self.local_seq_no = Self::random_seq_no(cx);
+                self.snd_max = None;
                 self.remote_seq_no = repr.seq_number + 1;
                 self.remote_last_seq = self.local_seq_no;
                 self.remote_has_sack = repr.sack_permitted;
@@ -2116,18 +2341,28 @@ impl<'a> Socket<'a> {
                         }
                     );
 
-                    if self.local_rx_dup_acks == 3 {
+                    // With SACK, recovery starts from the scoreboard (below); without it,
+                    // on the third duplicate ACK, and not again within one recovery
+                    // (RFC 6582: a later run of duplicates belongs to the same loss episode).
+                    if self.local_rx_dup_acks == 3
+                        && !self.remote_has_sack
+                        && self.recovery_point.is_none()
+                        && self.no_recovery_before.is_none()
+                    {
                         self.timer.set_for_fast_retransmit();
                         net_debug!("started fast retransmit");
                     }
 
-                    // Notify of duplicate ACK
-                    let in_flight = self.flight_size();
-                    self.congestion_controller.inner_mut().on_dup_ack(
-                        cx.now(),
-                        self.remote_mss,
-                        in_flight,
-                    );
+                    // Notify of duplicate ACK. With SACK, `pipe` accounts for what left
+                    // the network; inflating the window as well would count it twice.
+                    if !self.remote_has_sack {
+                        let in_flight = self.flight_size();
+                        self.congestion_controller.inner_mut().on_dup_ack(
+                            cx.now(),
+                            self.remote_mss,
+                            in_flight,
+                        );
+                    }
                 }
 
                 // No duplicate ACK means we reset the duplicate ACK count
@@ -2163,6 +2398,8 @@ impl<'a> Socket<'a> {
             if self.remote_last_seq < self.local_seq_no {
                 self.remote_last_seq = self.local_seq_no
             }
+
+            self.on_ack_loss_recovery(cx.now(), ack_number, ack_len, &repr.sack_ranges);
         }
 
         // update last remote tsval
@@ -2289,6 +2526,57 @@ impl<'a> Socket<'a> {
         }
     }
 
+    /// Loss recovery's part of taking in an ACK: the scoreboard, entering and leaving fast
+    /// recovery, and NewReno's partial ACKs.
+    fn on_ack_loss_recovery(
+        &mut self,
+        now: Instant,
+        ack_number: TcpSeqNumber,
+        ack_len: usize,
+        sack_ranges: &[Option<(u32, u32)>; 3],
+    ) {
+        if ack_len > 0 {
+            self.rto_streak = 0;
+        }
+        if self
+            .no_recovery_before
+            .is_some_and(|point| ack_number >= point)
+        {
+            self.no_recovery_before = None;
+        }
+        if self.remote_has_sack {
+            self.sack_board.advance(ack_number);
+            if self.take_sack_blocks(sack_ranges) {
+                self.skip_sacked();
+            }
+        }
+        match self.recovery_point {
+            Some(point) if ack_number >= point => {
+                // Everything outstanding when the loss was found is acknowledged.
+                net_debug!("fast recovery done at {}", ack_number);
+                self.recovery_point = None;
+                self.local_rx_dup_acks = 0;
+            }
+            Some(_) if ack_len > 0 && !self.remote_has_sack => {
+                // RFC 6582 (NewReno): a partial ACK means the next segment was lost too;
+                // retransmit it now rather than waiting for three more duplicates.
+                self.pending_fast_retransmit = true;
+            }
+            _ => {}
+        }
+        if self.remote_has_sack
+            && self.recovery_point.is_none()
+            && self.no_recovery_before.is_none()
+            && self.local_seq_no < self.remote_last_seq
+            && !self.sack_board.is_empty()
+            && self.is_lost(self.local_seq_no)
+        {
+            // RFC 6675 section 5: enough was SACKed above the cumulative ACK that the
+            // octets at it are lost.
+            self.enter_recovery(now);
+        }
+    }
+
     fn timed_out(&self, timestamp: Instant) -> bool {
         match (self.remote_last_ts, self.timeout) {
             (Some(remote_last_ts), Some(timeout)) => timestamp >= remote_last_ts + timeout,
@@ -2299,6 +2587,10 @@ impl<'a> Socket<'a> {
     fn seq_to_transmit(&self, cx: &mut Context) -> bool {
         // Fast retransmits should always send, even if later congestion checks would disallow
         if self.pending_fast_retransmit && !self.tx_buffer.is_empty() {
+            return true;
+        }
+        // A lost hole to fill, and room for it in the congestion window.
+        if self.cwnd_remaining() > 0 && self.sack_retransmission().is_some() {
             return true;
         }
 
@@ -2484,8 +2776,23 @@ impl<'a> Socket<'a> {
 
                 // Rewind "last sequence number sent", as if we never
                 // had sent them. This will cause all data in the queue
-                // to be sent again.
+                // to be sent again, except what the remote SACKed (`skip_sacked`).
+                self.snd_max = Some(self.snd_max());
                 self.remote_last_seq = self.local_seq_no;
+                self.stats.timeouts += 1;
+                // RFC 6675 section 5.1: the recovery under way ends, and none starts
+                // before everything sent so far is acknowledged.
+                self.recovery_point = None;
+                self.no_recovery_before = Some(self.snd_max());
+                self.high_rxt = self.local_seq_no;
+                self.pending_fast_retransmit = false;
+                self.rto_streak = self.rto_streak.saturating_add(1);
+                if self.rto_streak >= 3 {
+                    // Three timeouts without progress: the remote may have discarded
+                    // what it SACKed (RFC 2018 allows reneging). Send everything again.
+                    self.sack_board.clear();
+                }
+                self.skip_sacked();
 
                 // Inform RTTE, so that it can can handle RTO backoff
                 self.rtte.on_rto();
@@ -2493,11 +2800,11 @@ impl<'a> Socket<'a> {
                 // If a fast rentrasmit timer expired, we should resend only the earliest unAcked segment
                 net_debug!("retransmitting for fast-retransmit");
 
-                // Inform the congestion controller that we're doing a fast retransmit and should enter the fast recovery state
-                let in_flight = self.flight_size();
-                self.congestion_controller
-                    .inner_mut()
-                    .on_loss(cx.now(), in_flight);
+                // Enter fast recovery (the congestion controller shrinks its window), once
+                // per loss episode.
+                if self.recovery_point.is_none() {
+                    self.enter_recovery(cx.now());
+                }
 
                 self.pending_fast_retransmit = true;
             }
@@ -2639,6 +2946,17 @@ impl<'a> Socket<'a> {
                     self.pending_fast_retransmit = false;
 
                     0
+                } else if let Some((seq, len)) = self
+                    .sack_retransmission()
+                    .filter(|_| self.cwnd_remaining() > 0)
+                {
+                    // SACK-based recovery: fill the first lost hole, one segment at a time.
+                    let offset = seq - self.local_seq_no;
+                    repr.seq_number = seq;
+                    repr.payload = self
+                        .tx_buffer
+                        .get_allocated(offset, len.min(effective_mss));
+                    offset
                 } else {
                     // Right edge of window, ie the max sequence number we're allowed to send.
                     let win_right_edge = self.local_seq_no + self.remote_win_len;
@@ -2703,6 +3021,13 @@ impl<'a> Socket<'a> {
                         win_limit.min(device_limit)
                     } else {
                         win_limit.min(device_limit).min(self.cwnd_remaining())
+                    };
+
+                    // Stop short of octets the remote already SACKed (sending again after
+                    // a retransmission timeout).
+                    let size = match self.sack_board.next_above(self.remote_last_seq) {
+                        Some(left) => size.min(left - self.remote_last_seq),
+                        None => size,
                     };
 
                     let offset = self.flight_size();
@@ -2788,6 +3113,9 @@ impl<'a> Socket<'a> {
         // to not waste time waiting for the retransmit timer on packets that we know
         // for sure will not be successfully transmitted.
         ip_repr.set_payload_len(repr.buffer_len());
+        // Octets below the highest ever sent go out again: a retransmission.
+        let retransmitted = (!repr.payload.is_empty() && repr.seq_number < self.snd_max())
+            .then(|| (repr.seq_number, repr.payload.len()));
         emit(cx, packet_meta, (ip_repr, repr))?;
 
         // We've sent something, whether useful data or a keep-alive packet, so rewind
@@ -2824,8 +3152,19 @@ impl<'a> Socket<'a> {
         self.remote_last_seq = self
             .remote_last_seq
             .max(repr.seq_number + repr.segment_len());
+        self.snd_max = Some(self.snd_max());
         self.remote_last_ack = repr.ack_number;
         self.remote_last_win = repr.window_len;
+
+        if let Some((seq, len)) = retransmitted {
+            self.stats.segments += 1;
+            self.stats.octets += len as u64;
+            if self.recovery_point.is_some() {
+                self.high_rxt = self.high_rxt.max(seq + len);
+            }
+            // Karn: an ACK covering a retransmission does not measure the round trip.
+            self.rtte.on_retransmit();
+        }
 
         if repr.segment_len() > 0 {
             self.rtte
@@ -2842,6 +3181,8 @@ impl<'a> Socket<'a> {
             let rto = self.rtte.retransmission_timeout();
             self.timer.set_for_retransmit(cx.now(), rto);
         }
+
+        self.skip_sacked();
 
         if self.state == State::Closed {
             // When aborting a connection, forget about it after sending a single RST packet.
@@ -7282,6 +7623,340 @@ mod test {
             s.local_rx_dup_acks,
             u8::MAX,
             "duplicate ACK count should not overflow but saturate"
+        );
+    }
+
+    // =========================================================================================//
+    // Tests for loss recovery: the RTO floor, SACK-based recovery (RFC 6675), NewReno partial
+    // ACKs (RFC 6582) and the SACK blocks a receiver reports.
+    // =========================================================================================//
+
+    /// An established socket whose peer agreed to SACK, with a 10-octet MSS and 100 octets
+    /// (ten segments, "0000000000" .. "9999999999") sent at time 0 and not yet acknowledged.
+    fn socket_sack_ten_segments() -> TestSocket {
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        let data: Vec<u8> = (0..100u8).map(|i| b'0' + i / 10).collect();
+        s.send_slice(&data).unwrap();
+        let sent = drain(&mut s, 0);
+        assert_eq!(sent.len(), 10, "ten segments in the first flight");
+        s
+    }
+
+    /// Everything the socket sends at `time`, as (offset from LOCAL_SEQ + 1, payload).
+    fn drain(s: &mut TestSocket, time: i64) -> Vec<(usize, Vec<u8>)> {
+        s.cx.set_now(Instant::from_millis(time));
+        let mut sent = Vec::new();
+        for _ in 0..64 {
+            let mut got = None;
+            s.socket
+                .dispatch(&mut s.cx, |_, _, (_, repr)| {
+                    got = Some((repr.seq_number - (LOCAL_SEQ + 1), repr.payload.to_vec()));
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            match got {
+                Some((offset, payload)) if !payload.is_empty() => sent.push((offset, payload)),
+                Some(_) => {} // a bare ACK
+                None => break,
+            }
+        }
+        sent
+    }
+
+    /// The peer acknowledges `ack` octets (after LOCAL_SEQ + 1) and SACKs `blocks` (octet
+    /// offsets, half-open).
+    fn ack_with_sack(s: &mut TestSocket, time: i64, ack: usize, blocks: &[(usize, usize)]) {
+        let mut sack_ranges = [None; 3];
+        for (slot, &(left, right)) in sack_ranges.iter_mut().zip(blocks) {
+            *slot = Some((
+                (LOCAL_SEQ + 1 + left).0 as u32,
+                (LOCAL_SEQ + 1 + right).0 as u32,
+            ));
+        }
+        send(
+            s,
+            Instant::from_millis(time),
+            &TcpRepr {
+                seq_number: REMOTE_SEQ + 1,
+                ack_number: Some(LOCAL_SEQ + 1 + ack),
+                sack_ranges,
+                ..SEND_TEMPL
+            },
+        );
+    }
+
+    fn offsets(sent: &[(usize, Vec<u8>)]) -> Vec<usize> {
+        sent.iter().map(|(offset, _)| *offset).collect()
+    }
+
+    #[test]
+    fn test_rto_floor_default_and_configured() {
+        // RFC 6298's 1 s floor by default, even for a 10 ms round trip.
+        let mut r = RttEstimator::default();
+        r.sample(10);
+        assert_eq!(r.retransmission_timeout(), Duration::from_millis(1000));
+
+        let mut r = RttEstimator::with_min_rto(200);
+        r.sample(10);
+        assert_eq!(r.retransmission_timeout(), Duration::from_millis(200));
+        // A long round trip is above the floor: srtt + 4 * rttvar.
+        let mut r = RttEstimator::with_min_rto(200);
+        r.sample(300);
+        assert_eq!(r.retransmission_timeout(), Duration::from_millis(300 + 4 * 150));
+
+        let mut s = socket_established();
+        assert_eq!(s.min_rto(), Duration::from_millis(1000));
+        s.set_min_rto(Duration::from_millis(200));
+        assert_eq!(s.min_rto(), Duration::from_millis(200));
+        s.rtte.sample(20);
+        assert_eq!(s.rtte.retransmission_timeout(), Duration::from_millis(200));
+        // Out-of-range floors are clamped.
+        s.set_min_rto(Duration::from_millis(1));
+        assert_eq!(s.min_rto(), Duration::from_millis(10));
+        s.set_min_rto(Duration::from_secs(600));
+        assert_eq!(s.min_rto(), Duration::from_millis(60_000));
+        // The floor survives a reset (the socket being reused for a new connection).
+        s.set_min_rto(Duration::from_millis(200));
+        s.reset();
+        assert_eq!(s.min_rto(), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn test_rto_floor_retransmits_early() {
+        let mut s = socket_established();
+        s.set_min_rto(Duration::from_millis(200));
+        // One round trip of 20 ms measured...
+        s.send_slice(b"abc").unwrap();
+        recv!(s, time 0, Ok(TcpRepr {
+            seq_number: LOCAL_SEQ + 1,
+            ack_number: Some(REMOTE_SEQ + 1),
+            payload: &b"abc"[..],
+            ..RECV_TEMPL
+        }));
+        send!(s, time 20, TcpRepr {
+            seq_number: REMOTE_SEQ + 1,
+            ack_number: Some(LOCAL_SEQ + 1 + 3),
+            ..SEND_TEMPL
+        });
+        // ... so the next segment, lost, is sent again 200 ms later, not 1 s.
+        s.send_slice(b"def").unwrap();
+        recv!(s, time 30, Ok(TcpRepr {
+            seq_number: LOCAL_SEQ + 1 + 3,
+            ack_number: Some(REMOTE_SEQ + 1),
+            payload: &b"def"[..],
+            ..RECV_TEMPL
+        }));
+        recv_nothing!(s, time 229);
+        recv!(s, time 230, Ok(TcpRepr {
+            seq_number: LOCAL_SEQ + 1 + 3,
+            ack_number: Some(REMOTE_SEQ + 1),
+            payload: &b"def"[..],
+            ..RECV_TEMPL
+        }));
+        assert_eq!(s.retransmit_stats().timeouts, 1);
+    }
+
+    #[test]
+    fn test_sack_one_lost_segment_retransmits_only_it() {
+        let mut s = socket_sack_ten_segments();
+        // Segment 0 is lost; 1, 2 and 3 arrive and are SACKed.
+        ack_with_sack(&mut s, 10, 0, &[(10, 20)]);
+        ack_with_sack(&mut s, 11, 0, &[(10, 30)]);
+        assert_eq!(s.recovery_point, None, "two segments above a hole: not yet lost");
+        ack_with_sack(&mut s, 12, 0, &[(10, 40)]);
+        assert!(s.recovery_point.is_some(), "three segments above: lost");
+        let sent = drain(&mut s, 13);
+        assert_eq!(offsets(&sent), vec![0], "the hole, and only the hole");
+        assert_eq!(sent[0].1, b"0000000000");
+        // The rest arrive; then the retransmission fills the hole.
+        ack_with_sack(&mut s, 14, 0, &[(10, 100)]);
+        assert!(drain(&mut s, 15).is_empty(), "nothing is sent twice");
+        ack_with_sack(&mut s, 30, 100, &[]);
+        assert_eq!(s.recovery_point, None, "recovery ends with the recovery point");
+        let stats = s.retransmit_stats();
+        assert_eq!((stats.segments, stats.octets), (1, 10));
+        assert_eq!((stats.recoveries, stats.timeouts), (1, 0));
+    }
+
+    #[test]
+    fn test_sack_several_holes_in_one_window() {
+        let mut s = socket_sack_ten_segments();
+        // Segments 0, 3 and 6 are lost.
+        ack_with_sack(&mut s, 10, 0, &[(10, 20)]);
+        ack_with_sack(&mut s, 11, 0, &[(10, 30)]);
+        ack_with_sack(&mut s, 12, 0, &[(40, 50), (10, 30)]);
+        ack_with_sack(&mut s, 13, 0, &[(40, 60), (10, 30)]);
+        ack_with_sack(&mut s, 14, 0, &[(70, 80), (10, 30), (40, 60)]);
+        ack_with_sack(&mut s, 15, 0, &[(70, 90), (10, 30), (40, 60)]);
+        ack_with_sack(&mut s, 16, 0, &[(70, 100), (10, 30), (40, 60)]);
+        // All three holes go out in one round trip, each once, nothing else.
+        let sent = drain(&mut s, 17);
+        assert_eq!(offsets(&sent), vec![0, 30, 60]);
+        assert_eq!(sent[1].1, b"3333333333");
+        assert_eq!(sent[2].1, b"6666666666");
+        assert!(drain(&mut s, 18).is_empty());
+        // The holes fill one after another (partial ACKs), then all is acknowledged.
+        ack_with_sack(&mut s, 30, 30, &[(40, 60), (70, 100)]);
+        assert!(s.recovery_point.is_some(), "a partial ACK stays in recovery");
+        assert!(drain(&mut s, 31).is_empty(), "holes already retransmitted are not resent");
+        ack_with_sack(&mut s, 31, 60, &[(70, 100)]);
+        ack_with_sack(&mut s, 32, 100, &[]);
+        assert_eq!(s.recovery_point, None);
+        let stats = s.retransmit_stats();
+        assert_eq!((stats.segments, stats.recoveries, stats.timeouts), (3, 1, 0));
+    }
+
+    #[test]
+    fn test_sack_lost_retransmission_recovers_on_timeout_without_resending_sacked() {
+        let mut s = socket_sack_ten_segments();
+        ack_with_sack(&mut s, 10, 0, &[(10, 20)]);
+        ack_with_sack(&mut s, 11, 0, &[(10, 30)]);
+        ack_with_sack(&mut s, 12, 0, &[(10, 40)]);
+        assert_eq!(offsets(&drain(&mut s, 13)), vec![0]);
+        ack_with_sack(&mut s, 14, 0, &[(10, 100)]);
+        // The retransmission of segment 0 is lost as well: no ACK comes. Nothing more is
+        // sent until the retransmission timer (1 s, no round trip measured) fires.
+        assert!(drain(&mut s, 500).is_empty());
+        let sent = drain(&mut s, 1100);
+        assert_eq!(
+            offsets(&sent),
+            vec![0],
+            "after the timeout only the hole goes again, not the SACKed segments"
+        );
+        assert!(drain(&mut s, 1101).is_empty());
+        ack_with_sack(&mut s, 1120, 100, &[]);
+        let stats = s.retransmit_stats();
+        assert_eq!((stats.segments, stats.timeouts, stats.recoveries), (2, 1, 1));
+        // Once all is acknowledged, a new loss can start a new recovery.
+        assert_eq!(s.no_recovery_before, None);
+    }
+
+    #[test]
+    fn test_sack_recovery_sends_new_data_as_acks_leave_the_network() {
+        // RFC 6675's pipe: SACKed segments have left the network, so the shrunken window
+        // still has room for new data while the hole is being repaired. Counting the whole
+        // flight instead (100 octets, as large as the window after the loss) would send
+        // nothing new until the hole is acknowledged.
+        let mut s = socket_sack_ten_segments();
+        ack_with_sack(&mut s, 10, 0, &[(10, 20)]);
+        ack_with_sack(&mut s, 11, 0, &[(10, 30)]);
+        ack_with_sack(&mut s, 12, 0, &[(10, 40)]);
+        assert_eq!(s.congestion_controller.inner().window(), 100);
+        assert_eq!(offsets(&drain(&mut s, 13)), vec![0]);
+        let more: Vec<u8> = (0..100u8).map(|i| b'a' + i / 10).collect();
+        s.send_slice(&more).unwrap();
+        let mut sent = offsets(&drain(&mut s, 14));
+        for (t, right) in (50..=100).step_by(10).enumerate() {
+            ack_with_sack(&mut s, 15 + t as i64, 0, &[(10, right)]);
+            sent.extend(offsets(&drain(&mut s, 15 + t as i64)));
+        }
+        assert!(
+            sent.len() >= 6 && sent.iter().all(|&offset| offset >= 100),
+            "new data, and no retransmission, during recovery: {sent:?}"
+        );
+        assert!(s.pipe() <= s.congestion_controller.inner().window());
+    }
+
+    #[test]
+    fn test_newreno_partial_ack_retransmits_next_hole() {
+        // Without SACK: segments 0 and 3 of ten are lost. Three duplicate ACKs resend 0;
+        // its ACK is partial (it stops at 3) and resends 3 at once, in the same recovery.
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.remote_mss = 10;
+        let data: Vec<u8> = (0..100u8).map(|i| b'0' + i / 10).collect();
+        s.send_slice(&data).unwrap();
+        assert_eq!(drain(&mut s, 0).len(), 10);
+        send!(s, time 5, TcpRepr {
+            seq_number: REMOTE_SEQ + 1,
+            ack_number: Some(LOCAL_SEQ + 1),
+            ..SEND_TEMPL
+        });
+        for t in 6..9 {
+            send!(s, time t, TcpRepr {
+                seq_number: REMOTE_SEQ + 1,
+                ack_number: Some(LOCAL_SEQ + 1),
+                ..SEND_TEMPL
+            });
+        }
+        assert_eq!(offsets(&drain(&mut s, 10)), vec![0]);
+        // More duplicates (from segments 4..9) do not start another recovery.
+        for t in 11..16 {
+            send!(s, time t, TcpRepr {
+                seq_number: REMOTE_SEQ + 1,
+                ack_number: Some(LOCAL_SEQ + 1),
+                ..SEND_TEMPL
+            });
+        }
+        assert_eq!(s.retransmit_stats().recoveries, 1);
+        send!(s, time 20, TcpRepr {
+            seq_number: REMOTE_SEQ + 1,
+            ack_number: Some(LOCAL_SEQ + 1 + 30),
+            ..SEND_TEMPL
+        });
+        assert_eq!(offsets(&drain(&mut s, 21)), vec![30], "partial ACK: the next hole");
+        send!(s, time 30, TcpRepr {
+            seq_number: REMOTE_SEQ + 1,
+            ack_number: Some(LOCAL_SEQ + 1 + 100),
+            ..SEND_TEMPL
+        });
+        assert_eq!(s.recovery_point, None);
+        let stats = s.retransmit_stats();
+        assert_eq!((stats.segments, stats.recoveries, stats.timeouts), (2, 1, 0));
+    }
+
+    #[test]
+    fn test_sack_blocks_outside_the_flight_are_ignored() {
+        let mut s = socket_sack_ten_segments();
+        // Beyond what was sent, below the cumulative ACK, inverted: none is taken.
+        ack_with_sack(&mut s, 10, 0, &[(90, 200)]);
+        ack_with_sack(&mut s, 11, 20, &[(5, 15)]);
+        ack_with_sack(&mut s, 12, 20, &[(60, 50)]);
+        assert!(s.sack_board.is_empty());
+        assert_eq!(s.recovery_point, None);
+    }
+
+    #[test]
+    fn test_receiver_reports_three_sack_blocks() {
+        let mut s = socket_established_with_buffer_sizes(64, 256);
+        s.remote_has_sack = true;
+        // Three out-of-order segments, each after a hole: the ACK for the last reports
+        // its block first, then the others.
+        for (offset, time) in [(10usize, 1i64), (30, 2)] {
+            send(
+                &mut s,
+                Instant::from_millis(time),
+                &TcpRepr {
+                    seq_number: REMOTE_SEQ + 1 + offset,
+                    ack_number: Some(LOCAL_SEQ + 1),
+                    payload: &b"xxxxxxxxxx"[..],
+                    ..SEND_TEMPL
+                },
+            );
+        }
+        let reply = send(
+            &mut s,
+            Instant::from_millis(3),
+            &TcpRepr {
+                seq_number: REMOTE_SEQ + 1 + 50,
+                ack_number: Some(LOCAL_SEQ + 1),
+                payload: &b"xxxxxxxxxx"[..],
+                ..SEND_TEMPL
+            },
+        )
+        .expect("an out-of-order segment is acknowledged at once");
+        let block = |left: usize, right: usize| {
+            Some((
+                (REMOTE_SEQ + 1 + left).0 as u32,
+                (REMOTE_SEQ + 1 + right).0 as u32,
+            ))
+        };
+        assert_eq!(reply.ack_number, Some(REMOTE_SEQ + 1));
+        assert_eq!(
+            reply.sack_ranges,
+            [block(50, 60), block(10, 20), block(30, 40)]
         );
     }
 
