@@ -978,12 +978,13 @@ fn lossy_goodput(
     }
     let bytes = counted.load(Ordering::Relaxed) - first;
     let seconds = start.elapsed().as_secs_f64();
-    if let Some((toward_b, _)) = bed.relay_counts() {
+    if let Some((toward_b, toward_a)) = bed.relay_counts() {
         eprintln!(
-            "  relay toward B: {} datagrams, {} dropped ({:.2} %)",
+            "  relay: toward B {} datagrams, {} dropped ({:.2} %); back toward A {} datagrams",
             toward_b.received,
             toward_b.dropped,
-            100.0 * toward_b.dropped as f64 / toward_b.received.max(1) as f64
+            100.0 * toward_b.dropped as f64 / toward_b.received.max(1) as f64,
+            toward_a.received
         );
     }
     Ok(bytes as f64 / seconds)

@@ -1601,15 +1601,18 @@ impl<'a> Socket<'a> {
         news
     }
 
-    /// Enters fast recovery: the window shrinks once for this loss episode.
-    fn enter_recovery(&mut self, now: Instant) {
+    /// Enters fast recovery: the window shrinks once for this loss episode (unless
+    /// `cut_window` is false: a timeout has shrunk it already).
+    fn enter_recovery(&mut self, now: Instant, cut_window: bool) {
         self.recovery_point = Some(self.snd_max());
         self.high_rxt = self.local_seq_no;
         self.stats.recoveries += 1;
-        let in_flight = self.flight_size();
-        self.congestion_controller
-            .inner_mut()
-            .on_loss(now, in_flight);
+        if cut_window {
+            let in_flight = self.flight_size();
+            self.congestion_controller
+                .inner_mut()
+                .on_loss(now, in_flight);
+        }
         net_debug!("entering fast recovery until {}", self.snd_max());
     }
 
@@ -2566,14 +2569,17 @@ impl<'a> Socket<'a> {
         }
         if self.remote_has_sack
             && self.recovery_point.is_none()
-            && self.no_recovery_before.is_none()
             && self.local_seq_no < self.remote_last_seq
             && !self.sack_board.is_empty()
             && self.is_lost(self.local_seq_no)
         {
             // RFC 6675 section 5: enough was SACKed above the cumulative ACK that the
-            // octets at it are lost.
-            self.enter_recovery(now);
+            // octets at it are lost. After a retransmission timeout, until what was sent
+            // before it is acknowledged, the window has been cut already (RFC 6675 5.1):
+            // the holes are repaired from the scoreboard without cutting it again, so a
+            // retransmission lost after the timeout does not cost another one.
+            let cut = self.no_recovery_before.is_none();
+            self.enter_recovery(now, cut);
         }
     }
 
@@ -2803,7 +2809,7 @@ impl<'a> Socket<'a> {
                 // Enter fast recovery (the congestion controller shrinks its window), once
                 // per loss episode.
                 if self.recovery_point.is_none() {
-                    self.enter_recovery(cx.now());
+                    self.enter_recovery(cx.now(), true);
                 }
 
                 self.pending_fast_retransmit = true;
@@ -3161,6 +3167,10 @@ impl<'a> Socket<'a> {
             self.stats.octets += len as u64;
             if self.recovery_point.is_some() {
                 self.high_rxt = self.high_rxt.max(seq + len);
+                // The timer guards the retransmission now (as Linux rearms it): started
+                // at the last cumulative ACK, it could fire before this one's ACK is due.
+                let rto = self.rtte.retransmission_timeout();
+                self.timer.set_for_retransmit(cx.now(), rto);
             }
             // Karn: an ACK covering a retransmission does not measure the round trip.
             self.rtte.on_retransmit();
@@ -7835,12 +7845,21 @@ mod test {
     }
 
     #[test]
+    #[cfg(feature = "socket-tcp-cubic")]
     fn test_sack_recovery_sends_new_data_as_acks_leave_the_network() {
         // RFC 6675's pipe: SACKed segments have left the network, so the shrunken window
         // still has room for new data while the hole is being repaired. Counting the whole
         // flight instead (100 octets, as large as the window after the loss) would send
-        // nothing new until the hole is acknowledged.
-        let mut s = socket_sack_ten_segments();
+        // nothing new until the hole is acknowledged. (Needs a congestion controller that
+        // shrinks its window on loss.)
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.set_congestion_control(CongestionControl::Cubic);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        let data: Vec<u8> = (0..100u8).map(|i| b'0' + i / 10).collect();
+        s.send_slice(&data).unwrap();
+        assert_eq!(drain(&mut s, 0).len(), 10);
         ack_with_sack(&mut s, 10, 0, &[(10, 20)]);
         ack_with_sack(&mut s, 11, 0, &[(10, 30)]);
         ack_with_sack(&mut s, 12, 0, &[(10, 40)]);

@@ -29,6 +29,10 @@ pub struct Cubic {
     // are retransmissions of the same segment and must not reduce ssthresh
     // again (RFC 5681 section 3.1).
     in_rto_recovery: bool,
+    // Set on RTO, cleared when slow start ends: the slow start that follows a timeout
+    // counts at most one segment per ACK (RFC 3465 section 2.3: ACKs after a go-back
+    // can cover much that was not in flight).
+    rto_slow_start: bool,
     idle_start: Option<Instant>, // RFC 9438 §4.2: when in-flight last hit 0
 }
 
@@ -47,6 +51,7 @@ impl Cubic {
             recovery_start: None,
             in_fast_recovery: false,
             in_rto_recovery: false,
+            rto_slow_start: false,
             idle_start: None,
         };
         cubic.recompute_k();
@@ -78,7 +83,20 @@ impl Controller for Cubic {
     }
 
     fn on_ack(&mut self, now: Instant, len: usize, in_flight: usize, rtt: &RttEstimator) {
-        let segment = len.min(self.mss);
+        // Slow start grows by the octets acknowledged (as Linux does), not by one segment
+        // per ACK: a receiver that coalesces segments before acknowledging them (GRO, LRO,
+        // delayed ACKs) sends one ACK for many, and counting ACKs would stretch slow start
+        // over many more round trips. After a timeout, one segment per ACK at most.
+        let segment = if self.rto_slow_start {
+            len.min(self.mss)
+        } else {
+            len.min(self.ssthresh.saturating_sub(self.cwnd).max(self.mss))
+        };
+        // RFC 3465 (appropriate byte counting) in congestion avoidance: the window grows
+        // with the octets an ACK covers rather than by one segment's worth per ACK, so a
+        // receiver that acknowledges every second segment (RFC 9293's delayed ACKs, as
+        // Linux does) does not halve the growth.
+        let acked = len.min(self.cwnd);
 
         self.absorb_idle(now);
 
@@ -104,7 +122,7 @@ impl Controller for Cubic {
             self.w_est = self.cwnd as f64;
             return;
         } else if self.cwnd < self.ssthresh {
-            // Slow start: increase `cwnd` by 1 MSS per ACK.
+            // Slow start: increase `cwnd` by the octets acknowledged (see `segment`).
             self.cwnd = self
                 .cwnd
                 .saturating_add(segment)
@@ -112,6 +130,7 @@ impl Controller for Cubic {
                 .max(self.mss);
             return;
         }
+        self.rto_slow_start = false;
 
         // ca: RFC 9438 §4.2 and §4.3: Calculate W_cubic and W_est. Use whichever grows faster.
         let recovery_start = match self.recovery_start {
@@ -147,7 +166,7 @@ impl Controller for Cubic {
                 ALPHA_CUBIC
             };
 
-            self.w_est += alpha * self.mss as f64 * segment as f64 / self.cwnd as f64;
+            self.w_est += alpha * self.mss as f64 * acked as f64 / self.cwnd as f64;
             self.w_est
         };
 
@@ -169,7 +188,7 @@ impl Controller for Cubic {
 
         // TODO: clamps to 0 on small w_cubic_target (i.e. close to plateau)
         // add additional counter (linux `cwnd_cnt`?) to track "lost" bytes
-        let increment = (w_cubic_target as usize).saturating_sub(self.cwnd) * segment / self.cwnd;
+        let increment = (w_cubic_target as usize).saturating_sub(self.cwnd) * acked / self.cwnd;
         self.cwnd = (self.cwnd + increment).min(self.rwnd).max(self.mss);
     }
 
@@ -223,6 +242,7 @@ impl Controller for Cubic {
 
         self.cwnd = self.mss;
         self.cwnd_prior = in_flight;
+        self.rto_slow_start = true;
 
         // RFC 9438 §4.8: defer W_max and K reset to the start of the next CA stage.
         self.recovery_start = None;
@@ -306,6 +326,54 @@ fn cube_root(a: f64) -> f64 {
 
 #[cfg(test)]
 mod test {
+    #[test]
+    fn test_slow_start_counts_octets_except_after_timeout() {
+        let rtt = RttEstimator::default();
+        let mut cubic = Cubic::new();
+        cubic.set_mss(1000);
+        cubic.rwnd = 1 << 20;
+        // One ACK for four segments (a coalescing receiver) grows by four.
+        let before = cubic.cwnd;
+        cubic.on_ack(Instant::from_millis(1), 4000, 0, &rtt);
+        assert_eq!(cubic.cwnd, before + 4000);
+        // Not past ssthresh in one step.
+        cubic.ssthresh = cubic.cwnd + 1500;
+        cubic.on_ack(Instant::from_millis(2), 4000, 0, &rtt);
+        assert_eq!(cubic.cwnd, cubic.ssthresh);
+        // After a timeout: one segment per ACK until slow start ends.
+        cubic.on_rto(Instant::from_millis(3), 20_000);
+        cubic.on_ack(Instant::from_millis(4), 4000, 0, &rtt);
+        assert_eq!(cubic.cwnd, 2000);
+        cubic.on_ack(Instant::from_millis(5), 4000, 0, &rtt);
+        assert_eq!(cubic.cwnd, 3000);
+    }
+
+    #[test]
+    fn test_byte_counting_delayed_acks_grow_as_fast() {
+        // One ACK for two segments grows the window as much as two ACKs of one.
+        let rtt = RttEstimator::default();
+        let grow = |acks: &[usize]| {
+            let mut cubic = Cubic::new();
+            cubic.set_mss(1000);
+            cubic.ssthresh = 10_000;
+            cubic.cwnd = 10_000;
+            cubic.rwnd = 1 << 20;
+            let mut now = Instant::from_millis(0);
+            for _ in 0..50 {
+                for &len in acks {
+                    now += crate::time::Duration::from_millis(1);
+                    cubic.on_ack(now, len, 10_000, &rtt);
+                }
+            }
+            cubic.cwnd
+        };
+        let per_segment = grow(&[1000, 1000]);
+        let delayed = grow(&[2000]);
+        assert!(per_segment > 10_000);
+        let ratio = delayed as f64 / per_segment as f64;
+        assert!((0.9..1.1).contains(&ratio), "{delayed} vs {per_segment}");
+    }
+
     use crate::{socket::tcp::RttEstimator, time::Instant};
 
     use super::*;
