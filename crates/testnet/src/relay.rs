@@ -106,6 +106,36 @@ impl std::fmt::Debug for LossyRelay {
 /// How often the threads look at the stop flag while waiting.
 const POLL: Duration = Duration::from_millis(20);
 
+/// Socket buffers of the relay's sockets.
+const SOCKET_BUFFER: libc::c_int = 16 << 20;
+
+/// Asks for [`SOCKET_BUFFER`] each way (the FORCE options, past rmem_max, need
+/// CAP_NET_ADMIN; without it, what the plain ones give).
+fn big_buffers(socket: &UdpSocket) {
+    use std::os::fd::AsRawFd;
+    let set = |option: libc::c_int| {
+        let value = SOCKET_BUFFER;
+        // SAFETY: a valid socket and a c_int option value that outlives the call.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) == 0
+        }
+    };
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        if !set(force) {
+            set(plain);
+        }
+    }
+}
+
 /// A small fast PRNG (xorshift64*), enough to decide drops; no dependency.
 struct Rng(u64);
 impl Rng {
@@ -139,6 +169,11 @@ impl LossyRelay {
             Ok((UdpSocket::bind(listen)?, UdpSocket::bind(bind_upstream)?))
         })?;
         let addr = near.local_addr()?;
+        // Bursts (a window sent at once) must reach the relay's own loss, not the socket's:
+        // a default receive buffer (about 200 KiB) would add drops of its own.
+        for socket in [&near, &far] {
+            big_buffers(socket);
+        }
         near.set_read_timeout(Some(POLL))?;
         far.set_read_timeout(Some(POLL))?;
         let near = Arc::new(near);
