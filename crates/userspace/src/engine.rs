@@ -1497,3 +1497,15 @@ fn serve_udp(udp: &mut Udp, sockets: &mut SocketSet<'_>, more: &mut bool) -> boo
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_sockets_get_linux_s_rto_floor() {
+        let socket = new_tcp_socket();
+        assert_eq!(socket.min_rto(), smoltcp::time::Duration::from_millis(200));
+        assert_eq!(socket.min_rto(), MIN_RTO.into());
+    }
+}
