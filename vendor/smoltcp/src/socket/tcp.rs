@@ -2959,9 +2959,7 @@ impl<'a> Socket<'a> {
                     // SACK-based recovery: fill the first lost hole, one segment at a time.
                     let offset = seq - self.local_seq_no;
                     repr.seq_number = seq;
-                    repr.payload = self
-                        .tx_buffer
-                        .get_allocated(offset, len.min(effective_mss));
+                    repr.payload = self.tx_buffer.get_allocated(offset, len.min(effective_mss));
                     offset
                 } else {
                     // Right edge of window, ie the max sequence number we're allowed to send.
@@ -3121,7 +3119,7 @@ impl<'a> Socket<'a> {
         ip_repr.set_payload_len(repr.buffer_len());
         // Octets below the highest ever sent go out again: a retransmission.
         let retransmitted = (!repr.payload.is_empty() && repr.seq_number < self.snd_max())
-            .then(|| (repr.seq_number, repr.payload.len()));
+            .then_some((repr.seq_number, repr.payload.len()));
         emit(cx, packet_meta, (ip_repr, repr))?;
 
         // We've sent something, whether useful data or a keep-alive packet, so rewind
@@ -7715,7 +7713,10 @@ mod test {
         // A long round trip is above the floor: srtt + 4 * rttvar.
         let mut r = RttEstimator::with_min_rto(200);
         r.sample(300);
-        assert_eq!(r.retransmission_timeout(), Duration::from_millis(300 + 4 * 150));
+        assert_eq!(
+            r.retransmission_timeout(),
+            Duration::from_millis(300 + 4 * 150)
+        );
 
         let mut s = socket_established();
         assert_eq!(s.min_rto(), Duration::from_millis(1000));
@@ -7775,7 +7776,10 @@ mod test {
         // Segment 0 is lost; 1, 2 and 3 arrive and are SACKed.
         ack_with_sack(&mut s, 10, 0, &[(10, 20)]);
         ack_with_sack(&mut s, 11, 0, &[(10, 30)]);
-        assert_eq!(s.recovery_point, None, "two segments above a hole: not yet lost");
+        assert_eq!(
+            s.recovery_point, None,
+            "two segments above a hole: not yet lost"
+        );
         ack_with_sack(&mut s, 12, 0, &[(10, 40)]);
         assert!(s.recovery_point.is_some(), "three segments above: lost");
         let sent = drain(&mut s, 13);
@@ -7785,7 +7789,10 @@ mod test {
         ack_with_sack(&mut s, 14, 0, &[(10, 100)]);
         assert!(drain(&mut s, 15).is_empty(), "nothing is sent twice");
         ack_with_sack(&mut s, 30, 100, &[]);
-        assert_eq!(s.recovery_point, None, "recovery ends with the recovery point");
+        assert_eq!(
+            s.recovery_point, None,
+            "recovery ends with the recovery point"
+        );
         let stats = s.retransmit_stats();
         assert_eq!((stats.segments, stats.octets), (1, 10));
         assert_eq!((stats.recoveries, stats.timeouts), (1, 0));
@@ -7810,13 +7817,22 @@ mod test {
         assert!(drain(&mut s, 18).is_empty());
         // The holes fill one after another (partial ACKs), then all is acknowledged.
         ack_with_sack(&mut s, 30, 30, &[(40, 60), (70, 100)]);
-        assert!(s.recovery_point.is_some(), "a partial ACK stays in recovery");
-        assert!(drain(&mut s, 31).is_empty(), "holes already retransmitted are not resent");
+        assert!(
+            s.recovery_point.is_some(),
+            "a partial ACK stays in recovery"
+        );
+        assert!(
+            drain(&mut s, 31).is_empty(),
+            "holes already retransmitted are not resent"
+        );
         ack_with_sack(&mut s, 31, 60, &[(70, 100)]);
         ack_with_sack(&mut s, 32, 100, &[]);
         assert_eq!(s.recovery_point, None);
         let stats = s.retransmit_stats();
-        assert_eq!((stats.segments, stats.recoveries, stats.timeouts), (3, 1, 0));
+        assert_eq!(
+            (stats.segments, stats.recoveries, stats.timeouts),
+            (3, 1, 0)
+        );
     }
 
     #[test]
@@ -7839,7 +7855,10 @@ mod test {
         assert!(drain(&mut s, 1101).is_empty());
         ack_with_sack(&mut s, 1120, 100, &[]);
         let stats = s.retransmit_stats();
-        assert_eq!((stats.segments, stats.timeouts, stats.recoveries), (2, 1, 1));
+        assert_eq!(
+            (stats.segments, stats.timeouts, stats.recoveries),
+            (2, 1, 1)
+        );
         // Once all is acknowledged, a new loss can start a new recovery.
         assert_eq!(s.no_recovery_before, None);
     }
@@ -7915,7 +7934,11 @@ mod test {
             ack_number: Some(LOCAL_SEQ + 1 + 30),
             ..SEND_TEMPL
         });
-        assert_eq!(offsets(&drain(&mut s, 21)), vec![30], "partial ACK: the next hole");
+        assert_eq!(
+            offsets(&drain(&mut s, 21)),
+            vec![30],
+            "partial ACK: the next hole"
+        );
         send!(s, time 30, TcpRepr {
             seq_number: REMOTE_SEQ + 1,
             ack_number: Some(LOCAL_SEQ + 1 + 100),
@@ -7923,7 +7946,10 @@ mod test {
         });
         assert_eq!(s.recovery_point, None);
         let stats = s.retransmit_stats();
-        assert_eq!((stats.segments, stats.recoveries, stats.timeouts), (2, 1, 0));
+        assert_eq!(
+            (stats.segments, stats.recoveries, stats.timeouts),
+            (2, 1, 0)
+        );
     }
 
     #[test]

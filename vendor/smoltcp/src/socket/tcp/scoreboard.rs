@@ -183,7 +183,10 @@ mod test {
         assert!(b.insert(s(500), s(600)));
         assert_eq!(ranges(&b), vec![(100, 200), (300, 400), (500, 600)]);
         assert!(!b.insert(s(320), s(380)), "inside a known range");
-        assert!(b.insert(s(200), s(300)), "touching both neighbours merges them");
+        assert!(
+            b.insert(s(200), s(300)),
+            "touching both neighbours merges them"
+        );
         assert_eq!(ranges(&b), vec![(100, 400), (500, 600)]);
         assert!(b.insert(s(50), s(700)));
         assert_eq!(ranges(&b), vec![(50, 700)]);
@@ -228,7 +231,10 @@ mod test {
             assert!(b.insert(s(1000 + i * 100), s(1050 + i * 100)));
         }
         let top = b.highest().unwrap();
-        assert!(!b.insert(s(top.0 + 100), s(top.0 + 150)), "would be the highest");
+        assert!(
+            !b.insert(s(top.0 + 100), s(top.0 + 150)),
+            "would be the highest"
+        );
         assert!(b.insert(s(0), s(50)), "a lower range evicts the highest");
         assert_eq!(b.ranges().len(), SCOREBOARD_RANGES);
         assert_eq!(b.ranges()[0].0.0, 0);
