@@ -491,6 +491,82 @@ pub enum CongestionControl {
     Cubic,
 }
 
+/// How many retransmissions of one recovery are followed for loss (more are left to the
+/// retransmission timer).
+const REXMITS_TRACKED: usize = 16;
+
+/// One retransmission in recovery: the octets sent again, and the highest sequence number
+/// sent before it (what the remote SACKs above that was sent after it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+struct Rexmit {
+    start: TcpSeqNumber,
+    end: TcpSeqNumber,
+    sent_after: TcpSeqNumber,
+    lost: bool,
+}
+
+/// The retransmissions of the current recovery not yet acknowledged.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+struct Rexmits {
+    items: [Rexmit; REXMITS_TRACKED],
+    len: usize,
+}
+
+impl Rexmits {
+    const fn new() -> Self {
+        let zero = TcpSeqNumber(0);
+        Rexmits {
+            items: [Rexmit {
+                start: zero,
+                end: zero,
+                sent_after: zero,
+                lost: false,
+            }; REXMITS_TRACKED],
+            len: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    fn as_slice(&self) -> &[Rexmit] {
+        &self.items[..self.len]
+    }
+
+    /// Records that `[start, end)` was sent again after `sent_after` had been sent.
+    fn record(&mut self, start: TcpSeqNumber, end: TcpSeqNumber, sent_after: TcpSeqNumber) {
+        if let Some(r) = self.items[..self.len]
+            .iter_mut()
+            .find(|r| r.start <= start && start < r.end)
+        {
+            r.sent_after = sent_after;
+            r.lost = false;
+        } else if self.len < REXMITS_TRACKED {
+            self.items[self.len] = Rexmit {
+                start,
+                end,
+                sent_after,
+                lost: false,
+            };
+            self.len += 1;
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Rexmit) -> bool) {
+        let mut kept = 0;
+        for i in 0..self.len {
+            if keep(&self.items[i]) {
+                self.items[kept] = self.items[i];
+                kept += 1;
+            }
+        }
+        self.len = kept;
+    }
+}
+
 /// What a socket retransmitted, and why: see [`Socket::retransmit_stats`].
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -585,6 +661,9 @@ pub struct Socket<'a> {
     no_recovery_before: Option<TcpSeqNumber>,
     /// Retransmission timeouts in a row at the same `local_seq_no`.
     rto_streak: u8,
+    /// The retransmissions of this recovery not yet acknowledged, to find one that was
+    /// lost in turn.
+    rexmits: Rexmits,
     /// Counters of the retransmissions this socket made.
     stats: RetransmitStats,
 
@@ -684,6 +763,7 @@ impl<'a> Socket<'a> {
             snd_max: None,
             no_recovery_before: None,
             rto_streak: 0,
+            rexmits: Rexmits::new(),
             stats: RetransmitStats::default(),
             ack_delay: Some(ACK_DELAY_DEFAULT),
             ack_delay_timer: AckDelayTimer::Idle,
@@ -1036,6 +1116,7 @@ impl<'a> Socket<'a> {
         self.snd_max = None;
         self.no_recovery_before = None;
         self.rto_streak = 0;
+        self.rexmits.clear();
 
         #[cfg(feature = "async")]
         {
@@ -1565,6 +1646,18 @@ impl<'a> Socket<'a> {
         if !self.remote_has_sack {
             return None;
         }
+        // A retransmission found lost goes again first (what of it is still a hole).
+        for r in self.rexmits.as_slice().iter().filter(|r| r.lost) {
+            let from = r.start.max(self.local_seq_no);
+            if from >= r.end || self.sack_board.covering(from).is_some() {
+                continue;
+            }
+            let end = match self.sack_board.next_above(from) {
+                Some(left) => left.min(r.end),
+                None => r.end,
+            };
+            return Some((from, end - from));
+        }
         let nxt = self.remote_last_seq;
         self.sack_board
             .holes(self.local_seq_no)
@@ -1606,6 +1699,7 @@ impl<'a> Socket<'a> {
     fn enter_recovery(&mut self, now: Instant, cut_window: bool) {
         self.recovery_point = Some(self.snd_max());
         self.high_rxt = self.local_seq_no;
+        self.rexmits.clear();
         self.stats.recoveries += 1;
         if cut_window {
             let in_flight = self.flight_size();
@@ -2552,12 +2646,14 @@ impl<'a> Socket<'a> {
             if self.take_sack_blocks(sack_ranges) {
                 self.skip_sacked();
             }
+            self.find_lost_retransmissions();
         }
         match self.recovery_point {
             Some(point) if ack_number >= point => {
                 // Everything outstanding when the loss was found is acknowledged.
                 net_debug!("fast recovery done at {}", ack_number);
                 self.recovery_point = None;
+                self.rexmits.clear();
                 self.local_rx_dup_acks = 0;
             }
             Some(_) if ack_len > 0 && !self.remote_has_sack => {
@@ -2580,6 +2676,29 @@ impl<'a> Socket<'a> {
             // retransmission lost after the timeout does not cost another one.
             let cut = self.no_recovery_before.is_none();
             self.enter_recovery(now, cut);
+        }
+    }
+
+    /// A retransmission is lost in turn when the remote has SACKed, above what had been
+    /// sent before it, as much as would declare an original segment lost (the idea of
+    /// RACK, RFC 8985, by sequence rather than time: data sent later arrived, it did not).
+    /// It is then sent again without waiting for the retransmission timer.
+    fn find_lost_retransmissions(&mut self) {
+        let una = self.local_seq_no;
+        let board = &self.sack_board;
+        self.rexmits.retain(|r| {
+            r.end > una
+                && board
+                    .covering(r.start.max(una))
+                    .is_none_or(|end| end < r.end)
+        });
+        let threshold = (DUP_THRESH - 1) * self.remote_mss;
+        for i in 0..self.rexmits.len {
+            let r = self.rexmits.items[i];
+            if !r.lost && self.sack_board.sacked_above(r.sent_after).0 > threshold {
+                net_debug!("retransmission of {}..{} lost", r.start, r.end);
+                self.rexmits.items[i].lost = true;
+            }
         }
     }
 
@@ -2789,6 +2908,7 @@ impl<'a> Socket<'a> {
                 // RFC 6675 section 5.1: the recovery under way ends, and none starts
                 // before everything sent so far is acknowledged.
                 self.recovery_point = None;
+                self.rexmits.clear();
                 self.no_recovery_before = Some(self.snd_max());
                 self.high_rxt = self.local_seq_no;
                 self.pending_fast_retransmit = false;
@@ -3165,6 +3285,8 @@ impl<'a> Socket<'a> {
             self.stats.octets += len as u64;
             if self.recovery_point.is_some() {
                 self.high_rxt = self.high_rxt.max(seq + len);
+                let sent_after = self.snd_max();
+                self.rexmits.record(seq, seq + len, sent_after);
                 // The timer guards the retransmission now (as Linux rearms it): started
                 // at the last cumulative ACK, it could fire before this one's ACK is due.
                 let rto = self.rtte.retransmission_timeout();
@@ -7896,6 +8018,47 @@ mod test {
             "new data, and no retransmission, during recovery: {sent:?}"
         );
         assert!(s.pipe() <= s.congestion_controller.inner().window());
+    }
+
+    #[test]
+    #[cfg(feature = "socket-tcp-cubic")]
+    fn test_sack_lost_retransmission_is_sent_again_without_a_timeout() {
+        // Segment 0 is lost, and so is its retransmission. New data sent after the
+        // retransmission is SACKed: the retransmission is lost too, and goes again at
+        // once rather than after the retransmission timer.
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.set_congestion_control(CongestionControl::Cubic);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        let data: Vec<u8> = (0..100u8).map(|i| b'0' + i / 10).collect();
+        s.send_slice(&data).unwrap();
+        assert_eq!(drain(&mut s, 0).len(), 10);
+        ack_with_sack(&mut s, 10, 0, &[(10, 20)]);
+        ack_with_sack(&mut s, 11, 0, &[(10, 30)]);
+        ack_with_sack(&mut s, 12, 0, &[(10, 40)]);
+        assert_eq!(offsets(&drain(&mut s, 13)), vec![0]);
+        let more: Vec<u8> = (0..100u8).map(|i| b'a' + i / 10).collect();
+        s.send_slice(&more).unwrap();
+        ack_with_sack(&mut s, 14, 0, &[(10, 100)]);
+        let new = offsets(&drain(&mut s, 15));
+        assert!(new.len() >= 3 && new.iter().all(|&o| o >= 100), "{new:?}");
+        // Two segments sent after the retransmission arrive: not yet conclusive.
+        ack_with_sack(&mut s, 40, 0, &[(10, 120)]);
+        assert!(offsets(&drain(&mut s, 41)).iter().all(|&o| o >= 100));
+        // A third: the retransmission of 0 is lost, and goes again.
+        ack_with_sack(&mut s, 42, 0, &[(10, 130)]);
+        let sent = offsets(&drain(&mut s, 43));
+        assert_eq!(sent.first(), Some(&0), "{sent:?}");
+        assert_eq!(sent.iter().filter(|&&o| o == 0).count(), 1);
+        let stats = s.retransmit_stats();
+        assert_eq!(
+            (stats.segments, stats.timeouts, stats.recoveries),
+            (2, 0, 1)
+        );
+        // Only once more, until it too is found lost.
+        ack_with_sack(&mut s, 44, 0, &[(10, 140)]);
+        assert!(!offsets(&drain(&mut s, 45)).contains(&0));
     }
 
     #[test]
