@@ -50,14 +50,9 @@ pub fn device(own: &PrivateKey, peer: PublicKey, allowed: IpNet, endpoint: Socke
             mtu: MTU,
             fwmark: 0,
         },
-        vec![PeerSettings {
-            parallel: 1,
-            public_key: peer,
-            preshared_key: None,
-            endpoint: Some(endpoint),
-            allowed_ips: vec![allowed],
-            persistent_keepalive: 0,
-        }],
+        vec![PeerSettings::new(peer)
+            .endpoint(endpoint)
+            .allowed_ip(allowed)],
         Instant::now(),
         tunneld_dataplane::system_environment(),
     )
@@ -248,14 +243,10 @@ impl SimLanes {
                 mtu: MTU,
                 fwmark: 0,
             };
-            let peer = PeerSettings {
-                parallel: u8::try_from(workers).expect("at most 255 workers"),
-                public_key: peer,
-                preshared_key: None,
-                endpoint: Some(endpoint),
-                allowed_ips: vec![allowed],
-                persistent_keepalive: 0,
-            };
+            let peer = PeerSettings::new(peer)
+                .endpoint(endpoint)
+                .allowed_ip(allowed)
+                .parallel(u8::try_from(workers).expect("at most 255 workers"));
             Device::for_worker(
                 settings,
                 vec![peer],

@@ -97,6 +97,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tunneld_testnet::relay::RelayConfig;
 use tunneld_testnet::{require_netns, NetNs};
 
 /// Site B's address inside the tunnel, where the sink and the echo server listen.
@@ -237,7 +238,12 @@ enum Report {
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let local = args.iter().any(|a| a == "--local");
-    let rest: Vec<String> = args.iter().filter(|a| *a != "--local").cloned().collect();
+    let lossy = args.iter().any(|a| a == "--lossy");
+    let rest: Vec<String> = args
+        .iter()
+        .filter(|a| *a != "--local" && *a != "--lossy")
+        .cloned()
+        .collect();
     let options = parse_options(&rest)?;
     system::install_tools()?;
     if !require_netns("cargo xtask bench-embedded") {
@@ -298,6 +304,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
     for c in contenders.iter().filter(|c| c.which.is_err()) {
         let why = c.which.as_ref().err().map(String::as_str).unwrap_or("");
         eprintln!("{}: skipped ({why})", c.name);
+    }
+
+    if lossy {
+        return lossy_grid(&contenders, &tunneld, &options, &root, args);
     }
 
     let total = options.rounds * contenders.iter().filter(|c| c.which.is_ok()).count();
@@ -703,6 +713,281 @@ fn start_onetun(bed: &Testbed, bin: &Path) -> Result<Guard, String> {
     cmd.spawn()
         .map(Guard)
         .map_err(|e| format!("cannot start {cmd:?}: {e}"))
+}
+
+// ----------------------------------------------------------------------------------------
+// The lossy-link grid (`--lossy`)
+//
+// Per cell (loss × round trip), round and row, fresh: the testbed above with site A's
+// WireGuard sent through a `LossyRelay` in A (tunneld_testnet::relay), which drops each
+// datagram, either way, with the cell's probability and delays each direction by half the
+// cell's round trip. The row's client writes to the sink (bulk, as in the contract) for the
+// measuring window plus a margin; the goodput is what the sink received in the window,
+// which starts at its first byte. The client is then stopped: a lossy link drains a
+// stack's send buffer slowly, and every row would otherwise be timed by its buffer size.
+// Rows: the kernel path, tunneld-userspace and wireguard-go's netstack (onetun is left
+// out). Rounds are interleaved (round, then cell, then row); the figures are medians.
+
+/// The grid's cells: loss probability and round trip.
+const LOSSY_CELLS: [(f64, u64); 6] = [
+    (0.001, 20),
+    (0.001, 80),
+    (0.01, 20),
+    (0.01, 80),
+    (0.03, 20),
+    (0.03, 80),
+];
+/// How long a client may take to deliver its first byte (handshake and connect over the
+/// lossy link).
+const LOSSY_FIRST_BYTE: Duration = Duration::from_secs(20);
+
+fn lossy_grid(
+    contenders: &[Contender],
+    tunneld: &Path,
+    o: &Options,
+    root: &Path,
+    args: &[String],
+) -> Result<(), String> {
+    let rows: Vec<&Contender> = contenders
+        .iter()
+        .filter(|c| c.kind != Kind::Onetun && c.which.is_ok())
+        .collect();
+    // goodput[row][cell] = samples in bytes per second
+    let mut goodput = vec![vec![Vec::<f64>::new(); LOSSY_CELLS.len()]; rows.len()];
+    let mut failures = Vec::new();
+    let total = o.rounds * LOSSY_CELLS.len() * rows.len();
+    let mut done = 0;
+    for round in 1..=o.rounds {
+        for (ci, &(loss, rtt_ms)) in LOSSY_CELLS.iter().enumerate() {
+            for (ri, c) in rows.iter().enumerate() {
+                system::check_interrupted()?;
+                done += 1;
+                let Ok(carrier) = &c.which else { continue };
+                eprintln!(
+                    "[{done}/{total}] round {round}, loss {} %, RTT {rtt_ms} ms: {}",
+                    loss * 100.0,
+                    c.name
+                );
+                match lossy_goodput(carrier, tunneld, o, loss, Duration::from_millis(rtt_ms)) {
+                    Ok(bps) => {
+                        eprintln!("  {:.3} MB/s", bps / 1e6);
+                        goodput[ri][ci].push(bps);
+                    }
+                    Err(e) => {
+                        eprintln!("  failed: {e}");
+                        failures.push(format!(
+                            "round {round}, loss {} %, RTT {rtt_ms} ms, {}: {}",
+                            loss * 100.0,
+                            c.name,
+                            e.lines().next().unwrap_or("")
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let median_of = |kind: Kind, ci: usize| -> Option<f64> {
+        let ri = rows.iter().position(|c| c.kind == kind)?;
+        let v = &goodput[ri][ci];
+        (!v.is_empty()).then(|| median(v.clone()))
+    };
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "### Lossy links: bulk goodput, MB/s (median of {} interleaved rounds, {} s windows)
+",
+        o.rounds, o.seconds
+    );
+    let _ = writeln!(
+        md,
+        "| loss | RTT | kernel path | tunneld-userspace | netstack | userspace / netstack | userspace / kernel | targets (≥ 1× netstack, ≥ 0.5× kernel) |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let fmt = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.3}", v / 1e6));
+    for (ci, &(loss, rtt_ms)) in LOSSY_CELLS.iter().enumerate() {
+        let k = median_of(Kind::Kernel, ci);
+        let u = median_of(Kind::Userspace, ci);
+        let n = median_of(Kind::Netstack, ci);
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        let (un, uk) = (ratio(u, n), ratio(u, k));
+        let met = match (un, uk) {
+            (Some(un), Some(uk)) => {
+                if un >= 1.0 && uk >= 0.5 {
+                    "met".to_string()
+                } else {
+                    "**not met**".to_string()
+                }
+            }
+            _ => "–".to_string(),
+        };
+        let r = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.2}×"));
+        let _ = writeln!(
+            md,
+            "| {} % | {rtt_ms} ms | {} | {} | {} | {} | {} | {met} |",
+            loss * 100.0,
+            fmt(k),
+            fmt(u),
+            fmt(n),
+            r(un),
+            r(uk)
+        );
+    }
+    let _ = writeln!(
+        md,
+        "
+{}",
+        congestion_control_note(&o.tcp_cc)
+    );
+    let _ = writeln!(
+        md,
+        "
+Each round's figures (MB/s), row by row:
+"
+    );
+    for (ri, c) in rows.iter().enumerate() {
+        let cells: Vec<String> = goodput[ri]
+            .iter()
+            .map(|v| {
+                v.iter()
+                    .map(|b| format!("{:.3}", b / 1e6))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+            .collect();
+        let _ = writeln!(md, "- {}: {}", c.name, cells.join(" · "));
+    }
+    if !failures.is_empty() {
+        let _ = writeln!(
+            md,
+            "
+Failed runs:
+"
+        );
+        for f in &failures {
+            let _ = writeln!(md, "- {f}");
+        }
+    }
+    let _ = writeln!(
+        md,
+        "
+{}",
+        report::measured_line("bench-embedded", args)
+    );
+    let report_dir = system::target_dir(root).join("bench-report");
+    report::write(&report_dir, "embedded-lossy-report.md", &md)?;
+    println!("{md}");
+    println!("Written: target/bench-report/embedded-lossy-report.md");
+    if rows
+        .iter()
+        .enumerate()
+        .any(|(ri, _)| goodput[ri].iter().all(|v| v.is_empty()))
+    {
+        return Err("some rows produced no measurement".into());
+    }
+    Ok(())
+}
+
+/// One run of the grid: the goodput (bytes per second at the sink over the window).
+fn lossy_goodput(
+    carrier: &Carrier,
+    tunneld: &Path,
+    o: &Options,
+    loss: f64,
+    rtt: Duration,
+) -> Result<f64, String> {
+    let which = match carrier {
+        Carrier::KernelPath => {
+            Impl::Tunneld(tunneld.to_path_buf(), "backend = \"mmsg\"\nworkers = 1", "")
+        }
+        Carrier::InProcess(_) | Carrier::Onetun(_) => Impl::TunneldSiteB(tunneld.to_path_buf()),
+    };
+    let window = Duration::from_secs(o.seconds.into());
+    // The relay outlives the run: first byte, window, and the margin.
+    let lifetime = LOSSY_FIRST_BYTE + window + Duration::from_secs(60);
+    let config = RelayConfig {
+        seed: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+        ..RelayConfig::new(loss, rtt, lifetime)
+    };
+    let mut bed = Testbed::with_relay(&which, tunneld, Some(config))?;
+    bed.set_tcp_congestion_control(&o.tcp_cc)?;
+    wait_for_address(&bed.b, B_TUNNEL).map_err(|e| format!("{e}{}", bed.logs()))?;
+    let sink_addr = socket(B_TUNNEL, SINK_PORT)?;
+    let sink = Sink::start(&bed.b, sink_addr)?;
+    let counted = sink.counted();
+    // The client writes longer than the window; it is stopped once the window is measured.
+    let bulk = Mode::Bulk {
+        seconds: o.seconds + 30,
+    };
+    let _client: Option<Guard> = match carrier {
+        Carrier::KernelPath => {
+            let cc = o.tcp_cc.clone();
+            let counting = counted.clone();
+            // Detached: it ends on its own (its writes fail once the testbed is gone, each
+            // within IO_TIMEOUT, or it has written for its seconds).
+            drop(
+                bed.a
+                    .spawn_in_ns(move || reference_client(bulk, sink_addr, &cc, counting)),
+            );
+            None
+        }
+        Carrier::InProcess(bin) => {
+            let peer = bed
+                .site_a_peer()
+                .ok_or("the testbed has no site-A peer")?
+                .clone();
+            let mut cmd = bed.a.command(&bin.to_string_lossy());
+            cmd.args(["--address", peer.address, "--peer-addr", B_TUNNEL])
+                .args(["--sink-port", &SINK_PORT.to_string()])
+                .args(["--echo-port", &ECHO_PORT.to_string()])
+                .arg("--private-key-file")
+                .arg(&peer.private_key_file)
+                .args(["--peer-public-key", &peer.peer_public_key])
+                .args(["--endpoint", peer.endpoint, "--mtu", &MTU.to_string()])
+                .args(bulk.args())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            Some(Guard(
+                cmd.spawn()
+                    .map_err(|e| format!("cannot run {cmd:?}: {e}"))?,
+            ))
+        }
+        Carrier::Onetun(_) => return Err("onetun is not in the lossy grid".into()),
+    };
+    let waited = Instant::now();
+    while counted.load(Ordering::Relaxed) == 0 {
+        if waited.elapsed() > LOSSY_FIRST_BYTE {
+            return Err(format!(
+                "no byte reached the sink within {} s",
+                LOSSY_FIRST_BYTE.as_secs()
+            ));
+        }
+        system::check_interrupted()?;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let start = Instant::now();
+    let first = counted.load(Ordering::Relaxed);
+    while start.elapsed() < window {
+        system::check_interrupted()?;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let bytes = counted.load(Ordering::Relaxed) - first;
+    let seconds = start.elapsed().as_secs_f64();
+    if let Some((toward_b, toward_a)) = bed.relay_counts() {
+        eprintln!(
+            "  relay: toward B {} datagrams, {} dropped ({:.2} %); back toward A {} datagrams",
+            toward_b.received,
+            toward_b.dropped,
+            100.0 * toward_b.dropped as f64 / toward_b.received.max(1) as f64,
+            toward_a.received
+        );
+    }
+    Ok(bytes as f64 / seconds)
 }
 
 // ----------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tunneld_crypto::PublicKey;
+use tunneld_testnet::relay::{DirectionCounts, LossyRelay, RelayConfig};
 use tunneld_testnet::{unique_name, veth, NetNs};
 use tunneld_wireguard::owner_of;
 
@@ -83,7 +84,13 @@ impl Drop for TempDir {
     }
 }
 
+/// Where a testbed's lossy relay listens, in site A.
+pub const RELAY_ADDR: &str = "192.0.2.1:51821";
+
 pub struct Testbed {
+    /// For a lossy underlay ([`Testbed::with_relay`]): the relay in site A that site A's
+    /// WireGuard sends through. Dropped first.
+    relay: Option<LossyRelay>,
     pub a: NetNs,
     pub b: NetNs,
     /// The address of site B that traffic is sent to (inside the tunnel, or the underlay).
@@ -211,13 +218,41 @@ pub fn kernel_has_wireguard() -> bool {
 impl Testbed {
     /// Builds the two sites and brings the tunnel up with `which`. `tunneld` is used for keys.
     pub fn new(which: &Impl, tunneld: &Path) -> Result<Testbed, String> {
+        Self::with_relay(which, tunneld, None)
+    }
+
+    /// As [`Testbed::new`], with site A's WireGuard traffic sent through a [`LossyRelay`]
+    /// in A (at [`RELAY_ADDR`]) that drops and delays it, when `relay` is given.
+    pub fn with_relay(
+        which: &Impl,
+        tunneld: &Path,
+        relay: Option<RelayConfig>,
+    ) -> Result<Testbed, String> {
         let a = NetNs::new();
         let b = NetNs::new();
         veth(&a, "192.0.2.1/24", &b, "192.0.2.2/24");
+        let relay = match relay {
+            Some(config) => Some(
+                LossyRelay::start(
+                    &a,
+                    RELAY_ADDR.parse().map_err(|e| format!("{e}"))?,
+                    "192.0.2.2:51820".parse().map_err(|e| format!("{e}"))?,
+                    config,
+                )
+                .map_err(|e| format!("cannot start the lossy relay: {e}"))?,
+            ),
+            None => None,
+        };
+        let a_endpoint = if relay.is_some() {
+            RELAY_ADDR
+        } else {
+            "192.0.2.2:51820"
+        };
         let dir = TempDir(std::env::temp_dir().join(unique_name("tdbench")));
         fs::create_dir_all(&dir.0)
             .map_err(|e| format!("cannot create {}: {e}", dir.0.display()))?;
         let mut bed = Testbed {
+            relay,
             a,
             b,
             target_v4: "10.77.0.2",
@@ -253,13 +288,19 @@ impl Testbed {
             (2u8, b_key, a_pub.clone(), "192.0.2.1"),
         ];
         for (me, key, peer_pub, peer_ip) in sites {
+            // Where this site sends its WireGuard traffic: B directly, or A's relay.
+            let peer_endpoint = if me == 1 {
+                a_endpoint.to_string()
+            } else {
+                format!("{peer_ip}:51820")
+            };
             if me == 1 {
                 if let Impl::TunneldSiteB(_) = which {
                     // Nothing runs at site A: the caller's program is its peer.
                     bed.site_a_peer = Some(SiteAPeer {
                         private_key_file: key,
                         peer_public_key: peer_pub,
-                        endpoint: "192.0.2.2:51820",
+                        endpoint: a_endpoint,
                         address: "10.77.0.1",
                     });
                     continue;
@@ -289,7 +330,7 @@ impl Testbed {
                     "peer",
                     &peer_pub,
                     "endpoint",
-                    &format!("{peer_ip}:51820"),
+                    &peer_endpoint,
                     "allowed-ips",
                     &format!("10.77.0.{other}/32,fd77::{other}/128"),
                 ]);
@@ -324,7 +365,7 @@ impl Testbed {
                         Impl::Tunneld(bin, dataplane, peer) => (
                             bin,
                             dataplane.to_string(),
-                            format!("endpoint = \"{peer_ip}:51820\"\n{peer}\n"),
+                            format!("endpoint = \"{peer_endpoint}\"\n{peer}\n"),
                             String::new(),
                         ),
                         Impl::TunneldOverTls {
@@ -402,8 +443,16 @@ impl Testbed {
             // No tunnel until site A's program comes up and starts one.
             return Ok(bed);
         }
-        // The first packet waits for the handshake.
-        let warm = bed.a.output(&["ping", "-c", "1", "-W", "5", bed.target_v4]);
+        // The first packet waits for the handshake. Through a lossy relay the handshake or
+        // the ping may be lost: a few tries.
+        let tries = if bed.relay.is_some() { 5 } else { 1 };
+        let mut warm = bed.a.output(&["ping", "-c", "1", "-W", "5", bed.target_v4]);
+        for _ in 1..tries {
+            if warm.status.success() {
+                break;
+            }
+            warm = bed.a.output(&["ping", "-c", "1", "-W", "5", bed.target_v4]);
+        }
         if !warm.status.success() {
             return Err(format!(
                 "{which:?}: no traffic across the tunnel within 5 s{}",
@@ -411,6 +460,13 @@ impl Testbed {
             ));
         }
         Ok(bed)
+    }
+
+    /// The lossy relay's counts (toward B, back toward A), for a testbed that has one.
+    pub fn relay_counts(&self) -> Option<(DirectionCounts, DirectionCounts)> {
+        self.relay
+            .as_ref()
+            .map(|r| (r.toward_target(), r.toward_source()))
     }
 
     /// The tail of each tunnel process's log, for error messages.

@@ -1103,14 +1103,9 @@ fn handshake_flood(test: &str, extra_b: &str) {
                     mtu: 1420,
                     fwmark: 0,
                 },
-                vec![PeerSettings {
-                    parallel: 1,
-                    public_key: b_public,
-                    preshared_key: None,
-                    endpoint: Some("192.0.2.2:51820".parse().unwrap()),
-                    allowed_ips: vec!["10.77.0.2/32".parse().unwrap()],
-                    persistent_keepalive: 0,
-                }],
+                vec![PeerSettings::new(b_public)
+                    .endpoint("192.0.2.2:51820".parse().unwrap())
+                    .allowed_ip("10.77.0.2/32".parse().unwrap())],
                 now,
                 tunneld_dataplane::system_environment(),
             );

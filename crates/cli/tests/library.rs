@@ -46,17 +46,10 @@ fn an_embedded_gateway_takes_peers_at_run_time_and_answers_wg() {
     assert!(gb.peers().unwrap().is_empty());
 
     step("add site A as a peer through the handle");
-    let a_peer = PeerSettings {
-        public_key: ka.public_key(),
-        preshared_key: None,
-        endpoint: Some("192.0.2.1:51820".parse().unwrap()),
-        allowed_ips: vec![
-            "10.77.0.1/32".parse().unwrap(),
-            "fd77::1/128".parse().unwrap(),
-        ],
-        persistent_keepalive: 0,
-        parallel: 1,
-    };
+    let a_peer = PeerSettings::new(ka.public_key())
+        .endpoint("192.0.2.1:51820".parse().unwrap())
+        .allowed_ip("10.77.0.1/32".parse().unwrap())
+        .allowed_ip("fd77::1/128".parse().unwrap());
     gb.add_peer(a_peer.clone()).unwrap();
     match gb.add_peer(a_peer) {
         Err(Error::PeerExists(key)) => assert_eq!(key, ka.public_key()),

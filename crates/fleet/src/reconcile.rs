@@ -221,21 +221,15 @@ impl Fleet {
             .filter_map(|(_, site)| site.active_member())
             .map(|m| {
                 let r = &m.record;
-                (
-                    r.public_key,
-                    PeerSettings {
-                        public_key: r.public_key,
-                        preshared_key: None,
-                        endpoint: r.endpoints.first().copied(),
-                        allowed_ips: if own_active {
-                            r.subnets.clone()
-                        } else {
-                            Vec::new()
-                        },
-                        persistent_keepalive: if own_active { keepalive } else { 0 },
-                        parallel: 1,
-                    },
-                )
+                (r.public_key, {
+                    let mut peer = PeerSettings::new(r.public_key)
+                        .persistent_keepalive(if own_active { keepalive } else { 0 });
+                    if own_active {
+                        peer = peer.allowed_ips(r.subnets.iter().copied());
+                    }
+                    peer.endpoint = r.endpoints.first().copied();
+                    peer
+                })
             })
             .collect()
     }
@@ -401,18 +395,14 @@ mod tests {
         (1u8..12, 1u8..4, 0u8..3, prop::bool::ANY).prop_map(|(n, port, net, keepalive)| {
             (
                 n,
-                PeerSettings {
-                    public_key: key(n),
-                    preshared_key: None,
-                    endpoint: Some(
+                PeerSettings::new(key(n))
+                    .endpoint(
                         format!("192.0.2.{n}:{}", 51820 + u16::from(port))
                             .parse()
                             .unwrap(),
-                    ),
-                    allowed_ips: vec![format!("10.{n}.{net}.0/24").parse().unwrap()],
-                    persistent_keepalive: if keepalive { 25 } else { 0 },
-                    parallel: 1,
-                },
+                    )
+                    .allowed_ip(format!("10.{n}.{net}.0/24").parse().unwrap())
+                    .persistent_keepalive(if keepalive { 25 } else { 0 }),
             )
         })
     }

@@ -8,6 +8,7 @@
 pub mod etcd;
 pub mod fixture;
 pub mod link;
+pub mod relay;
 pub mod skip;
 
 pub use fixture::{

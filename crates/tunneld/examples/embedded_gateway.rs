@@ -30,14 +30,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // A peer added at run time, e.g. from the service's own control API.
     let peer_key: PublicKey = peer_key.parse()?;
-    gateway.add_peer(PeerSettings {
-        public_key: peer_key,
-        preshared_key: None,
-        endpoint: Some(endpoint.parse()?),
-        allowed_ips: vec![allowed.parse()?],
-        persistent_keepalive: 25,
-        parallel: 1,
-    })?;
+    gateway.add_peer(
+        PeerSettings::new(peer_key)
+            .endpoint(endpoint.parse()?)
+            .allowed_ip(allowed.parse()?)
+            .persistent_keepalive(25),
+    )?;
 
     // Events instead of polling: handshakes, endpoints, failures, the end. A thread reports
     // them; the main thread waits for a signal or for the gateway to stop on its own.

@@ -339,14 +339,12 @@ impl GatewayBuilder {
 /// use tunneld::{Gateway, PeerSettings, PrivateKey, Settings};
 ///
 /// let gateway = Gateway::builder(Settings::from_file("site-a.toml")?).start()?;
-/// gateway.add_peer(PeerSettings {
-///     public_key: PrivateKey::generate().public_key(),
-///     preshared_key: None,
-///     endpoint: Some("192.0.2.7:51820".parse().unwrap()),
-///     allowed_ips: vec!["10.77.0.7/32".parse().unwrap()],
-///     persistent_keepalive: 25,
-///     parallel: 1,
-/// })?;
+/// gateway.add_peer(
+///     PeerSettings::new(PrivateKey::generate().public_key())
+///         .endpoint("192.0.2.7:51820".parse().unwrap())
+///         .allowed_ip("10.77.0.7/32".parse().unwrap())
+///         .persistent_keepalive(25),
+/// )?;
 /// for peer in gateway.peers()? {
 ///     println!("{} rx {} tx {}", peer.public_key, peer.rx_bytes, peer.tx_bytes);
 /// }
@@ -949,14 +947,7 @@ mod tests {
                         // Add, or change if it exists: the other thread may add or remove it
                         // between the two, so try until one of them takes.
                         Some(ip) => loop {
-                            let added = gateway.add_peer(PeerSettings {
-                                public_key: keys[k],
-                                preshared_key: None,
-                                endpoint: None,
-                                allowed_ips: vec![ip],
-                                persistent_keepalive: 0,
-                                parallel: 1,
-                            });
+                            let added = gateway.add_peer(PeerSettings::new(keys[k]).allowed_ip(ip));
                             match added {
                                 Ok(()) => break,
                                 Err(Error::PeerExists(_)) => {}

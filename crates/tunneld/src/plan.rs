@@ -135,14 +135,13 @@ pub fn load_text(text: &str, base: &Path, resolve: Resolve) -> Result<Plan, Vec<
                 }
             }
         };
-        peers.push(PeerSettings {
-            public_key: peer.public_key,
-            preshared_key,
-            endpoint,
-            allowed_ips: peer.allowed_ips.clone(),
-            persistent_keepalive: peer.persistent_keepalive,
-            parallel: peer.parallel.sub_tunnels(workers),
-        });
+        let mut settings = PeerSettings::new(peer.public_key)
+            .allowed_ips(peer.allowed_ips.iter().copied())
+            .persistent_keepalive(peer.persistent_keepalive)
+            .parallel(peer.parallel.sub_tunnels(workers));
+        settings.preshared_key = preshared_key;
+        settings.endpoint = endpoint;
+        peers.push(settings);
     }
 
     if let Some(key) = &private_key {

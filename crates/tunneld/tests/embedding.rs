@@ -141,14 +141,12 @@ fn gateway_events_and_readiness_against_a_tunneld_gateway() {
 
     // A peer nobody answers for: a failed handshake after 5 s.
     let nobody = PrivateKey::generate().public_key();
-    a.add_peer(PeerSettings {
-        public_key: nobody,
-        preshared_key: None,
-        endpoint: Some("192.0.2.2:51999".parse().unwrap()),
-        allowed_ips: vec!["10.61.0.0/24".parse().unwrap()],
-        persistent_keepalive: 1,
-        parallel: 1,
-    })
+    a.add_peer(
+        PeerSettings::new(nobody)
+            .endpoint("192.0.2.2:51999".parse().unwrap())
+            .allowed_ip("10.61.0.0/24".parse().unwrap())
+            .persistent_keepalive(1),
+    )
     .unwrap();
     let failed = wait_event(
         &a_events,

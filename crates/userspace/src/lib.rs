@@ -381,14 +381,12 @@ impl Tunnel {
     /// use tunneld_userspace::{PeerSettings, PublicKey};
     /// let key: PublicKey = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=".parse()?;
     /// tunnel
-    ///     .add_peer(PeerSettings {
-    ///         public_key: key,
-    ///         preshared_key: None,
-    ///         endpoint: Some("192.0.2.3:51820".parse()?),
-    ///         allowed_ips: vec!["10.78.0.0/24".parse()?],
-    ///         persistent_keepalive: 25,
-    ///         parallel: 1,
-    ///     })
+    ///     .add_peer(
+    ///         PeerSettings::new(key)
+    ///             .endpoint("192.0.2.3:51820".parse()?)
+    ///             .allowed_ip("10.78.0.0/24".parse()?)
+    ///             .persistent_keepalive(25),
+    ///     )
     ///     .await?;
     /// tunnel.ready(&key).await?; // handshake done: traffic flows
     /// # Ok(()) }

@@ -213,26 +213,16 @@ async fn peers_change_under_open_streams(sites: &Sites, tunnel: &Tunnel, far: &d
     step("add another peer (nobody answers there)");
     let other = PrivateKey::generate().public_key();
     tunnel
-        .add_peer(PeerSettings {
-            public_key: other,
-            preshared_key: None,
-            endpoint: Some("192.0.2.2:51999".parse().unwrap()),
-            allowed_ips: vec!["10.99.0.0/24".parse().unwrap()],
-            persistent_keepalive: 0,
-            parallel: 1,
-        })
+        .add_peer(
+            PeerSettings::new(other)
+                .endpoint("192.0.2.2:51999".parse().unwrap())
+                .allowed_ip("10.99.0.0/24".parse().unwrap()),
+        )
         .await
         .unwrap();
     assert!(matches!(
         tunnel
-            .add_peer(PeerSettings {
-                public_key: other,
-                preshared_key: None,
-                endpoint: None,
-                allowed_ips: vec![],
-                persistent_keepalive: 0,
-                parallel: 1,
-            })
+            .add_peer(PeerSettings::new(other))
             .await,
         Err(Error::PeerExists(k)) if k == other
     ));
@@ -444,13 +434,10 @@ fn two_tunnels_on_loopback_report_failure_then_readiness() {
         };
         let a = Tunnel::start(settings(&a_key, "10.88.0.1/24")).unwrap();
         let b = Tunnel::start(settings(&b_key, "10.88.0.2/24")).unwrap();
-        let peer = |key: &PublicKey, endpoint: SocketAddr, ip: &str| PeerSettings {
-            public_key: *key,
-            preshared_key: None,
-            endpoint: Some(endpoint),
-            allowed_ips: vec![ip.parse().unwrap()],
-            persistent_keepalive: 0,
-            parallel: 1,
+        let peer = |key: &PublicKey, endpoint: SocketAddr, ip: &str| {
+            PeerSettings::new(*key)
+                .endpoint(endpoint)
+                .allowed_ip(ip.parse().unwrap())
         };
         let mut events = a.events();
         let mut seen = Vec::new();

@@ -44,16 +44,28 @@ pub struct DeviceSettings {
     pub fwmark: u32,
 }
 
-/// Settings of one peer, as the config file gives them.
+/// Settings of one peer, as the config file gives them. Made by [`PeerSettings::new`]
+/// with the defaults below and changed with its methods (or its fields); `#[non_exhaustive]`,
+/// so a field added later is no breaking change.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PeerSettings {
+    /// The peer's WireGuard public key: who it is. Required.
     pub public_key: PublicKey,
+    /// A preshared key mixed into the handshake (post-quantum hedge), as `wg genpsk`
+    /// makes. Default none.
     pub preshared_key: Option<PresharedKey>,
+    /// Where the peer's WireGuard listens. Default none: the peer is reached once it has
+    /// sent a handshake (its endpoint is learnt, and updated as it roams).
     pub endpoint: Option<SocketAddr>,
+    /// The prefixes routed to the peer and accepted from it (cryptokey routing). Default
+    /// none: nothing is routed to it, and nothing it sends is accepted.
     pub allowed_ips: Vec<IpNet>,
+    /// Seconds between keepalives when nothing else is sent (0: off), to keep a NAT
+    /// mapping open. Default 0.
     pub persistent_keepalive: u16,
     /// How many standard WireGuard sessions carry this peer (`parallel = K`): sub-tunnel `j`
-    /// is carried by worker `j` (see [`owner_of`]). 1 for a plain peer.
+    /// is carried by worker `j` (see [`owner_of`]). Default 1: a plain peer.
     pub parallel: u8,
 }
 
@@ -102,6 +114,18 @@ impl PeerSettings {
     /// Sets the keepalive interval in seconds (0: off).
     pub fn persistent_keepalive(mut self, seconds: u16) -> PeerSettings {
         self.persistent_keepalive = seconds;
+        self
+    }
+
+    /// Replaces the allowed IPs.
+    pub fn allowed_ips(mut self, nets: impl IntoIterator<Item = IpNet>) -> PeerSettings {
+        self.allowed_ips = nets.into_iter().collect();
+        self
+    }
+
+    /// Sets how many WireGuard sessions carry the peer (`parallel = K`; 1: a plain peer).
+    pub fn parallel(mut self, sessions: u8) -> PeerSettings {
+        self.parallel = sessions;
         self
     }
 }

@@ -209,43 +209,34 @@ impl Pair {
         let (ka, kb) = (key_for(wb), key_for(wa));
         let extra = |n: usize, base: u8| -> Vec<PeerSettings> {
             (0..n)
-                .map(|i| PeerSettings {
-                    parallel: 1,
-                    public_key: new_key().public_key(),
-                    preshared_key: None,
-                    endpoint: None,
-                    allowed_ips: vec![net(&format!("10.{base}.{i}.0/24"))],
-                    persistent_keepalive: 0,
+                .map(|i| {
+                    PeerSettings::new(new_key().public_key())
+                        .allowed_ip(net(&format!("10.{base}.{i}.0/24")))
                 })
                 .collect()
         };
         let mut a_peers = extra(cfg.a_extra_peers, 100);
         let mut b_peers = extra(cfg.b_extra_peers, 200);
         let someone_else = || new_key().public_key();
-        a_peers.push(PeerSettings {
-            parallel: 1,
-            public_key: if cfg.a_has_wrong_key_for_b {
-                someone_else()
-            } else {
-                kb.public_key()
-            },
-            preshared_key: cfg.psk.clone(),
-            endpoint: Some(B_ADDR.parse().unwrap()),
-            allowed_ips: vec![net("10.0.0.2/32"), net("10.2.0.0/16"), net("fd00::2/128")],
-            persistent_keepalive: cfg.a_keepalive,
-        });
-        b_peers.push(PeerSettings {
-            parallel: 1,
-            public_key: if cfg.b_has_wrong_key_for_a {
-                someone_else()
-            } else {
-                ka.public_key()
-            },
-            preshared_key: cfg.b_psk.or(cfg.psk),
-            endpoint: cfg.b_knows_a_endpoint.then(|| A_ADDR.parse().unwrap()),
-            allowed_ips: vec![net("10.0.0.1/32"), net("fd00::1/128")],
-            persistent_keepalive: 0,
-        });
+        let mut a_peer = PeerSettings::new(if cfg.a_has_wrong_key_for_b {
+            someone_else()
+        } else {
+            kb.public_key()
+        })
+        .endpoint(B_ADDR.parse().unwrap())
+        .allowed_ips([net("10.0.0.2/32"), net("10.2.0.0/16"), net("fd00::2/128")])
+        .persistent_keepalive(cfg.a_keepalive);
+        a_peer.preshared_key = cfg.psk.clone();
+        a_peers.push(a_peer);
+        let mut b_peer = PeerSettings::new(if cfg.b_has_wrong_key_for_a {
+            someone_else()
+        } else {
+            ka.public_key()
+        })
+        .allowed_ips([net("10.0.0.1/32"), net("fd00::1/128")]);
+        b_peer.preshared_key = cfg.b_psk.or(cfg.psk);
+        b_peer.endpoint = cfg.b_knows_a_endpoint.then(|| A_ADDR.parse().unwrap());
+        b_peers.push(b_peer);
         let settings = |private_key: PrivateKey| DeviceSettings {
             private_key,
             listen_port: 51820,
@@ -957,14 +948,9 @@ fn a_handshake_flood_gets_cookies_and_the_real_peer_still_connects() {
                     mtu: 1420,
                     fwmark: 0,
                 },
-                vec![PeerSettings {
-                    parallel: 1,
-                    public_key: b_public,
-                    preshared_key: None,
-                    endpoint: Some(B_ADDR.parse().unwrap()),
-                    allowed_ips: vec![net("10.0.0.2/32")],
-                    persistent_keepalive: 0,
-                }],
+                vec![PeerSettings::new(b_public)
+                    .endpoint(B_ADDR.parse().unwrap())
+                    .allowed_ip(net("10.0.0.2/32"))],
                 pair.now,
                 environment(pair.seed, 1000 + u64::from(i), pair.now - pair.started),
             );

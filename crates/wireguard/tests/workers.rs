@@ -250,14 +250,12 @@ fn peer(
     parallel: u8,
     psk: Option<PresharedKey>,
 ) -> PeerSettings {
-    PeerSettings {
-        parallel,
-        public_key: key.public_key(),
-        preshared_key: psk,
-        endpoint: Some(endpoint.parse().unwrap()),
-        allowed_ips: vec![net.parse().unwrap()],
-        persistent_keepalive: 0,
-    }
+    let mut peer = PeerSettings::new(key.public_key())
+        .endpoint(endpoint.parse().unwrap())
+        .allowed_ip(net.parse().unwrap())
+        .parallel(parallel);
+    peer.preshared_key = psk;
+    peer
 }
 
 /// Gateways a (192.0.2.1, overlay 10.1/16) and b (192.0.2.2, 10.2/16) with new keys, each

@@ -265,14 +265,9 @@ impl Spokes {
                         mtu: 1420,
                         fwmark: 0,
                     },
-                    vec![PeerSettings {
-                        public_key: hub,
-                        preshared_key: None,
-                        endpoint: Some(endpoint),
-                        allowed_ips: vec!["10.0.0.0/8".parse().unwrap()],
-                        persistent_keepalive: 0,
-                        parallel: 1,
-                    }],
+                    vec![PeerSettings::new(hub)
+                        .endpoint(endpoint)
+                        .allowed_ip("10.0.0.0/8".parse().unwrap())],
                     now,
                     tunneld_dataplane::system_environment(),
                 );
