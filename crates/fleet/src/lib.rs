@@ -168,6 +168,7 @@ impl Fleet {
             leaders: HashMap::new(),
             backoff: MIN_BACKOFF,
             failures: 0,
+            unanswered: 0,
             active_since: None,
             keepalive_on: false,
         };
@@ -257,10 +258,13 @@ struct Member<S: Store> {
     /// Each site's active gateway at the last reconcile, to see failovers.
     leaders: HashMap<String, String>,
     backoff: Duration,
-    /// Attempts in a row that failed: the store counts as down from the third (about half
-    /// a second), so that one member going away, which the next attempt routes around, is
-    /// no outage.
+    /// Attempts in a row that failed (until one goes through whole): every third opens
+    /// fresh connections.
     failures: u32,
+    /// Failed attempts in a row with no request answered in between: what says the store
+    /// is unreachable. One member gone fails a stream or two while the others answer (a
+    /// record put between them), and that is not an outage.
+    unanswered: u32,
     /// Since when this gateway leads its site (`None` while it stands by).
     active_since: Option<tokio::time::Instant>,
     /// Whether the peers' keepalives are on (`ACTIVATION_QUIET` after becoming active).
@@ -272,7 +276,8 @@ struct Member<S: Store> {
 /// cost a retry.
 const ACTIVATION_QUIET: Duration = Duration::from_secs(1);
 
-/// Failed attempts in a row after which the store counts as unreachable.
+/// Failed attempts in a row, with nothing answered in between, after which the store
+/// counts as unreachable.
 const DOWN_AFTER: u32 = 3;
 
 impl<S: Store> Member<S> {
@@ -299,6 +304,7 @@ impl<S: Store> Member<S> {
                 }
                 Interruption::Unreachable(e) => {
                     self.failures += 1;
+                    self.unanswered += 1;
                     self.store_failed(&e);
                     // Fresh connections every few failures: what fails may be one
                     // connection (to a member that went away, or a stream stuck), not the
@@ -338,6 +344,8 @@ impl<S: Store> Member<S> {
             Err(e) => return Interruption::Unreachable(e),
         };
         tracing::debug!("{}: registered under lease {lease:x}; listing", self.name());
+        // The store answered, whatever fails next.
+        self.unanswered = 0;
         let listing = match self.store.list(self.keys.prefix()).await {
             Ok(l) => l,
             Err(e) => return Interruption::Unreachable(e),
@@ -443,7 +451,7 @@ impl<S: Store> Member<S> {
             .counters
             .store_errors
             .fetch_add(1, Ordering::Relaxed);
-        if self.failures < DOWN_AFTER && self.shared.state().store_up.is_some() {
+        if self.unanswered < DOWN_AFTER && self.shared.state().store_up.is_some() {
             tracing::debug!("{}: the store did not answer ({e}); retrying", self.name());
             return;
         }
@@ -464,6 +472,7 @@ impl<S: Store> Member<S> {
     fn store_answered(&mut self) {
         self.backoff = MIN_BACKOFF;
         self.failures = 0;
+        self.unanswered = 0;
         let mut state = self.shared.state();
         match state.store_up {
             None => tracing::info!(
