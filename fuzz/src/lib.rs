@@ -166,17 +166,19 @@ fn device_with_fixed_keys(own: u8, peer: u8, now: Instant) -> Device {
             mtu: 1420,
             fwmark: 0,
         },
-        vec![PeerSettings::new(PrivateKey::from_bytes([peer; 32]).public_key())
-            .endpoint(SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::new(192, 0, 2, host(peer))),
-                51820,
-            ))
-            .allowed_ip(ipnet::IpNet::from(IpAddr::V4(Ipv4Addr::new(
-                10,
-                0,
-                0,
-                host(peer),
-            ))))],
+        vec![
+            PeerSettings::new(PrivateKey::from_bytes([peer; 32]).public_key())
+                .endpoint(SocketAddr::new(
+                    IpAddr::V4(Ipv4Addr::new(192, 0, 2, host(peer))),
+                    51820,
+                ))
+                .allowed_ip(ipnet::IpNet::from(IpAddr::V4(Ipv4Addr::new(
+                    10,
+                    0,
+                    0,
+                    host(peer),
+                )))),
+        ],
         now,
         // Seeded: a fuzz input replays to the same run.
         Environment::seeded(
