@@ -19,6 +19,18 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The exit status of `child`, waited for at most [`WAIT`].
+fn wait_for_exit(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(std::time::Instant::now() < deadline, "tunneld did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The next message on `socket` (bounded).
 fn next_message(socket: &UnixDatagram) -> String {
     let mut buf = [0u8; 4096];
@@ -93,14 +105,7 @@ fn up_tells_systemd_ready_reloading_and_stopping() {
     kill("TERM", child.0.id());
     let stopping = next_message(&socket);
     assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
-    let deadline = std::time::Instant::now() + WAIT;
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "tunneld did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_for_exit(&mut child.0);
     assert!(status.success(), "{status}");
 }
 
@@ -328,14 +333,7 @@ fn up_runs_as_an_unprivileged_user_with_cap_net_admin_alone() {
         .args(["-TERM", &pid.to_string()])
         .status()
         .unwrap();
-    let deadline = std::time::Instant::now() + WAIT;
-    let status = loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(std::time::Instant::now() < deadline, "tunneld did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_for_exit(&mut child.0);
     assert!(status.success(), "{status}:\n{}", log_text());
     assert!(!socket.exists(), "the socket is left behind");
 
