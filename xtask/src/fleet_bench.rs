@@ -13,7 +13,7 @@
 
 use crate::report::{self, cell, median, percentile, Table};
 use crate::system;
-use crate::testbed::{cpu_seconds, wait_for_socket, Guard};
+use crate::testbed::{cpu_seconds, rss_kib, wait_for_socket, Guard};
 use std::fs;
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt;
@@ -617,8 +617,14 @@ fn join(
     let messages = etcd_messages(fleet.cluster, &wan.ns)? - messages_before;
     let cpu = (cpu_seconds(&pids) - cpu_before) / pids.len().max(1) as f64;
     let plain_cpu = cpu_seconds(&plain_pid) - plain_before;
-    let rss = median(pids.iter().map(|p| rss_kib(*p) as f64).collect());
-    let plain_rss = plain_pid.first().map_or(f64::NAN, |p| rss_kib(*p) as f64);
+    let rss = median(
+        pids.iter()
+            .map(|p| rss_kib(*p).unwrap_or(0) as f64)
+            .collect(),
+    );
+    let plain_rss = plain_pid
+        .first()
+        .map_or(f64::NAN, |p| rss_kib(*p).unwrap_or(0) as f64);
     let per_minute = messages / pids.len().max(1) as f64 * 60.0 / seconds;
     rest.push_str(&format!(
         "\nAt rest with N + 1 = {} gateways, over {seconds:.0} s: **{per_minute:.0} etcd requests \
@@ -699,16 +705,4 @@ fn stacks(pid: u32) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
 }

@@ -22,7 +22,7 @@
 
 use crate::report::{self, cell, median, Table};
 use crate::system;
-use crate::testbed::cpu_seconds;
+use crate::testbed::{cpu_seconds, rss_kib};
 use std::fmt::Write as _;
 use std::fs;
 use std::net::SocketAddr;
@@ -322,18 +322,6 @@ fn pid_of(ifname: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("no process serves {ifname}"))
 }
 
-fn rss_kib(pid: u32) -> f64 {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(f64::NAN)
-}
-
 /// Stops the hub (SIGTERM, then SIGKILL after 5 s) and removes its interface.
 fn stop(ns: &NetNs, pid: u32, ifname: &str) {
     // SAFETY: kill sends a signal to a process this bench started.
@@ -390,11 +378,12 @@ fn measure_in(
             &["ip", "addr", "add", "10.0.0.1/8", "dev", &ifname],
         )?;
         run_in(&hub_ns, &["ip", "link", "set", &ifname, "up"])?;
-        let rss_before = rss_kib(pid);
+        let rss_before = rss_kib(pid).map_or(f64::NAN, |k| k as f64);
         let started = Instant::now();
         run_in(&hub_ns, &["wg", "setconf", &ifname, &conf_path])?;
         sample.setconf_s = started.elapsed().as_secs_f64();
-        sample.rss_per_peer_kib = (rss_kib(pid) - rss_before) / n as f64;
+        sample.rss_per_peer_kib =
+            (rss_kib(pid).map_or(f64::NAN, |k| k as f64) - rss_before) / n as f64;
         let mut dumps = Vec::new();
         for _ in 0..3 {
             let started = Instant::now();

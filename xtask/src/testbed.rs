@@ -853,15 +853,25 @@ pub fn json_number_after(json: &str, anchor: &str, key: &str) -> Option<f64> {
 /// Peak resident memory (VmHWM) of `pids`, summed, in KiB; processes already gone count 0.
 pub fn peak_rss_kib(pids: &[u32]) -> u64 {
     pids.iter()
-        .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/status")).ok())
-        .filter_map(|status| {
-            status
-                .lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
+        .filter_map(|&pid| status_kib(pid, "VmHWM:"))
         .sum()
+}
+
+/// Resident memory now (VmRSS) of `pid`, in KiB; `None` once it is gone.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A KiB field (`VmRSS:`, `VmHWM:`) of `/proc/<pid>/status`.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]

@@ -46,10 +46,13 @@ fn run(control: &ControlHandle, events: GatewayEvents) {
         let Event::HandshakeFailed { peer, waited } = event else {
             continue;
         };
-        let Some(host) = lock(control).host_endpoint(&peer) else {
-            continue;
+        let (host, current) = {
+            let control = lock(control);
+            let Some(host) = control.host_endpoint(&peer) else {
+                continue;
+            };
+            (host, control.current_endpoint(peer))
         };
-        let current = lock(control).current_endpoint(peer);
         // Looked up without the control lock: other writers do not wait for DNS.
         let addrs = match names.lookup(&host.host) {
             Ok(addrs) => {
