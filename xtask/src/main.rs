@@ -179,6 +179,12 @@ fn netns_usable() -> bool {
 
 /// A step of `cargo xtask test` that cannot run here: `SKIPPED` and why, or an error under
 /// `TUNNELD_REQUIRE_ALL=1`, the rule of a test's skip (`tunneld_testnet::skip`).
+/// How long the test command has run so far, between its steps: where CI's time goes.
+fn elapsed(started: std::time::Instant) {
+    let secs = started.elapsed().as_secs();
+    eprintln!("--- {}m{:02}s into the run", secs / 60, secs % 60);
+}
+
 pub fn skip_step(step: &str, why: &str) -> Result<(), String> {
     if tunneld_testnet::skip::all_required() {
         Err(format!("{why} ({}=1)", tunneld_testnet::skip::REQUIRE_ALL))
@@ -191,6 +197,7 @@ pub fn skip_step(step: &str, why: &str) -> Result<(), String> {
 /// `cargo xtask test`. Runs every step even when one fails, then prints the failed steps and,
 /// last and alone on its line, `summary: N passed, M failed, K skipped`.
 fn test() -> ExitCode {
+    let started = std::time::Instant::now();
     let mut tally = Tally::default();
     let mut failures: Vec<String> = Vec::new();
     if let Err(e) = system::install_tools() {
@@ -236,7 +243,9 @@ fn test() -> ExitCode {
                 "--no-fail-fast",
             ],
         ),
-        ("benches build", &["bench", "--workspace", "--no-run"]),
+        // Built, not optimised: `cargo bench`'s profile (release without panic=abort) would
+        // rebuild every dependency with thin LTO, minutes for no extra check.
+        ("benches build", &["build", "--workspace", "--benches"]),
         // The fuzz crate lives outside the workspace: its own fmt, lint, and the stable
         // replay of its targets over the seeds.
         (
@@ -266,6 +275,7 @@ fn test() -> ExitCode {
         ),
     ];
     for (name, args) in steps {
+        elapsed(started);
         eprintln!("==> {name}: cargo {}", args.join(" "));
         match system::cargo_streaming(&root, args, |line| tally.add_line(line)) {
             Ok(true) => {}
@@ -276,6 +286,7 @@ fn test() -> ExitCode {
             }
         }
     }
+    elapsed(started);
     // The library's docs with no warning, and its API against the latest version tag.
     for (name, step) in [
         (
@@ -289,6 +300,7 @@ fn test() -> ExitCode {
             failures.push(name.into());
         }
     }
+    elapsed(started);
     // Coverage-guided smoke of every fuzz target on nightly (cargo-fuzz installed when
     // missing). Without a nightly toolchain the stable replay above stands in for it: a
     // skip, so a failure under TUNNELD_REQUIRE_ALL=1 like any other.
@@ -310,6 +322,7 @@ fn test() -> ExitCode {
         eprintln!("fuzz smoke: {e}");
         failures.push("fuzz smoke".into());
     }
+    elapsed(started);
     // The package: built, installed with dpkg, used as a user would, removed. Needs root.
     if netns_usable() {
         eprintln!("==> package: cargo xtask deb, dpkg -i, checks, dpkg -r");
@@ -324,6 +337,7 @@ fn test() -> ExitCode {
         eprintln!("package: {e}");
         failures.push("package (not root)".into());
     }
+    elapsed(started);
     // tlsfuzzer's scripts against a [[tls.listen]] and OpenSSL side by side; each script
     // counts in the summary as one test. Skipped (counted so) without the vendored copy or without root.
     match tlsfuzzer::step() {
@@ -340,6 +354,7 @@ fn test() -> ExitCode {
             failures.push("tlsfuzzer".into());
         }
     }
+    elapsed(started);
     // tunneld against kernel WireGuard (in a QEMU guest where this kernel has none); each
     // check counts in the summary as one test. Skipped (counted so) without root.
     match kernel_wg::step() {
@@ -356,6 +371,7 @@ fn test() -> ExitCode {
             failures.push("kernel WireGuard".into());
         }
     }
+    elapsed(started);
     // The end-to-end benchmark harness, one short round, so it never rots. It needs network
     // namespaces: without them it is skipped like the privileged tests (a failure when they
     // are required).
@@ -385,6 +401,7 @@ fn test() -> ExitCode {
         eprintln!("bench --quick: {e}");
         failures.push("bench --quick (no network namespaces)".into());
     }
+    elapsed(started);
     if !failures.is_empty() {
         println!("failed steps: {}", failures.join(", "));
     }
