@@ -1145,6 +1145,40 @@ fn standard_tls_peers_on_either_side_work_through_key_updates() {
     drop(client);
     drop(gb);
 
+    step("a listener with `groups`: what it leaves out is refused, what it lists is used");
+    let gb = TlsGateway::start(
+        &s.b,
+        s.dir.path(),
+        "site-b",
+        &listen_config("groups = [\"X25519\", \"secp256r1\"]"),
+        &[B_TLS.parse().unwrap()],
+    );
+    let s_client = |groups: &'static str| {
+        [
+            "s_client",
+            "-connect",
+            B_TLS,
+            "-servername",
+            SERVER_NAME,
+            "-CAfile",
+            "ca.pem",
+            "-tls1_3",
+            "-groups",
+            groups,
+        ]
+    };
+    let mut client = OpenSsl::start(&s.a, s.dir.path(), &s_client("ffdhe8192"));
+    client.expect("alert handshake failure");
+    drop(client);
+    // Listed first by the client, ffdhe2048 is not offered: the listener asks for P-256.
+    let mut client = OpenSsl::start(&s.a, s.dir.path(), &s_client("ffdhe2048:P-256"));
+    client.expect("Server Temp Key: ECDH, prime256v1");
+    client.expect("Verify return code: 0");
+    client.send("hello-groups");
+    client.expect("hello-groups");
+    drop(client);
+    drop(gb);
+
     step("tunneld's forward, OpenSSL's server (with session tickets): the same");
     let mut server = OpenSsl::start(
         &s.b,

@@ -21,6 +21,23 @@ const LISTEN_FIELDS: &[&str] = &[
     "key_file",
     "forward_to",
     "client_ca_file",
+    "groups",
+];
+
+/// The key exchange groups a `[[tls.listen]]` can offer (IANA's names, as OpenSSL's
+/// `-groups` takes them, compared without case), in the listener's default order.
+pub const LISTEN_GROUPS: &[&str] = &[
+    "X25519MLKEM768",
+    "X25519",
+    "secp256r1",
+    "secp384r1",
+    "secp521r1",
+    "X448",
+    "ffdhe2048",
+    "ffdhe3072",
+    "ffdhe4096",
+    "ffdhe6144",
+    "ffdhe8192",
 ];
 
 /// Every TLS forwarding this tunneld runs.
@@ -57,6 +74,9 @@ pub struct TlsListen {
     pub forward_to: TlsTarget,
     /// When set, clients must present a certificate that leads to one of these CAs.
     pub client_ca_file: Option<PathBuf>,
+    /// `groups`: the key exchange groups offered, in the listener's order of preference,
+    /// each spelled as in [`LISTEN_GROUPS`]; `None` offers them all, in that order.
+    pub groups: Option<Vec<&'static str>>,
 }
 
 /// Where a `[[tls.listen]]` sends what it receives.
@@ -222,12 +242,50 @@ fn check_listen(c: &mut Checker, t: &Table, path: &str) -> Option<TlsListen> {
         .map(TlsTarget::Tcp),
     };
     let client_ca_file = file(c, t, path, "client_ca_file", None);
+    let groups = listen_groups(c, t, path);
     Some(TlsListen {
         listen: listen?,
         cert: cert.ok()??,
         forward_to: forward_to?,
         client_ca_file,
+        groups: groups?,
     })
+}
+
+/// `groups = [...]`: known names, each once, at least one. `Some(None)` when absent.
+fn listen_groups(c: &mut Checker, t: &Table, path: &str) -> Option<Option<Vec<&'static str>>> {
+    if !t.contains_key("groups") {
+        return Some(None);
+    }
+    let before = c.errors.len();
+    let mut groups: Vec<&'static str> = Vec::new();
+    for (field, _, name) in c.string_list(t, path, "groups") {
+        match LISTEN_GROUPS.iter().find(|g| g.eq_ignore_ascii_case(name)) {
+            None => c.error(
+                field,
+                format!(
+                    "{} is not a key exchange group tunneld offers (known: {})",
+                    quote(name),
+                    LISTEN_GROUPS.join(", ")
+                ),
+            ),
+            Some(known) if groups.contains(known) => {
+                c.error(field, format!("{known} is listed twice"))
+            }
+            Some(known) => groups.push(known),
+        }
+    }
+    if c.errors.len() > before {
+        return None;
+    }
+    if groups.is_empty() {
+        c.error(
+            format!("{path}.groups"),
+            "is empty: list at least one key exchange group, or leave it out to offer them all",
+        );
+        return None;
+    }
+    Some(Some(groups))
 }
 
 fn server_name(c: &mut Checker, t: &Table, path: &str, key: &str) -> Option<String> {

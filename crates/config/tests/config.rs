@@ -736,6 +736,32 @@ fn a_tls_only_config_needs_no_interface() {
 }
 
 #[test]
+fn a_listener_offers_the_groups_it_lists_in_their_order() {
+    assert_eq!(ok(TLS_ONLY).tls.listens[0].groups, None);
+    let with = |groups: &str| format!("{TLS_ONLY}groups = {groups}\n");
+    let c = ok(&with(r#"["x25519", "SECP256R1", "X25519MLKEM768"]"#));
+    assert_eq!(
+        c.tls.listens[0].groups.as_deref(),
+        Some(&["X25519", "secp256r1", "X25519MLKEM768"][..])
+    );
+    assert_eq!(
+        error(&with(r#"["x25519", "ffdhe1024"]"#)),
+        "tls.listen[0].groups[1]: `ffdhe1024` is not a key exchange group tunneld offers \
+         (known: X25519MLKEM768, X25519, secp256r1, secp384r1, secp521r1, X448, ffdhe2048, \
+         ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192)"
+    );
+    assert_eq!(
+        error(&with(r#"["X25519", "x25519"]"#)),
+        "tls.listen[0].groups[1]: X25519 is listed twice"
+    );
+    assert!(error(&with("[]")).starts_with("tls.listen[0].groups: is empty"));
+    assert_eq!(
+        error(&with(r#""X25519""#)),
+        "tls.listen[0].groups: must be a list of strings, not string"
+    );
+}
+
+#[test]
 fn tls_sections_go_with_an_interface_too() {
     let text = with_interface(TLS_ONLY);
     let c = ok(&text);

@@ -179,6 +179,30 @@ fn provider() -> Arc<CryptoProvider> {
     })
 }
 
+/// `provider` offering only the groups `names` (spelled as in `LISTEN_GROUPS`), in that order.
+fn with_groups(provider: &CryptoProvider, names: &[&str]) -> anyhow::Result<CryptoProvider> {
+    let kx_groups = names
+        .iter()
+        .map(|name| {
+            provider
+                .kx_groups
+                .iter()
+                .find(|group| group_name(**group).eq_ignore_ascii_case(name))
+                .copied()
+                .ok_or_else(|| anyhow::anyhow!("groups: {name} is not offered by this build"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(CryptoProvider {
+        kx_groups,
+        ..provider.clone()
+    })
+}
+
+/// A group's IANA name, as rustls spells it (`X25519`, `secp256r1`, `FFDHE2048`).
+fn group_name(group: &dyn rustls::crypto::SupportedKxGroup) -> String {
+    format!("{:?}", group.name())
+}
+
 /// Whether this CPU runs ring's AES-GCM code for 256-bit VAES with AVX2, which aws-lc lacks:
 /// aws-lc has AES-NI code, and AVX-512 code for CPUs that also have AVX-512 (its test, in
 /// its `gcm.c`, is repeated here). On such a CPU ring seals a 16 KiB record 1.8× as fast
@@ -338,7 +362,11 @@ fn server_config(l: &TlsListen, base: &Path) -> anyhow::Result<Arc<ListenerConfi
         ),
     };
     let (chain, key) = cert_and_key(base, &l.cert)?;
-    let config = ListenerConfig::new(provider(), |provider| -> anyhow::Result<_> {
+    let provider = match &l.groups {
+        None => provider(),
+        Some(names) => Arc::new(with_groups(&provider(), names)?),
+    };
+    let config = ListenerConfig::new(provider, |provider| -> anyhow::Result<_> {
         let builder = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .context("TLS 1.3")?;
@@ -864,5 +892,29 @@ fn drain(mut sock: &TcpStream, buf: &mut [u8]) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             _ => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names `[[tls.listen]] groups` accepts are the groups the provider offers, in its
+    /// order (the default when `groups` is left out), and each resolves to its group.
+    #[test]
+    fn the_configs_group_names_are_the_providers_groups() {
+        let provider = provider();
+        let offered: Vec<String> = provider.kx_groups.iter().map(|g| group_name(*g)).collect();
+        let known = tunneld_config::LISTEN_GROUPS;
+        assert_eq!(offered.len(), known.len(), "{offered:?} against {known:?}");
+        for (offered, known) in offered.iter().zip(known) {
+            assert!(
+                offered.eq_ignore_ascii_case(known),
+                "{offered} against {known}"
+            );
+        }
+        let picked = with_groups(&provider, &["ffdhe2048", "X25519"]).unwrap();
+        let names: Vec<String> = picked.kx_groups.iter().map(|g| group_name(*g)).collect();
+        assert_eq!(names, ["FFDHE2048", "X25519"]);
     }
 }
