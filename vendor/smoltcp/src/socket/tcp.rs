@@ -2879,15 +2879,20 @@ impl<'a> Socket<'a> {
         }
         let mut deadline: Option<Instant> = None;
         let mut lost_before = self.rack.lost_before;
+        let una = self.local_seq_no;
         for (start, end, sent) in self.send_times.bursts(self.snd_max()) {
+            // Of a burst sent at the same time as the delivered segment, the part before it.
+            let end = if Some(sent) == self.rack.xmit_ts {
+                end.min(self.rack.seq)
+            } else {
+                end
+            };
+            if end <= una {
+                continue; // nothing of it left to find lost (no timer for it either)
+            }
             match self.rack.lost_from(sent, start) {
                 None => break,
                 Some(at) if at <= now => {
-                    let end = if Some(sent) == self.rack.xmit_ts {
-                        end.min(self.rack.seq)
-                    } else {
-                        end
-                    };
                     lost_before = Some(lost_before.map_or(end, |l| l.max(end)));
                 }
                 Some(at) => {
@@ -8484,6 +8489,23 @@ mod test {
         assert_eq!((stats.recoveries, stats.timeouts), (1, 0));
         ack_with_sack(&mut s, 25, 30, &[]);
         assert_eq!(s.recovery_point, None);
+    }
+
+    #[test]
+    fn test_rack_no_timer_for_what_is_acknowledged() {
+        // Three segments in one burst; the first two are acknowledged. What was sent
+        // before the delivered octet is all acknowledged: no reordering timer (it would
+        // wake the socket after every ACK for nothing).
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        s.send_slice(&[b'x'; 30]).unwrap();
+        assert_eq!(drain(&mut s, 0).len(), 3);
+        ack_with_sack(&mut s, 10, 20, &[]);
+        assert_eq!(s.rack.xmit_ts, Some(Instant::from_millis(0)));
+        assert_eq!(s.rack.deadline, None);
+        assert_eq!(s.rack.lost_before, None);
     }
 
     #[test]
