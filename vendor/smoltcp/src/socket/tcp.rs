@@ -2826,17 +2826,15 @@ impl<'a> Socket<'a> {
     fn highest_unsacked(&self, from: TcpSeqNumber, to: TcpSeqNumber) -> Option<TcpSeqNumber> {
         let mut top = to;
         while top > from {
-            match self.sack_board.covering(top - 1) {
-                Some(_) => {
-                    let left = self
-                        .sack_board
-                        .ranges()
-                        .iter()
-                        .find(|&&(left, right)| left <= top - 1 && top - 1 < right)
-                        .map(|r| r.0)?;
-                    top = left;
-                }
-                None => return Some(top - 1),
+            let last = top - 1;
+            let covering = self
+                .sack_board
+                .ranges()
+                .iter()
+                .find(|&&(left, right)| left <= last && last < right);
+            match covering {
+                Some(&(left, _)) => top = left,
+                None => return Some(last),
             }
         }
         None
