@@ -19,13 +19,19 @@ use crate::wire::{
 };
 
 mod congestion;
+mod rack;
 mod scoreboard;
 
+use rack::{Rack, SendTimes};
 use scoreboard::Scoreboard;
 
 /// RFC 6675's DupThresh: a hole is lost once this many SACKed ranges, or more than
 /// `DUP_THRESH - 1` segments' worth of SACKed octets, lie above it.
 const DUP_THRESH: usize = 3;
+/// The shortest tail loss probe timeout (as Linux).
+const TLP_MIN_PTO: Duration = Duration::from_millis(10);
+/// What RFC 8985 allows for the remote's delayed ACK when a single segment is in flight.
+const TLP_DELAYED_ACK: Duration = Duration::from_millis(200);
 
 macro_rules! tcp_trace {
     ($($arg:expr),*) => (net_log!(trace, $($arg),*));
@@ -503,6 +509,8 @@ struct Rexmit {
     start: TcpSeqNumber,
     end: TcpSeqNumber,
     sent_after: TcpSeqNumber,
+    /// When it was sent (for RACK).
+    sent_at: Instant,
     lost: bool,
 }
 
@@ -522,6 +530,7 @@ impl Rexmits {
                 start: zero,
                 end: zero,
                 sent_after: zero,
+                sent_at: Instant::from_micros_const(0),
                 lost: false,
             }; REXMITS_TRACKED],
             len: 0,
@@ -537,18 +546,26 @@ impl Rexmits {
     }
 
     /// Records that `[start, end)` was sent again after `sent_after` had been sent.
-    fn record(&mut self, start: TcpSeqNumber, end: TcpSeqNumber, sent_after: TcpSeqNumber) {
+    fn record(
+        &mut self,
+        start: TcpSeqNumber,
+        end: TcpSeqNumber,
+        sent_after: TcpSeqNumber,
+        sent_at: Instant,
+    ) {
         if let Some(r) = self.items[..self.len]
             .iter_mut()
             .find(|r| r.start <= start && start < r.end)
         {
             r.sent_after = sent_after;
+            r.sent_at = sent_at;
             r.lost = false;
         } else if self.len < REXMITS_TRACKED {
             self.items[self.len] = Rexmit {
                 start,
                 end,
                 sent_after,
+                sent_at,
                 lost: false,
             };
             self.len += 1;
@@ -580,6 +597,8 @@ pub struct RetransmitStats {
     pub timeouts: u64,
     /// Fast recoveries entered (on duplicate ACKs or SACK information).
     pub recoveries: u64,
+    /// Tail loss probes sent (RFC 8985 section 7).
+    pub probes: u64,
 }
 
 /// A Transmission Control Protocol socket.
@@ -666,6 +685,20 @@ pub struct Socket<'a> {
     rexmits: Rexmits,
     /// Counters of the retransmissions this socket made.
     stats: RetransmitStats,
+    /// When the original transmissions in flight were sent, by burst (for RACK).
+    send_times: SendTimes,
+    /// RACK's state: the most recently sent segment known delivered, what is lost.
+    rack: Rack,
+    /// The flight size before the last ACK taken in (what the window cut on entering
+    /// recovery is taken from, when that ACK also moved the cumulative ACK).
+    flight_before_ack: usize,
+    /// When to send a tail loss probe (RFC 8985 section 7), if the ACKs stop.
+    tlp_at: Option<Instant>,
+    /// A probe is due: the next segment sent is one (new data, or the last segment).
+    tlp_pending: bool,
+    /// The probe sent and not yet answered by an ACK of new data: what it resent and
+    /// when, if it was a retransmission (no second probe before that ACK).
+    tlp_out: Option<(TcpSeqNumber, TcpSeqNumber, Instant)>,
 
     /// Duration for Delayed ACK. If None no ACKs will be delayed.
     ack_delay: Option<Duration>,
@@ -765,6 +798,12 @@ impl<'a> Socket<'a> {
             rto_streak: 0,
             rexmits: Rexmits::new(),
             stats: RetransmitStats::default(),
+            send_times: SendTimes::new(),
+            rack: Rack::default(),
+            flight_before_ack: 0,
+            tlp_at: None,
+            tlp_pending: false,
+            tlp_out: None,
             ack_delay: Some(ACK_DELAY_DEFAULT),
             ack_delay_timer: AckDelayTimer::Idle,
             challenge_ack_timer: Instant::from_secs(0),
@@ -902,6 +941,16 @@ impl<'a> Socket<'a> {
     /// costs about its own octets; after a timeout without SACK, the whole flight.
     pub fn retransmit_stats(&self) -> RetransmitStats {
         self.stats
+    }
+
+    /// Return the congestion window, in octets (for measurement).
+    pub fn congestion_window(&self) -> usize {
+        self.congestion_controller.inner().window()
+    }
+
+    /// Return the current retransmission timeout (for measurement).
+    pub fn retransmission_timeout(&self) -> Duration {
+        self.rtte.retransmission_timeout()
     }
 
     /// Return whether the remote agreed to selective acknowledgements (RFC 2018).
@@ -1117,6 +1166,12 @@ impl<'a> Socket<'a> {
         self.no_recovery_before = None;
         self.rto_streak = 0;
         self.rexmits.clear();
+        self.send_times.clear();
+        self.rack = Rack::default();
+        self.flight_before_ack = 0;
+        self.tlp_at = None;
+        self.tlp_pending = false;
+        self.tlp_out = None;
 
         #[cfg(feature = "async")]
         {
@@ -1608,11 +1663,23 @@ impl<'a> Socket<'a> {
     /// RFC 6675's IsLost: whether the hole starting at `seq` is deemed lost. In recovery,
     /// the octet at the cumulative ACK is (RFC 6582: a partial ACK shows it was lost).
     fn is_lost(&self, seq: TcpSeqNumber) -> bool {
-        if self.recovery_point.is_some() && seq == self.local_seq_no {
-            return true;
+        self.lost_end(seq, seq + 1).is_some()
+    }
+
+    /// Of the hole `[start, end)`, up to where it is deemed lost: all of it by RFC 6675's
+    /// rule, or the part RACK found lost (sent a round trip before something delivered).
+    fn lost_end(&self, start: TcpSeqNumber, end: TcpSeqNumber) -> Option<TcpSeqNumber> {
+        if self.recovery_point.is_some() && start == self.local_seq_no {
+            return Some(end);
         }
-        let (octets, ranges) = self.sack_board.sacked_above(seq);
-        ranges >= DUP_THRESH || octets > (DUP_THRESH - 1) * self.remote_mss
+        let (octets, ranges) = self.sack_board.sacked_above(start);
+        if ranges >= DUP_THRESH || octets > (DUP_THRESH - 1) * self.remote_mss {
+            return Some(end);
+        }
+        match self.rack.lost_before {
+            Some(lost_before) if start < lost_before => Some(end.min(lost_before)),
+            _ => None,
+        }
     }
 
     /// RFC 6675's pipe: the octets estimated to be in the network. What was sent and not
@@ -1629,9 +1696,10 @@ impl<'a> Socket<'a> {
         let mut lost = 0;
         if self.recovery_point.is_some() {
             for (start, end) in self.sack_board.holes(una) {
-                let end = end.min(nxt);
                 let from = start.max(self.high_rxt);
-                if from < end && self.is_lost(start) {
+                if let Some(end) = self.lost_end(start, end.min(nxt))
+                    && from < end
+                {
                     lost += end - from;
                 }
             }
@@ -1663,8 +1731,8 @@ impl<'a> Socket<'a> {
             .holes(self.local_seq_no)
             .filter_map(|(start, end)| {
                 let from = start.max(self.high_rxt);
-                let end = end.min(nxt);
-                (from < end && self.is_lost(start)).then(|| (from, end - from))
+                let end = self.lost_end(start, end.min(nxt))?;
+                (from < end).then(|| (from, end - from))
             })
             .next()
     }
@@ -1679,19 +1747,53 @@ impl<'a> Socket<'a> {
 
     /// Takes the SACK blocks of an ACK into the scoreboard. Blocks outside what was sent
     /// and not yet acknowledged are ignored (RFC 2018 leaves their handling to the sender;
-    /// they may be stale or forged). Returns whether any reported octets not known before.
-    fn take_sack_blocks(&mut self, blocks: &[Option<(u32, u32)>; 3]) -> bool {
+    /// they may be stale or forged). Returns the highest octet of the blocks that reported
+    /// octets not known before, if any.
+    fn take_sack_blocks(&mut self, blocks: &[Option<(u32, u32)>; 3]) -> Option<TcpSeqNumber> {
         let una = self.local_seq_no;
         let max = self.snd_max();
-        let mut news = false;
+        let mut news: Option<TcpSeqNumber> = None;
         for &(left, right) in blocks.iter().flatten() {
             let (left, right) = (TcpSeqNumber(left as i32), TcpSeqNumber(right as i32));
             if right <= una || right > max || left >= right {
                 continue;
             }
-            news |= self.sack_board.insert(left.max(una), right);
+            if self.sack_board.insert(left.max(una), right) {
+                let top = right - 1;
+                news = Some(news.map_or(top, |n| n.max(top)));
+            }
         }
         news
+    }
+
+    /// The octets a cumulative ACK up to `ack_number` (`ack_len` octets) delivered that
+    /// the remote had not reported holding before (in SACK blocks): what the window grows
+    /// by. After a retransmission timeout without SACK the sender cannot tell what the
+    /// remote held already, and counts at most two segments per ACK (RFC 3465's L).
+    fn delivered_by_ack(&self, ack_number: TcpSeqNumber, ack_len: usize) -> usize {
+        if self.remote_has_sack {
+            let known = self
+                .sack_board
+                .sacked_between(self.local_seq_no, ack_number);
+            // At least one octet: the hole at the cumulative ACK was never SACKed, so an ACK
+            // that moves it delivered something (and ends a timeout's loss episode).
+            ack_len.saturating_sub(known).max(ack_len.min(1))
+        } else if self.no_recovery_before.is_some() {
+            ack_len.min(2 * self.remote_mss)
+        } else {
+            ack_len
+        }
+    }
+
+    /// RFC 6928's initial window: ten segments, at most 14 600 octets (but at least two
+    /// segments), rather than two segments: a short transfer or the start of a long one
+    /// takes three or four round trips fewer.
+    fn set_initial_window(&mut self) {
+        let mss = self.remote_mss;
+        let window = (10 * mss).min((2 * mss).max(14_600));
+        self.congestion_controller
+            .inner_mut()
+            .set_initial_window(window);
     }
 
     /// Enters fast recovery: the window shrinks once for this loss episode (unless
@@ -1702,7 +1804,13 @@ impl<'a> Socket<'a> {
         self.rexmits.clear();
         self.stats.recoveries += 1;
         if cut_window {
-            let in_flight = self.flight_size();
+            // The window is cut from what was in flight before the ACK that found the loss,
+            // at most the congestion window: a stretch ACK (or the ACK that ends a
+            // recovery) can acknowledge most of the flight and show a new hole at once,
+            // before anything was sent in place of what it acknowledged, and the flight
+            // after it says little of the window in use.
+            let window = self.congestion_controller.inner().window();
+            let in_flight = self.flight_size().max(self.flight_before_ack).min(window);
             self.congestion_controller
                 .inner_mut()
                 .on_loss(now, in_flight);
@@ -2232,6 +2340,7 @@ impl<'a> Socket<'a> {
                             .set_mss(self.remote_mss);
                     }
                 }
+                self.set_initial_window();
 
                 self.tuple = Some(Tuple {
                     local: IpEndpoint::new(ip_repr.dst_addr(), repr.dst_port),
@@ -2286,6 +2395,7 @@ impl<'a> Socket<'a> {
                             .set_mss(self.remote_mss);
                     }
                 }
+                self.set_initial_window();
 
                 self.remote_seq_no = repr.seq_number + 1;
                 self.remote_last_seq = self.local_seq_no + 1;
@@ -2474,9 +2584,10 @@ impl<'a> Socket<'a> {
                     // Notify of fresh ACK
                     self.rtte.on_ack(cx.now(), ack_number);
                     let new_flight_size = self.flight_size().saturating_sub(ack_len);
+                    let delivered = self.delivered_by_ack(ack_number, ack_len);
                     self.congestion_controller.inner_mut().on_ack(
                         cx.now(),
-                        ack_len,
+                        delivered,
                         new_flight_size,
                         &self.rtte,
                     );
@@ -2485,6 +2596,7 @@ impl<'a> Socket<'a> {
 
             // We've processed everything in the incoming segment, so advance the local
             // sequence number past it.
+            let old_una = self.local_seq_no;
             self.local_seq_no = ack_number;
 
             // During retransmission, if an earlier segment got lost but later was
@@ -2496,7 +2608,7 @@ impl<'a> Socket<'a> {
                 self.remote_last_seq = self.local_seq_no
             }
 
-            self.on_ack_loss_recovery(cx.now(), ack_number, ack_len, &repr.sack_ranges);
+            self.on_ack_loss_recovery(cx.now(), old_una, ack_number, ack_len, &repr.sack_ranges);
         }
 
         // update last remote tsval
@@ -2628,6 +2740,7 @@ impl<'a> Socket<'a> {
     fn on_ack_loss_recovery(
         &mut self,
         now: Instant,
+        old_una: TcpSeqNumber,
         ack_number: TcpSeqNumber,
         ack_len: usize,
         sack_ranges: &[Option<(u32, u32)>; 3],
@@ -2641,12 +2754,31 @@ impl<'a> Socket<'a> {
         {
             self.no_recovery_before = None;
         }
+        self.flight_before_ack = if self.remote_last_seq > old_una {
+            self.remote_last_seq - old_una
+        } else {
+            0
+        };
+        if ack_len > 0 {
+            // An ACK of new data: the probe, if one was sent, is answered; a new one may be
+            // armed below.
+            self.tlp_out = None;
+        }
         if self.remote_has_sack {
+            // RACK: the highest octet this ACK delivered that the remote had not SACKed
+            // before (the cumulative part), and the highest newly SACKed.
+            let acked_top = self.highest_unsacked(old_una, ack_number);
             self.sack_board.advance(ack_number);
-            if self.take_sack_blocks(sack_ranges) {
+            let sacked_top = self.take_sack_blocks(sack_ranges);
+            if sacked_top.is_some() {
                 self.skip_sacked();
             }
+            for seq in [acked_top, sacked_top].into_iter().flatten() {
+                self.rack_delivered(now, seq);
+            }
+            self.send_times.advance(ack_number);
             self.find_lost_retransmissions();
+            self.rack_detect_loss(now);
         }
         match self.recovery_point {
             Some(point) if ack_number >= point => {
@@ -2663,6 +2795,14 @@ impl<'a> Socket<'a> {
             }
             _ => {}
         }
+        self.maybe_enter_recovery(now);
+        if ack_len > 0 {
+            self.arm_tail_loss_probe(now);
+        }
+    }
+
+    /// Enters SACK-based recovery if the octet at the cumulative ACK is deemed lost.
+    fn maybe_enter_recovery(&mut self, now: Instant) {
         if self.remote_has_sack
             && self.recovery_point.is_none()
             && self.local_seq_no < self.remote_last_seq
@@ -2670,13 +2810,140 @@ impl<'a> Socket<'a> {
             && self.is_lost(self.local_seq_no)
         {
             // RFC 6675 section 5: enough was SACKed above the cumulative ACK that the
-            // octets at it are lost. After a retransmission timeout, until what was sent
-            // before it is acknowledged, the window has been cut already (RFC 6675 5.1):
-            // the holes are repaired from the scoreboard without cutting it again, so a
-            // retransmission lost after the timeout does not cost another one.
+            // octets at it are lost (or RACK found them lost). After a retransmission
+            // timeout, until what was sent before it is acknowledged, the window has been
+            // cut already (RFC 6675 5.1): the holes are repaired from the scoreboard
+            // without cutting it again, so a retransmission lost after the timeout does
+            // not cost another one.
             let cut = self.no_recovery_before.is_none();
             self.enter_recovery(now, cut);
+            self.tlp_at = None;
+            self.tlp_pending = false;
         }
+    }
+
+    /// The highest octet in `[from, to)` that the scoreboard does not hold, if any.
+    fn highest_unsacked(&self, from: TcpSeqNumber, to: TcpSeqNumber) -> Option<TcpSeqNumber> {
+        let mut top = to;
+        while top > from {
+            let last = top - 1;
+            let covering = self
+                .sack_board
+                .ranges()
+                .iter()
+                .find(|&&(left, right)| left <= last && last < right);
+            match covering {
+                Some(&(left, _)) => top = left,
+                None => return Some(last),
+            }
+        }
+        None
+    }
+
+    /// RACK: takes in that the octet `seq` was delivered (cumulatively acknowledged or
+    /// SACKed by the ACK just received), with the time its last copy was sent when known.
+    fn rack_delivered(&mut self, now: Instant, seq: TcpSeqNumber) {
+        let probe = self
+            .tlp_out
+            .filter(|&(start, end, _)| start <= seq && seq < end);
+        let rexmit = self
+            .rexmits
+            .as_slice()
+            .iter()
+            .find(|r| r.start <= seq && seq < r.end);
+        let (sent, retransmitted) = if let Some(r) = rexmit {
+            (r.sent_at, true)
+        } else if let Some((_, _, at)) = probe {
+            (at, true)
+        } else if self.recovery_point.is_some() && seq < self.high_rxt {
+            return; // sent again, when is not known
+        } else if let Some(at) = self.send_times.time_of(seq) {
+            (at, false)
+        } else {
+            return;
+        };
+        self.rack.on_delivered(now, sent, seq, retransmitted);
+    }
+
+    /// RACK's loss detection (RFC 8985 section 6.2, step 5): what was sent before the most
+    /// recently sent segment known delivered, and a round trip plus the reordering window
+    /// ago, is lost if not delivered. Original transmissions are marked by a sequence
+    /// number below which holes are lost; retransmissions in their list. Sets the time to
+    /// look again when something sent before is not yet overdue.
+    fn rack_detect_loss(&mut self, now: Instant) {
+        if self.rack.xmit_ts.is_none() {
+            self.rack.deadline = None;
+            return;
+        }
+        let mut deadline: Option<Instant> = None;
+        let mut lost_before = self.rack.lost_before;
+        let una = self.local_seq_no;
+        for (start, end, sent) in self.send_times.bursts(self.snd_max()) {
+            // Of a burst sent at the same time as the delivered segment, the part before it.
+            let end = if Some(sent) == self.rack.xmit_ts {
+                end.min(self.rack.seq)
+            } else {
+                end
+            };
+            if end <= una {
+                continue; // nothing of it left to find lost (no timer for it either)
+            }
+            match self.rack.lost_from(sent, start) {
+                None => break,
+                Some(at) if at <= now => {
+                    lost_before = Some(lost_before.map_or(end, |l| l.max(end)));
+                }
+                Some(at) => {
+                    deadline = Some(at);
+                    break;
+                }
+            }
+        }
+        self.rack.lost_before = lost_before;
+        for i in 0..self.rexmits.len {
+            let r = self.rexmits.items[i];
+            if r.lost {
+                continue;
+            }
+            match self.rack.lost_from(r.sent_at, r.start) {
+                Some(at) if at <= now => {
+                    net_debug!("RACK: retransmission of {}..{} lost", r.start, r.end);
+                    self.rexmits.items[i].lost = true;
+                }
+                Some(at) => deadline = Some(deadline.map_or(at, |d| d.min(at))),
+                None => {}
+            }
+        }
+        self.rack.deadline = deadline;
+    }
+
+    /// Arms the tail loss probe's timer (RFC 8985 section 7.2): when data is in flight
+    /// outside recovery and no probe is out, two smoothed round trips (plus the remote's
+    /// delayed ACK when a single segment is out) after the last transmission of new data
+    /// or ACK of new data, unless the retransmission timer fires first.
+    fn arm_tail_loss_probe(&mut self, now: Instant) {
+        self.tlp_at = None;
+        if !self.remote_has_sack
+            || self.recovery_point.is_some()
+            || self.no_recovery_before.is_some()
+            || self.tlp_out.is_some()
+            || self.flight_size() == 0
+            || !self.rtte.have_measurement
+            || !matches!(self.state, State::Established | State::CloseWait)
+        {
+            return;
+        }
+        let mut pto = Duration::from_millis(2 * self.rtte.srtt as u64).max(TLP_MIN_PTO);
+        if self.flight_size() <= self.remote_mss {
+            pto += TLP_DELAYED_ACK;
+        }
+        let at = now + pto;
+        if let Timer::Retransmit { expires_at } = self.timer
+            && expires_at <= at
+        {
+            return;
+        }
+        self.tlp_at = Some(at);
     }
 
     /// A retransmission is lost in turn when the remote has SACKed, above what had been
@@ -2712,6 +2979,9 @@ impl<'a> Socket<'a> {
     fn seq_to_transmit(&self, cx: &mut Context) -> bool {
         // Fast retransmits should always send, even if later congestion checks would disallow
         if self.pending_fast_retransmit && !self.tx_buffer.is_empty() {
+            return true;
+        }
+        if self.tlp_pending && !self.tx_buffer.is_empty() {
             return true;
         }
         // A lost hole to fill, and room for it in the congestion window.
@@ -2883,6 +3153,25 @@ impl<'a> Socket<'a> {
             .inner_mut()
             .pre_transmit(cx.now());
 
+        // RACK's reordering timer: something sent before a delivered segment is now
+        // overdue, and lost.
+        if self.rack.deadline.is_some_and(|at| cx.now() >= at) {
+            self.rack_detect_loss(cx.now());
+            self.maybe_enter_recovery(cx.now());
+        }
+        // The tail loss probe's timer: no ACK came for two round trips.
+        if self.tlp_at.is_some_and(|at| cx.now() >= at) {
+            self.tlp_at = None;
+            if self.recovery_point.is_none()
+                && self.no_recovery_before.is_none()
+                && self.tlp_out.is_none()
+                && self.flight_size() > 0
+            {
+                net_debug!("tail loss probe");
+                self.tlp_pending = true;
+            }
+        }
+
         // Check if any state needs to be changed because of a timer.
         if self.timed_out(cx.now()) {
             // If a timeout expires, we should abort the connection.
@@ -2912,6 +3201,12 @@ impl<'a> Socket<'a> {
                 self.no_recovery_before = Some(self.snd_max());
                 self.high_rxt = self.local_seq_no;
                 self.pending_fast_retransmit = false;
+                // What was in flight is sent again: the send times of the first copies
+                // say nothing of the second ones (RACK starts over with new data).
+                self.send_times.clear();
+                self.rack.clear();
+                self.tlp_at = None;
+                self.tlp_pending = false;
                 self.rto_streak = self.rto_streak.saturating_add(1);
                 if self.rto_streak >= 3 {
                     // Three timeouts without progress: the remote may have discarded
@@ -3008,6 +3303,7 @@ impl<'a> Socket<'a> {
         };
 
         let mut is_zero_window_probe = false;
+        let mut is_tail_loss_probe = false;
 
         #[cfg_attr(
             not(feature = "segmentation-offload"),
@@ -3072,6 +3368,30 @@ impl<'a> Socket<'a> {
                     self.pending_fast_retransmit = false;
 
                     0
+                } else if self.tlp_pending {
+                    // A tail loss probe (RFC 8985 section 7.3): one segment of new data if
+                    // the remote's window allows, else the last segment sent, again;
+                    // either way outside the congestion window.
+                    self.tlp_pending = false;
+                    let flight = self.flight_size();
+                    let unsent = self.tx_buffer.len().saturating_sub(flight);
+                    let win_right_edge = self.local_seq_no + self.remote_win_len;
+                    let room = if win_right_edge > self.remote_last_seq {
+                        win_right_edge - self.remote_last_seq
+                    } else {
+                        0
+                    };
+                    let new = effective_mss.min(unsent).min(room);
+                    let (offset, size) = if new > 0 {
+                        (flight, new)
+                    } else {
+                        let size = effective_mss.min(flight).min(self.tx_buffer.len());
+                        (flight - size, size)
+                    };
+                    repr.seq_number = self.local_seq_no + offset;
+                    repr.payload = self.tx_buffer.get_allocated(offset, size);
+                    is_tail_loss_probe = true;
+                    offset
                 } else if let Some((seq, len)) = self
                     .sack_retransmission()
                     .filter(|_| self.cwnd_remaining() > 0)
@@ -3280,13 +3600,25 @@ impl<'a> Socket<'a> {
         self.remote_last_ack = repr.ack_number;
         self.remote_last_win = repr.window_len;
 
+        if !repr.payload.is_empty() && retransmitted.is_none() {
+            self.send_times.on_send(repr.seq_number, cx.now());
+        }
+        if is_tail_loss_probe {
+            let (start, end) = match retransmitted {
+                Some((seq, len)) => (seq, seq + len),
+                None => (repr.seq_number, repr.seq_number),
+            };
+            self.tlp_out = Some((start, end, cx.now()));
+            self.stats.probes += 1;
+        }
+
         if let Some((seq, len)) = retransmitted {
             self.stats.segments += 1;
             self.stats.octets += len as u64;
             if self.recovery_point.is_some() {
                 self.high_rxt = self.high_rxt.max(seq + len);
                 let sent_after = self.snd_max();
-                self.rexmits.record(seq, seq + len, sent_after);
+                self.rexmits.record(seq, seq + len, sent_after, cx.now());
                 // The timer guards the retransmission now (as Linux rearms it): started
                 // at the last cumulative ACK, it could fire before this one's ACK is due.
                 let rto = self.rtte.retransmission_timeout();
@@ -3304,12 +3636,17 @@ impl<'a> Socket<'a> {
                 .post_transmit(cx.now(), repr.segment_len());
         }
 
-        if repr.segment_len() > 0 && !self.timer.is_retransmit() {
+        if repr.segment_len() > 0 && (!self.timer.is_retransmit() || is_tail_loss_probe) {
             // RFC 6298 (5.1) Every time a packet containing data is sent (including a
             // retransmission), if the timer is not running, start it running
-            // so that it will expire after RTO seconds.
+            // so that it will expire after RTO seconds. (After a tail loss probe, it is
+            // started again: RFC 8985 section 7.3.)
             let rto = self.rtte.retransmission_timeout();
             self.timer.set_for_retransmit(cx.now(), rto);
+        }
+        if !repr.payload.is_empty() && retransmitted.is_none() && !is_tail_loss_probe {
+            // New data went out: the probe's timer starts again (RFC 8985 section 7.2).
+            self.arm_tail_loss_probe(cx.now());
         }
 
         self.skip_sacked();
@@ -3363,11 +3700,19 @@ impl<'a> Socket<'a> {
                 (_, _) => PollAt::Ingress,
             };
 
+            let at = |t: Option<Instant>| t.map_or(PollAt::Ingress, PollAt::Time);
+
             // We wait for the earliest of our timers to fire.
-            *[self.timer.poll_at(), timeout_poll_at, delayed_ack_poll_at]
-                .iter()
-                .min()
-                .unwrap_or(&PollAt::Ingress)
+            *[
+                self.timer.poll_at(),
+                timeout_poll_at,
+                delayed_ack_poll_at,
+                at(self.rack.deadline),
+                at(self.tlp_at),
+            ]
+            .iter()
+            .min()
+            .unwrap_or(&PollAt::Ingress)
         }
     }
 }
@@ -8043,9 +8388,10 @@ mod test {
         ack_with_sack(&mut s, 14, 0, &[(10, 100)]);
         let new = offsets(&drain(&mut s, 15));
         assert!(new.len() >= 3 && new.iter().all(|&o| o >= 100), "{new:?}");
-        // Two segments sent after the retransmission arrive: not yet conclusive.
+        // Two segments sent after the retransmission arrive: not yet conclusive (by
+        // sequence; by time, RACK would find it lost half a millisecond later).
         ack_with_sack(&mut s, 40, 0, &[(10, 120)]);
-        assert!(offsets(&drain(&mut s, 41)).iter().all(|&o| o >= 100));
+        assert!(offsets(&drain(&mut s, 40)).iter().all(|&o| o >= 100));
         // A third: the retransmission of 0 is lost, and goes again.
         ack_with_sack(&mut s, 42, 0, &[(10, 130)]);
         let sent = offsets(&drain(&mut s, 43));
@@ -8059,6 +8405,159 @@ mod test {
         // Only once more, until it too is found lost.
         ack_with_sack(&mut s, 44, 0, &[(10, 140)]);
         assert!(!offsets(&drain(&mut s, 45)).contains(&0));
+    }
+
+    #[test]
+    #[cfg(feature = "socket-tcp-cubic")]
+    fn test_initial_window_rfc6928() {
+        // Ten segments of the remote's MSS, at most 14 600 octets but two segments at least.
+        for (mss, window) in [(1000u16, 10_000), (1460, 14_600), (9000, 18_000)] {
+            let mut s = socket_listen();
+            s.set_congestion_control(CongestionControl::Cubic);
+            send!(
+                s,
+                TcpRepr {
+                    control: TcpControl::Syn,
+                    seq_number: REMOTE_SEQ,
+                    ack_number: None,
+                    max_seg_size: Some(mss),
+                    ..SEND_TEMPL
+                }
+            );
+            assert_eq!(s.congestion_window(), window, "MSS {mss}");
+        }
+    }
+
+    #[test]
+    #[cfg(feature = "socket-tcp-cubic")]
+    fn test_slow_start_after_timeout_counts_delivered_octets() {
+        // Segment 0 of ten is lost and so is its retransmission; 1..9 are SACKed. After
+        // the timeout the window is one segment; the ACK of everything that follows the
+        // resent segment delivered only it (the rest was SACKed before) and grows the
+        // window by one segment, not by ten. A later stretch ACK of two new segments grows
+        // it by two (slow start counts octets after a timeout too, not one MSS per ACK).
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.set_congestion_control(CongestionControl::Cubic);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        let data: Vec<u8> = (0..100u8).map(|i| b'0' + i / 10).collect();
+        s.send_slice(&data).unwrap();
+        assert_eq!(drain(&mut s, 0).len(), 10);
+        ack_with_sack(&mut s, 10, 0, &[(10, 100)]);
+        assert_eq!(offsets(&drain(&mut s, 11)), vec![0]);
+        assert!(drain(&mut s, 500).is_empty());
+        assert_eq!(offsets(&drain(&mut s, 1100)), vec![0]);
+        assert_eq!(s.retransmit_stats().timeouts, 1);
+        assert_eq!(s.congestion_window(), 10);
+        ack_with_sack(&mut s, 1120, 100, &[]);
+        assert_eq!(s.congestion_window(), 20, "one segment delivered, not ten");
+        let more: Vec<u8> = (0..100u8).map(|i| b'a' + i / 10).collect();
+        s.send_slice(&more).unwrap();
+        assert_eq!(offsets(&drain(&mut s, 1121)), vec![100, 110]);
+        ack_with_sack(&mut s, 1140, 120, &[]);
+        assert_eq!(s.congestion_window(), 40, "a stretch ACK of two segments");
+    }
+
+    #[test]
+    fn test_rack_loss_found_by_time_with_one_later_segment_delivered() {
+        // Three segments, the first lost: two SACKed above it are not enough for RFC
+        // 6675's rule (more than two segments' worth), so without RACK only the timer
+        // would repair it. RACK: a segment sent after it was delivered 10 ms after being
+        // sent; a round trip and a quarter (the reordering window) after the first was
+        // sent, it is lost, found by the reordering timer without another ACK.
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        s.send_slice(&[b'x'; 30]).unwrap();
+        assert_eq!(drain(&mut s, 0).len(), 3);
+        ack_with_sack(&mut s, 10, 0, &[(10, 20)]);
+        ack_with_sack(&mut s, 10, 0, &[(10, 30)]);
+        assert_eq!(s.recovery_point, None);
+        assert!(drain(&mut s, 10).is_empty());
+        assert_eq!(
+            s.rack.deadline,
+            Some(Instant::from_millis(10) + Duration::from_micros(2500))
+        );
+        assert!(matches!(s.socket.poll_at(&mut s.cx), PollAt::Time(_)));
+        assert!(drain(&mut s, 12).is_empty());
+        assert_eq!(offsets(&drain(&mut s, 13)), vec![0]);
+        let stats = s.retransmit_stats();
+        assert_eq!((stats.recoveries, stats.timeouts), (1, 0));
+        ack_with_sack(&mut s, 25, 30, &[]);
+        assert_eq!(s.recovery_point, None);
+    }
+
+    #[test]
+    fn test_rack_no_timer_for_what_is_acknowledged() {
+        // Three segments in one burst; the first two are acknowledged. What was sent
+        // before the delivered octet is all acknowledged: no reordering timer (it would
+        // wake the socket after every ACK for nothing).
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        s.send_slice(&[b'x'; 30]).unwrap();
+        assert_eq!(drain(&mut s, 0).len(), 3);
+        ack_with_sack(&mut s, 10, 20, &[]);
+        assert_eq!(s.rack.xmit_ts, Some(Instant::from_millis(0)));
+        assert_eq!(s.rack.deadline, None);
+        assert_eq!(s.rack.lost_before, None);
+    }
+
+    #[test]
+    fn test_tail_loss_probe_resends_the_last_segment() {
+        // A round trip of 10 ms measured; then three segments, of which the last two are
+        // lost. The first is acknowledged and nothing more comes: two round trips later a
+        // probe sends the last segment again (the retransmission timer is 1 s away). Its
+        // SACK shows the one before it lost (RACK), which is repaired by fast recovery.
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        s.send_slice(&[b'a'; 10]).unwrap();
+        assert_eq!(drain(&mut s, 0).len(), 1);
+        ack_with_sack(&mut s, 10, 10, &[]);
+        s.send_slice(&[b'b'; 30]).unwrap();
+        assert_eq!(offsets(&drain(&mut s, 20)), vec![10, 20, 30]);
+        ack_with_sack(&mut s, 30, 20, &[]);
+        assert_eq!(s.tlp_at, Some(Instant::from_millis(50)));
+        assert!(drain(&mut s, 49).is_empty());
+        assert_eq!(offsets(&drain(&mut s, 50)), vec![30], "the probe");
+        assert!(drain(&mut s, 70).is_empty(), "one probe only");
+        ack_with_sack(&mut s, 70, 20, &[(30, 40)]);
+        assert!(s.recovery_point.is_some());
+        assert_eq!(offsets(&drain(&mut s, 70)), vec![20]);
+        ack_with_sack(&mut s, 80, 40, &[]);
+        let stats = s.retransmit_stats();
+        assert_eq!(
+            (
+                stats.probes,
+                stats.recoveries,
+                stats.timeouts,
+                stats.segments
+            ),
+            (1, 1, 0, 2)
+        );
+    }
+
+    #[test]
+    #[cfg(feature = "socket-tcp-cubic")]
+    fn test_recovery_cut_from_the_flight_before_the_ack() {
+        // Twenty segments in flight. One ACK acknowledges the first ten and SACKs three
+        // beyond a new hole: the window is cut from the twenty in flight before it
+        // (ssthresh 0.7 * 200, window ssthresh + 3 segments), not from the ten after it.
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.set_congestion_control(CongestionControl::Cubic);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        s.send_slice(&[b'x'; 200]).unwrap();
+        assert_eq!(drain(&mut s, 0).len(), 20);
+        ack_with_sack(&mut s, 10, 100, &[(110, 140)]);
+        assert!(s.recovery_point.is_some());
+        assert_eq!(s.congestion_window(), 140 + 30);
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub(super) trait Controller {
 
     /// Set the maximum segment size.
     fn set_mss(&mut self, mss: usize) {}
+
+    /// Set the window to start with (RFC 6928), before any ACK or loss was seen; ignored
+    /// afterwards.
+    fn set_initial_window(&mut self, window: usize) {}
 }
 
 #[derive(Debug)]

@@ -29,10 +29,8 @@ pub struct Cubic {
     // are retransmissions of the same segment and must not reduce ssthresh
     // again (RFC 5681 section 3.1).
     in_rto_recovery: bool,
-    // Set on RTO, cleared when slow start ends: the slow start that follows a timeout
-    // counts at most one segment per ACK (RFC 3465 section 2.3: ACKs after a go-back
-    // can cover much that was not in flight).
-    rto_slow_start: bool,
+    // Whether an ACK or a loss has been seen: until then the initial window may be set.
+    started: bool,
     idle_start: Option<Instant>, // RFC 9438 §4.2: when in-flight last hit 0
 }
 
@@ -51,7 +49,7 @@ impl Cubic {
             recovery_start: None,
             in_fast_recovery: false,
             in_rto_recovery: false,
-            rto_slow_start: false,
+            started: false,
             idle_start: None,
         };
         cubic.recompute_k();
@@ -86,12 +84,10 @@ impl Controller for Cubic {
         // Slow start grows by the octets acknowledged (as Linux does), not by one segment
         // per ACK: a receiver that coalesces segments before acknowledging them (GRO, LRO,
         // delayed ACKs) sends one ACK for many, and counting ACKs would stretch slow start
-        // over many more round trips. After a timeout, one segment per ACK at most.
-        let segment = if self.rto_slow_start {
-            len.min(self.mss)
-        } else {
-            len.min(self.ssthresh.saturating_sub(self.cwnd).max(self.mss))
-        };
+        // over many more round trips. After a timeout too: the socket counts only octets
+        // delivered by this ACK (not those the remote had SACKed before), which answers RFC
+        // 3465 section 2.3's concern (ACKs after a go-back covering what was not in flight).
+        let segment = len.min(self.ssthresh.saturating_sub(self.cwnd).max(self.mss));
         // RFC 3465 (appropriate byte counting) in congestion avoidance: the window grows
         // with the octets an ACK covers rather than by one segment's worth per ACK, so a
         // receiver that acknowledges every second segment (RFC 9293's delayed ACKs, as
@@ -111,6 +107,7 @@ impl Controller for Cubic {
         if len == 0 {
             return;
         }
+        self.started = true;
 
         // New data was ACKed: a timer-based loss episode, if any, is over.
         self.in_rto_recovery = false;
@@ -130,7 +127,6 @@ impl Controller for Cubic {
                 .max(self.mss);
             return;
         }
-        self.rto_slow_start = false;
 
         // ca: RFC 9438 §4.2 and §4.3: Calculate W_cubic and W_est. Use whichever grows faster.
         let recovery_start = match self.recovery_start {
@@ -204,6 +200,7 @@ impl Controller for Cubic {
 
     fn on_loss(&mut self, now: Instant, in_flight: usize) {
         self.idle_start = None;
+        self.started = true;
         // Only cut window size on first entrance to fast recovery.
         if !self.in_fast_recovery {
             // RFC 9438 §4.3: remember the cwnd at this congestion event so W_est can
@@ -242,7 +239,7 @@ impl Controller for Cubic {
 
         self.cwnd = self.mss;
         self.cwnd_prior = in_flight;
-        self.rto_slow_start = true;
+        self.started = true;
 
         // RFC 9438 §4.8: defer W_max and K reset to the start of the next CA stage.
         self.recovery_start = None;
@@ -253,6 +250,16 @@ impl Controller for Cubic {
     fn set_mss(&mut self, mss: usize) {
         self.mss = mss;
         self.recompute_k();
+    }
+
+    fn set_initial_window(&mut self, window: usize) {
+        if !self.started {
+            self.cwnd = window;
+            self.w_max = window;
+            self.w_est = window as f64;
+            self.cwnd_prior = window;
+            self.recompute_k();
+        }
     }
 
     fn set_remote_window(&mut self, remote_window: usize) {
@@ -327,7 +334,7 @@ fn cube_root(a: f64) -> f64 {
 #[cfg(test)]
 mod test {
     #[test]
-    fn test_slow_start_counts_octets_except_after_timeout() {
+    fn test_slow_start_counts_octets_after_timeout_too() {
         let rtt = RttEstimator::default();
         let mut cubic = Cubic::new();
         cubic.set_mss(1000);
@@ -340,12 +347,33 @@ mod test {
         cubic.ssthresh = cubic.cwnd + 1500;
         cubic.on_ack(Instant::from_millis(2), 4000, 0, &rtt);
         assert_eq!(cubic.cwnd, cubic.ssthresh);
-        // After a timeout: one segment per ACK until slow start ends.
+        // After a timeout as well (the socket passes only octets newly delivered): one
+        // stretch ACK of four segments grows the window by four, up to ssthresh.
         cubic.on_rto(Instant::from_millis(3), 20_000);
+        assert_eq!((cubic.cwnd, cubic.ssthresh), (1000, 14_000));
         cubic.on_ack(Instant::from_millis(4), 4000, 0, &rtt);
-        assert_eq!(cubic.cwnd, 2000);
+        assert_eq!(cubic.cwnd, 5000);
         cubic.on_ack(Instant::from_millis(5), 4000, 0, &rtt);
-        assert_eq!(cubic.cwnd, 3000);
+        assert_eq!(cubic.cwnd, 9000);
+        cubic.on_ack(Instant::from_millis(6), 8000, 0, &rtt);
+        assert_eq!(cubic.cwnd, 14_000);
+    }
+
+    #[test]
+    fn test_initial_window_rfc6928() {
+        let rtt = RttEstimator::default();
+        let mut cubic = Cubic::new();
+        cubic.set_mss(1460);
+        cubic.set_initial_window(14_600);
+        assert_eq!(cubic.window(), 14_600);
+        // Only before anything was acknowledged or lost.
+        cubic.on_ack(Instant::from_millis(1), 1460, 0, &rtt);
+        cubic.set_initial_window(2920);
+        assert_eq!(cubic.window(), 14_600 + 1460);
+        let mut cubic = Cubic::new();
+        cubic.on_rto(Instant::from_millis(1), 4096);
+        cubic.set_initial_window(14_600);
+        assert_eq!(cubic.window(), 1024);
     }
 
     #[test]
@@ -548,12 +576,13 @@ mod test {
         assert_eq!(cubic.recovery_start, None);
         assert_eq!(cubic.w_max, w_max_before_rto);
 
-        // slow start grows by at most the MSS per ack
+        // slow start grows by the octets acknowledged, one segment per ACK of one segment
+        // (patched: by what each ACK delivered, not at most one MSS per ACK)
         let initial_cwnd = cubic.window();
         for i in 0..10 {
             let initial_cwnd = cubic.window();
             let now = Instant::from_millis(i);
-            ack(&mut cubic, MSS * 2, now);
+            ack(&mut cubic, MSS, now);
             assert_eq!(cubic.window(), initial_cwnd + MSS);
         }
         assert_eq!(cubic.window(), initial_cwnd + MSS * 10);
