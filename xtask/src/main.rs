@@ -268,6 +268,19 @@ fn test() -> ExitCode {
             "fuzz targets, replayed on stable",
             &["test", "--manifest-path", "fuzz/Cargo.toml"],
         ),
+        // The vendored smoltcp builds apart from the workspace (as upstream does): its own
+        // tests, with those of tunneld's TCP patches, on the features tunneld-userspace uses.
+        (
+            "smoltcp fork's tests",
+            &[
+                "test",
+                "--manifest-path",
+                "vendor/smoltcp/Cargo.toml",
+                "--lib",
+                "--features",
+                "std,medium-ip,proto-ipv4,proto-ipv6,socket-tcp,socket-tcp-cubic",
+            ],
+        ),
         // Licences, bans and sources of every dependency against deny.toml.
         (
             "cargo deny",
