@@ -414,7 +414,9 @@ fn many_parallel_connections_carry_their_bytes_intact_both_ways() {
         "{}",
         ga.log_text()
     );
-    step("after bulk both ways (receive low-water marks raised), a 4-byte request still comes back");
+    step(
+        "after bulk both ways (receive low-water marks raised), a 4-byte request still comes back",
+    );
     // The relays raise SO_RCVLOWAT on sockets that read in bulk; what is left below the mark
     // raises no event and must be read by the workers' fallback, not wait for more data.
     let bulk_bytes = s.a.in_ns(|| {
