@@ -197,7 +197,23 @@ pub fn run(args: &[String]) -> Result<(), String> {
             done += 1;
             eprintln!("[{done}/{total}] round {round}: {}", c.name);
             match measure(which, &certs, &options) {
-                Ok(sample) => c.samples.push(sample),
+                Ok(sample) => {
+                    // Per round, for the lab notebook (the report has only medians).
+                    let secs = f64::from(options.seconds);
+                    eprintln!(
+                        "  1 stream {:.2} Gbit/s, {:.2} per proxy CPU-s; 4 streams {:.2} \
+                         Gbit/s, {:.2} per proxy CPU-s; keep-alive p50/p99 {:.0}/{:.0} µs; \
+                         new connection p50 {:.0} µs",
+                        sample.tcp1_gbits,
+                        sample.tcp1_gbits * secs / sample.proxy_cpu,
+                        sample.tcp4_gbits,
+                        sample.tcp4_gbits * secs / sample.proxy_cpu4,
+                        sample.keepalive_p50_us,
+                        sample.keepalive_p99_us,
+                        sample.new_conn_p50_us,
+                    );
+                    c.samples.push(sample);
+                }
                 Err(e) => {
                     eprintln!("  failed: {e}");
                     c.last_error = Some(e.lines().next().unwrap_or("").trim().to_string());

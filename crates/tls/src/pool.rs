@@ -20,7 +20,7 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What to do when a connection's relay ends: its result (log it, count it down).
 pub type OnEnd = Box<dyn FnOnce(anyhow::Result<()>) + Send>;
@@ -30,6 +30,12 @@ pub type OnEnd = Box<dyn FnOnce(anyhow::Result<()>) + Send>;
 const WAKE: Token = Token(usize::MAX);
 /// Readiness events taken per wait.
 const EVENTS: usize = 256;
+/// How long a connection with a socket whose receive low-water mark is raised
+/// (`stream::Lowat`) may go without being read: the data left below the mark at the end of
+/// a burst raises no event, so the worker reads such sockets anyway this often. Short
+/// enough for a burst's tail, long enough to cost little: a bulk socket signals every 64
+/// KiB, many times a millisecond.
+pub const LOWAT_FALLBACK: Duration = Duration::from_millis(1);
 
 /// A connection on a worker, or on its way to one: its relay, and what to do when it ends.
 struct Carried {
@@ -126,11 +132,17 @@ fn run(mut poll: Poll, from_pool: mpsc::Receiver<Carried>, carried: Arc<AtomicUs
     // those whose last turn ended with more to move, stepped again without an event.
     let mut ready: Vec<usize> = Vec::with_capacity(EVENTS);
     let mut busy: Vec<usize> = Vec::new();
+    // Those with a raised receive low-water mark, read anyway once `LOWAT_FALLBACK` has
+    // passed since the first of them was listed.
+    let mut raised: Vec<usize> = Vec::new();
+    let mut raised_since = Instant::now();
     loop {
-        let wait = if busy.is_empty() {
-            None
-        } else {
+        let wait = if !busy.is_empty() {
             Some(Duration::ZERO)
+        } else if !raised.is_empty() {
+            Some(LOWAT_FALLBACK.saturating_sub(raised_since.elapsed()))
+        } else {
+            None
         };
         if let Err(e) = poll.poll(&mut events, wait) {
             if e.kind() == std::io::ErrorKind::Interrupted {
@@ -145,6 +157,17 @@ fn run(mut poll: Poll, from_pool: mpsc::Receiver<Carried>, carried: Arc<AtomicUs
         }
         ready.clear();
         ready.append(&mut busy);
+        if !raised.is_empty() && raised_since.elapsed() >= LOWAT_FALLBACK {
+            for slot in raised.drain(..) {
+                // The slot may have been freed (or reused: one read too many, harmless).
+                if let Some(Some(c)) = slots.get_mut(slot) {
+                    c.relay.read_anyway();
+                    if !ready.contains(&slot) {
+                        ready.push(slot);
+                    }
+                }
+            }
+        }
         for event in events.iter() {
             if event.token() == WAKE {
                 continue;
@@ -184,7 +207,14 @@ fn run(mut poll: Poll, from_pool: mpsc::Receiver<Carried>, carried: Arc<AtomicUs
             let Some(c) = slots[slot].as_mut() else {
                 continue;
             };
-            let ended = match c.relay.step() {
+            let step = c.relay.step();
+            if c.relay.lowat_raised() && !raised.contains(&slot) {
+                if raised.is_empty() {
+                    raised_since = Instant::now();
+                }
+                raised.push(slot);
+            }
+            let ended = match step {
                 Ok(Step::Idle) => continue,
                 Ok(Step::Busy) => {
                     busy.push(slot);

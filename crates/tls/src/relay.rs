@@ -14,7 +14,7 @@
 //! a clean end).
 
 use super::handshake::Established;
-use super::stream::{self, RecordStream};
+use super::stream::{self, Lowat, RecordStream};
 use super::ListenerStats;
 use anyhow::{bail, Context};
 use std::io::{self, ErrorKind, IoSlice, Read, Write};
@@ -60,6 +60,8 @@ pub struct Relay {
     plain_readable: bool,
     /// A readiness event on the plaintext socket said its other side closed (or it failed).
     plain_hangup: bool,
+    /// The plaintext socket's adaptive receive low-water mark.
+    plain_lowat: Lowat,
     /// The listener's counters, which the relay adds its bytes to.
     stats: Arc<ListenerStats>,
 }
@@ -73,7 +75,8 @@ impl Relay {
         stats: Arc<ListenerStats>,
     ) -> io::Result<Relay> {
         plain.set_nonblocking(true)?;
-        let (stream, early) = RecordStream::new(tls, established)?;
+        let (mut stream, early) = RecordStream::new(tls, established)?;
+        stream.adapt_lowat();
         Ok(Relay {
             plain,
             stream,
@@ -83,6 +86,7 @@ impl Relay {
             tls_shut: false,
             plain_readable: true,
             plain_hangup: false,
+            plain_lowat: Lowat::default(),
             stats,
         })
     }
@@ -100,6 +104,24 @@ impl Relay {
             self.plain_hangup |= hangup;
         } else {
             self.stream.mark_readable(hangup);
+        }
+    }
+
+    /// Whether a socket's receive low-water mark is raised: then the worker reads it
+    /// ([`Relay::read_anyway`]) when no event has come for a while, since what is left below
+    /// the mark raises none.
+    pub fn lowat_raised(&self) -> bool {
+        self.plain_lowat.raised() || self.stream.lowat_raised()
+    }
+
+    /// Marks the sockets whose low-water mark is raised readable, so that the next step
+    /// reads what waits below the mark (and lowers it, should that be little).
+    pub fn read_anyway(&mut self) {
+        if self.plain_lowat.raised() {
+            self.plain_readable = true;
+        }
+        if self.stream.lowat_raised() {
+            self.stream.mark_readable(false);
         }
     }
 
@@ -156,9 +178,11 @@ impl Relay {
                 // event, unless an end of stream may wait behind the data (see
                 // `RecordStream::receive`).
                 self.plain_readable = self.plain_hangup || n == stream::SLOTS_BYTES;
+                self.plain_lowat.after_read(&self.plain, n);
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 self.plain_readable = false;
+                self.plain_lowat.after_read(&self.plain, 0);
                 return Ok(false);
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => {}

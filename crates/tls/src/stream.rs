@@ -15,11 +15,78 @@ use super::records::{self, Records};
 use anyhow::{bail, Context};
 use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 
 /// Record slots in the send buffer.
 pub const SLOTS: usize = CHUNK / records::MAX_PLAINTEXT;
 /// The plaintext the slots hold.
 pub const SLOTS_BYTES: usize = SLOTS * records::MAX_PLAINTEXT;
+
+/// The receive low-water mark (`SO_RCVLOWAT`) of a socket in bulk: readiness is signalled
+/// once this much has arrived, not on every arrival.
+///
+/// Measured with one bulk stream (docs/benchmarks.md, 2026-11-27): the receiving relay
+/// woke for every burst the veth delivered and read 98 KB on average, an `epoll_wait`, a
+/// context switch and a window update per read; with the mark raised it reads more per
+/// wake-up, and the proxies' Gbit per CPU-second rose by a quarter. A static mark stalls
+/// request/response traffic (a reply shorter than the mark never signals), so the mark is
+/// raised only while a socket is in bulk ([`Lowat`]) and the relay workers read a socket
+/// with a raised mark anyway after `pool::LOWAT_FALLBACK` without an event, so the tail
+/// of a burst waits at most that long.
+pub const LOWAT_BULK: usize = 64 * 1024;
+/// Consecutive reads of at least [`LOWAT_BULK`] that make a socket count as in bulk: a
+/// reply of a few hundred kilobytes (a request/response exchange) does not raise the mark,
+/// and so never waits for the fallback.
+const BULK_READS: u8 = 4;
+
+/// A socket's adaptive receive low-water mark: raised to [`LOWAT_BULK`] after
+/// [`BULK_READS`] reads of at least that much, back to 1 (the default) at the first read
+/// short of it, or one that found nothing.
+#[derive(Default)]
+pub struct Lowat {
+    bulk_reads: u8,
+    raised: bool,
+}
+
+impl Lowat {
+    /// Notes a read of `n` bytes (0: it would have blocked) from `sock`.
+    pub fn after_read(&mut self, sock: &TcpStream, n: usize) {
+        if n >= LOWAT_BULK {
+            self.bulk_reads = self.bulk_reads.saturating_add(1);
+            if self.bulk_reads >= BULK_READS && !self.raised {
+                self.raised = set_rcvlowat(sock, LOWAT_BULK);
+            }
+        } else {
+            self.bulk_reads = 0;
+            if self.raised {
+                // Should this fail, the socket keeps the raised mark and the fallback
+                // reads it: slower, never stuck.
+                self.raised = !set_rcvlowat(sock, 1);
+            }
+        }
+    }
+
+    /// Whether the mark is raised (then the socket must be read without an event, now
+    /// and then: what is left below the mark signals nothing).
+    pub fn raised(&self) -> bool {
+        self.raised
+    }
+}
+
+/// `setsockopt(SO_RCVLOWAT)`; whether it took.
+fn set_rcvlowat(sock: &TcpStream, bytes: usize) -> bool {
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: a valid socket, and a c_int option value of the size given.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&raw const value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
 
 pub struct RecordStream {
     tls: TcpStream,
@@ -47,6 +114,8 @@ pub struct RecordStream {
     /// A readiness event said the other side closed (or the socket failed): an end of
     /// stream may wait behind the data, which no further event announces.
     hangup: bool,
+    /// The socket's low-water mark, when the user adapts it ([`RecordStream::adapt_lowat`]).
+    lowat: Option<Lowat>,
 }
 
 impl RecordStream {
@@ -77,12 +146,25 @@ impl RecordStream {
             closed: peer_closed,
             readable: true,
             hangup: false,
+            lowat: None,
         };
         Ok((stream, early))
     }
 
     pub fn socket(&self) -> &TcpStream {
         &self.tls
+    }
+
+    /// Raises the socket's receive low-water mark while reads come in bulk ([`Lowat`]).
+    /// Only for a user that reads a socket whose mark is raised ([`Self::lowat_raised`])
+    /// now and then without an event.
+    pub fn adapt_lowat(&mut self) {
+        self.lowat = Some(Lowat::default());
+    }
+
+    /// Whether the socket's low-water mark is raised.
+    pub fn lowat_raised(&self) -> bool {
+        self.lowat.as_ref().is_some_and(Lowat::raised)
     }
 
     /// Notes that the socket may have something to read; `hangup`: the event said the other
@@ -196,8 +278,16 @@ impl RecordStream {
                     // reads). Not after a hang-up: the end of the stream that came with
                     // the data shows only to the next read.
                     self.readable = self.hangup || self.received_end == self.received.len();
+                    if let Some(lowat) = &mut self.lowat {
+                        lowat.after_read(&self.tls, n);
+                    }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => self.readable = false,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.readable = false;
+                    if let Some(lowat) = &mut self.lowat {
+                        lowat.after_read(&self.tls, 0);
+                    }
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(e).context("TLS read"),
             }
