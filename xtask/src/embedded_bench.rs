@@ -239,11 +239,35 @@ enum Report {
 pub fn run(args: &[String]) -> Result<(), String> {
     let local = args.iter().any(|a| a == "--local");
     let lossy = args.iter().any(|a| a == "--lossy");
-    let rest: Vec<String> = args
-        .iter()
-        .filter(|a| *a != "--local" && *a != "--lossy")
-        .cloned()
-        .collect();
+    // `--cells 0.1/80,3/20`: only these cells of the lossy grid (loss in %, RTT in ms).
+    let mut cells: Option<Vec<(f64, u64)>> = None;
+    let mut rest: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--local" | "--lossy" => {}
+            "--cells" => {
+                let list = it.next().ok_or("--cells needs LOSS%/RTTms[,...]")?;
+                let mut v = Vec::new();
+                for cell in list.split(',') {
+                    let (l, r) = cell
+                        .split_once('/')
+                        .ok_or_else(|| format!("--cells: {cell}: not LOSS/RTT"))?;
+                    let l: f64 = l.parse().map_err(|_| format!("--cells: {cell}: loss"))?;
+                    let r: u64 = r.parse().map_err(|_| format!("--cells: {cell}: RTT"))?;
+                    if !LOSSY_CELLS
+                        .iter()
+                        .any(|&(cl, cr)| (cl * 100.0 - l).abs() < 1e-9 && cr == r)
+                    {
+                        return Err(format!("--cells: {cell} is not a cell of the grid"));
+                    }
+                    v.push((l / 100.0, r));
+                }
+                cells = Some(v);
+            }
+            _ => rest.push(a.clone()),
+        }
+    }
     let options = parse_options(&rest)?;
     system::install_tools()?;
     if !require_netns("cargo xtask bench-embedded") {
@@ -307,7 +331,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
 
     if lossy {
-        return lossy_grid(&contenders, &tunneld, &options, &root, args);
+        return lossy_grid(
+            &contenders,
+            &tunneld,
+            &options,
+            &root,
+            args,
+            cells.as_deref(),
+        );
     }
 
     let total = options.rounds * contenders.iter().filter(|c| c.which.is_ok()).count();
@@ -747,7 +778,14 @@ fn lossy_grid(
     o: &Options,
     root: &Path,
     args: &[String],
+    cells: Option<&[(f64, u64)]>,
 ) -> Result<(), String> {
+    let in_run = |loss: f64, rtt_ms: u64| {
+        cells.is_none_or(|v| {
+            v.iter()
+                .any(|&(l, r)| (l - loss).abs() < 1e-9 && r == rtt_ms)
+        })
+    };
     let rows: Vec<&Contender> = contenders
         .iter()
         .filter(|c| c.kind != Kind::Onetun && c.which.is_ok())
@@ -755,10 +793,13 @@ fn lossy_grid(
     // goodput[row][cell] = samples in bytes per second
     let mut goodput = vec![vec![Vec::<f64>::new(); LOSSY_CELLS.len()]; rows.len()];
     let mut failures = Vec::new();
-    let total = o.rounds * LOSSY_CELLS.len() * rows.len();
+    let total = o.rounds * LOSSY_CELLS.iter().filter(|&&(l, r)| in_run(l, r)).count() * rows.len();
     let mut done = 0;
     for round in 1..=o.rounds {
         for (ci, &(loss, rtt_ms)) in LOSSY_CELLS.iter().enumerate() {
+            if !in_run(loss, rtt_ms) {
+                continue;
+            }
             for (ri, c) in rows.iter().enumerate() {
                 system::check_interrupted()?;
                 done += 1;

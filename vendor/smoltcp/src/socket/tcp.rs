@@ -692,6 +692,9 @@ pub struct Socket<'a> {
     /// The flight size before the last ACK taken in (what the window cut on entering
     /// recovery is taken from, when that ACK also moved the cumulative ACK).
     flight_before_ack: usize,
+    /// When the congestion window last held back data the remote's window allowed (the
+    /// sender was window-limited then, not application- or receiver-limited).
+    cwnd_limited_at: Option<Instant>,
     /// When to send a tail loss probe (RFC 8985 section 7), if the ACKs stop.
     tlp_at: Option<Instant>,
     /// A probe is due: the next segment sent is one (new data, or the last segment).
@@ -801,6 +804,7 @@ impl<'a> Socket<'a> {
             send_times: SendTimes::new(),
             rack: Rack::default(),
             flight_before_ack: 0,
+            cwnd_limited_at: None,
             tlp_at: None,
             tlp_pending: false,
             tlp_out: None,
@@ -1169,6 +1173,7 @@ impl<'a> Socket<'a> {
         self.send_times.clear();
         self.rack = Rack::default();
         self.flight_before_ack = 0;
+        self.cwnd_limited_at = None;
         self.tlp_at = None;
         self.tlp_pending = false;
         self.tlp_out = None;
@@ -1652,6 +1657,14 @@ impl<'a> Socket<'a> {
             .saturating_sub(self.pipe())
     }
 
+    /// Whether the congestion window holds back data that is queued and inside the
+    /// remote's window (less than a segment of it may go, or none).
+    fn window_holds_back(&self) -> bool {
+        let limit = self.local_seq_no + self.remote_win_len.min(self.tx_buffer.len());
+        limit > self.remote_last_seq
+            && self.cwnd_remaining() < (limit - self.remote_last_seq).min(self.remote_mss)
+    }
+
     /// The highest sequence number sent so far (RFC 6675's HighData).
     fn snd_max(&self) -> TcpSeqNumber {
         match self.snd_max {
@@ -1809,8 +1822,22 @@ impl<'a> Socket<'a> {
             // recovery) can acknowledge most of the flight and show a new hole at once,
             // before anything was sent in place of what it acknowledged, and the flight
             // after it says little of the window in use.
+            //
+            // But a sender that the window held back within the last retransmission timeout
+            // was using all of it: the flight then lags the window only because the window
+            // grew in the round trip since (in slow start by half, and as fast as 1.5 times
+            // a round trip when Cubic climbs back to W_max), and the cut is from the window,
+            // as Linux takes it (RFC 9438 4.6 allows the window when it cannot grow past an
+            // unused flight: here it was in use).
             let window = self.congestion_controller.inner().window();
-            let in_flight = self.flight_size().max(self.flight_before_ack).min(window);
+            let window_in_use = self
+                .cwnd_limited_at
+                .is_some_and(|at| now < at + self.rtte.retransmission_timeout());
+            let in_flight = if window_in_use {
+                window
+            } else {
+                self.flight_size().max(self.flight_before_ack).min(window)
+            };
             self.congestion_controller
                 .inner_mut()
                 .on_loss(now, in_flight);
@@ -3246,6 +3273,9 @@ impl<'a> Socket<'a> {
         }
 
         // Decide whether we're sending a packet.
+        if self.window_holds_back() {
+            self.cwnd_limited_at = Some(cx.now());
+        }
         if self.seq_to_transmit(cx) {
             // If we have data to transmit and it fits into partner's window, do it.
             tcp_trace!("outgoing segment will send data or flags");
@@ -8558,6 +8588,27 @@ mod test {
         ack_with_sack(&mut s, 10, 100, &[(110, 140)]);
         assert!(s.recovery_point.is_some());
         assert_eq!(s.congestion_window(), 140 + 30);
+    }
+
+    #[test]
+    #[cfg(feature = "socket-tcp-cubic")]
+    fn test_recovery_cut_from_the_window_when_it_was_in_use() {
+        // A window of ten segments, all in use (twenty queued). One ACK acknowledges four
+        // (slow start: the window grows to fourteen) and SACKs three beyond a new hole: the
+        // sender was held back by the window, so the cut is from the fourteen (ssthresh
+        // 0.7 * 140 = 98), not from the ten in flight before the ACK.
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.set_congestion_control(CongestionControl::Cubic);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        s.congestion_controller.inner_mut().set_initial_window(100);
+        s.send_slice(&[b'x'; 200]).unwrap();
+        assert_eq!(drain(&mut s, 0).len(), 10);
+        assert!(s.cwnd_limited_at.is_some());
+        ack_with_sack(&mut s, 10, 40, &[(50, 80)]);
+        assert!(s.recovery_point.is_some());
+        assert_eq!(s.congestion_window(), 98 + 30);
     }
 
     #[test]
