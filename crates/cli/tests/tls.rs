@@ -1112,6 +1112,23 @@ impl Drop for OpenSsl {
     }
 }
 
+/// `openssl s_client` to site B's listener, verifying its certificate, TLS 1.3 only, with
+/// `extra` arguments.
+fn s_client<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "s_client",
+        "-connect",
+        B_TLS,
+        "-servername",
+        SERVER_NAME,
+        "-CAfile",
+        "ca.pem",
+        "-tls1_3",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Reads from `stream` until `text` has come.
 fn read_until(stream: &mut TcpStream, text: &str) {
     let mut got = Vec::new();
@@ -1146,20 +1163,7 @@ fn standard_tls_peers_on_either_side_work_through_key_updates() {
         &listen_config(""),
         &[B_TLS.parse().unwrap()],
     );
-    let mut client = OpenSsl::start(
-        &s.a,
-        s.dir.path(),
-        &[
-            "s_client",
-            "-connect",
-            B_TLS,
-            "-servername",
-            SERVER_NAME,
-            "-CAfile",
-            "ca.pem",
-            "-tls1_3",
-        ],
-    );
+    let mut client = OpenSsl::start(&s.a, s.dir.path(), &s_client(&[]));
     client.expect("Verify return code: 0");
     client.send("hello-1");
     client.expect("hello-1");
@@ -1183,25 +1187,15 @@ fn standard_tls_peers_on_either_side_work_through_key_updates() {
         &listen_config("groups = [\"X25519\", \"secp256r1\"]"),
         &[B_TLS.parse().unwrap()],
     );
-    let s_client = |groups: &'static str| {
-        [
-            "s_client",
-            "-connect",
-            B_TLS,
-            "-servername",
-            SERVER_NAME,
-            "-CAfile",
-            "ca.pem",
-            "-tls1_3",
-            "-groups",
-            groups,
-        ]
-    };
-    let mut client = OpenSsl::start(&s.a, s.dir.path(), &s_client("ffdhe8192"));
+    let mut client = OpenSsl::start(&s.a, s.dir.path(), &s_client(&["-groups", "ffdhe8192"]));
     client.expect("alert handshake failure");
     drop(client);
     // Listed first by the client, ffdhe2048 is not offered: the listener asks for P-256.
-    let mut client = OpenSsl::start(&s.a, s.dir.path(), &s_client("ffdhe2048:P-256"));
+    let mut client = OpenSsl::start(
+        &s.a,
+        s.dir.path(),
+        &s_client(&["-groups", "ffdhe2048:P-256"]),
+    );
     client.expect("Server Temp Key: ECDH, prime256v1");
     client.expect("Verify return code: 0");
     client.send("hello-groups");
