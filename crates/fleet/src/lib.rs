@@ -167,7 +167,6 @@ impl Fleet {
             logged: HashSet::new(),
             leaders: HashMap::new(),
             backoff: MIN_BACKOFF,
-            failures: 0,
             unanswered: 0,
             active_since: None,
             keepalive_on: false,
@@ -258,9 +257,6 @@ struct Member<S: Store> {
     /// Each site's active gateway at the last reconcile, to see failovers.
     leaders: HashMap<String, String>,
     backoff: Duration,
-    /// Attempts in a row that failed (until one goes through whole): every third opens
-    /// fresh connections.
-    failures: u32,
     /// Failed attempts in a row with no request answered in between: what says the store
     /// is unreachable. One member gone fails a stream or two while the others answer (a
     /// record put between them), and that is not an outage.
@@ -303,16 +299,13 @@ impl<S: Store> Member<S> {
                     tracing::info!("{}: {e}; reconnecting", self.name());
                 }
                 Interruption::Unreachable(e) => {
-                    self.failures += 1;
                     self.unanswered += 1;
                     self.store_failed(&e);
-                    // Fresh connections every few failures: what fails may be one
+                    // Fresh connections after each failure: what fails may be one
                     // connection (to a member that went away, or a stream stuck), not the
-                    // store.
-                    if self.failures.is_multiple_of(DOWN_AFTER) {
-                        if let Err(e) = self.store.reconnect().await {
-                            tracing::debug!("{}: reconnecting: {e}", self.name());
-                        }
+                    // store, and the new client leaves out members that do not answer.
+                    if let Err(e) = self.store.reconnect().await {
+                        tracing::debug!("{}: reconnecting: {e}", self.name());
                     }
                     // Between half and all of the backoff, so that gateways that failed
                     // together do not all come back at the same moment.
@@ -471,7 +464,6 @@ impl<S: Store> Member<S> {
 
     fn store_answered(&mut self) {
         self.backoff = MIN_BACKOFF;
-        self.failures = 0;
         self.unanswered = 0;
         let mut state = self.shared.state();
         match state.store_up {

@@ -141,7 +141,8 @@ impl Etcd {
             }
             connect = connect.with_tls(tls);
         }
-        Client::connect(&options.endpoints, Some(connect))
+        let endpoints = answering_members(&options.endpoints).await;
+        Client::connect(&endpoints, Some(connect))
             .await
             .map_err(|e| StoreError::from_etcd("connecting to etcd", e))
     }
@@ -311,6 +312,55 @@ impl Store for Etcd {
     }
 }
 
+/// How long a member has to accept a TCP connection to be put in a new client.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The members of `endpoints` that accept a TCP connection within [`PROBE_TIMEOUT`], in
+/// their order; all of them when none does (the requests then say why). The client spreads
+/// requests over its members, so one that is down would take its share of them, each
+/// failing, however many others answer; it is left out until the next reconnection.
+async fn answering_members(endpoints: &[String]) -> Vec<String> {
+    let mut probes = tokio::task::JoinSet::new();
+    for (i, endpoint) in endpoints.iter().enumerate() {
+        let authority = authority(endpoint).to_string();
+        probes.spawn(async move {
+            let connect = tokio::net::TcpStream::connect(authority);
+            (
+                i,
+                matches!(
+                    tokio::time::timeout(PROBE_TIMEOUT, connect).await,
+                    Ok(Ok(_))
+                ),
+            )
+        });
+    }
+    let mut answers = vec![false; endpoints.len()];
+    while let Some(joined) = probes.join_next().await {
+        if let Ok((i, answered)) = joined {
+            answers[i] = answered;
+        }
+    }
+    let answering: Vec<String> = endpoints
+        .iter()
+        .zip(&answers)
+        .filter(|(_, answered)| **answered)
+        .map(|(endpoint, _)| endpoint.clone())
+        .collect();
+    if answering.is_empty() {
+        endpoints.to_vec()
+    } else {
+        answering
+    }
+}
+
+/// `host:port` of an endpoint written `https://host:port`, `host:port` or with a path.
+fn authority(endpoint: &str) -> &str {
+    let rest = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest)
+}
+
 /// A watch on etcd.
 pub struct EtcdWatch {
     stream: WatchStream,
@@ -359,5 +409,38 @@ impl WatchEvents for EtcdWatch {
                 return Ok(Watched::Changes(changes));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{answering_members, authority};
+
+    #[test]
+    fn an_endpoints_authority_is_its_host_and_port() {
+        assert_eq!(authority("https://192.0.2.11:2379"), "192.0.2.11:2379");
+        assert_eq!(authority("http://etcd.test:2379/v3"), "etcd.test:2379");
+        assert_eq!(authority("[::1]:2379"), "[::1]:2379");
+    }
+
+    /// A member that refuses connections is left out of a new client; when none answers,
+    /// all are kept (so the requests say why).
+    #[test]
+    fn a_new_client_leaves_out_members_that_refuse() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let listening = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let up = format!("https://{}", listening.local_addr().unwrap());
+        // A port that was bound and is closed again: connections to it are refused.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let down = format!("https://{}", closed.local_addr().unwrap());
+        drop(closed);
+        runtime.block_on(async {
+            let both = [down.clone(), up.clone()];
+            assert_eq!(answering_members(&both).await, vec![up]);
+            assert_eq!(answering_members(&both[..1]).await, vec![down]);
+        });
     }
 }
