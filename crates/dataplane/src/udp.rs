@@ -10,7 +10,7 @@ use crate::{Batch, DatagramIo, BATCH_SIZE, FRAME_PAYLOAD};
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr;
 
 /// Socket buffer size asked for; the kernel may grant less (SO_RCVBUF is capped by rmem_max).
@@ -392,12 +392,14 @@ fn gso_supported(fd: &OwnedFd) -> bool {
     rc == 0
 }
 
-fn setsockopt(
-    fd: &OwnedFd,
+/// `setsockopt` of an integer option on any socket (the TLS relay's TCP sockets use it too).
+pub fn setsockopt(
+    fd: impl AsFd,
     level: libc::c_int,
     name: libc::c_int,
     value: libc::c_int,
 ) -> io::Result<()> {
+    let fd = fd.as_fd();
     // SAFETY: the option value is a c_int that lives across the call, and its size is passed.
     let rc = unsafe {
         libc::setsockopt(

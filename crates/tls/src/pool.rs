@@ -41,6 +41,9 @@ pub const LOWAT_FALLBACK: Duration = Duration::from_millis(1);
 struct Carried {
     relay: Relay,
     on_end: OnEnd,
+    /// In the worker's list of connections with a raised low-water mark (so that a step
+    /// need not search it).
+    listed_raised: bool,
 }
 
 /// The sending end of one worker, and how many connections it carries.
@@ -103,7 +106,11 @@ impl RelayPool {
     pub fn relay(&self, relay: Relay, on_end: OnEnd) {
         let mut by_load: Vec<&WorkerHandle> = self.workers.iter().collect();
         by_load.sort_by_key(|w| w.carried.load(Ordering::Relaxed));
-        let mut handed = Carried { relay, on_end };
+        let mut handed = Carried {
+            relay,
+            on_end,
+            listed_raised: false,
+        };
         for worker in by_load {
             worker.carried.fetch_add(1, Ordering::Relaxed);
             match worker.to_worker.send(handed) {
@@ -161,6 +168,7 @@ fn run(mut poll: Poll, from_pool: mpsc::Receiver<Carried>, carried: Arc<AtomicUs
             for slot in raised.drain(..) {
                 // The slot may have been freed (or reused: one read too many, harmless).
                 if let Some(Some(c)) = slots.get_mut(slot) {
+                    c.listed_raised = false;
                     c.relay.read_anyway();
                     if !ready.contains(&slot) {
                         ready.push(slot);
@@ -208,11 +216,12 @@ fn run(mut poll: Poll, from_pool: mpsc::Receiver<Carried>, carried: Arc<AtomicUs
                 continue;
             };
             let step = c.relay.step();
-            if c.relay.lowat_raised() && !raised.contains(&slot) {
+            if c.relay.lowat_raised() && !c.listed_raised {
                 if raised.is_empty() {
                     raised_since = Instant::now();
                 }
                 raised.push(slot);
+                c.listed_raised = true;
             }
             let ended = match step {
                 Ok(Step::Idle) => continue,

@@ -15,7 +15,6 @@ use super::records::{self, Records};
 use anyhow::{bail, Context};
 use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read, Write};
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 
 /// Record slots in the send buffer.
 pub const SLOTS: usize = CHUNK / records::MAX_PLAINTEXT;
@@ -76,16 +75,7 @@ impl Lowat {
 /// `setsockopt(SO_RCVLOWAT)`; whether it took.
 fn set_rcvlowat(sock: &TcpStream, bytes: usize) -> bool {
     let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    // SAFETY: a valid socket, and a c_int option value of the size given.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            (&raw const value).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
-    }
+    tunneld_dataplane::udp::setsockopt(sock, libc::SOL_SOCKET, libc::SO_RCVLOWAT, value).is_ok()
 }
 
 pub struct RecordStream {
