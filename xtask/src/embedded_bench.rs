@@ -255,13 +255,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
                         .ok_or_else(|| format!("--cells: {cell}: not LOSS/RTT"))?;
                     let l: f64 = l.parse().map_err(|_| format!("--cells: {cell}: loss"))?;
                     let r: u64 = r.parse().map_err(|_| format!("--cells: {cell}: RTT"))?;
-                    if !LOSSY_CELLS
+                    // The grid's own cell, so that the run compares it exactly.
+                    let known = LOSSY_CELLS
                         .iter()
-                        .any(|&(cl, cr)| (cl * 100.0 - l).abs() < 1e-9 && cr == r)
-                    {
-                        return Err(format!("--cells: {cell} is not a cell of the grid"));
-                    }
-                    v.push((l / 100.0, r));
+                        .find(|&&(cl, cr)| (cl * 100.0 - l).abs() < 1e-9 && cr == r)
+                        .ok_or_else(|| format!("--cells: {cell} is not a cell of the grid"))?;
+                    v.push(*known);
                 }
                 cells = Some(v);
             }
@@ -780,12 +779,7 @@ fn lossy_grid(
     args: &[String],
     cells: Option<&[(f64, u64)]>,
 ) -> Result<(), String> {
-    let in_run = |loss: f64, rtt_ms: u64| {
-        cells.is_none_or(|v| {
-            v.iter()
-                .any(|&(l, r)| (l - loss).abs() < 1e-9 && r == rtt_ms)
-        })
-    };
+    let in_run = |loss: f64, rtt_ms: u64| cells.is_none_or(|v| v.contains(&(loss, rtt_ms)));
     let rows: Vec<&Contender> = contenders
         .iter()
         .filter(|c| c.kind != Kind::Onetun && c.which.is_ok())

@@ -126,6 +126,19 @@ struct Sample {
     peak_rss_kib: f64,
 }
 
+impl Sample {
+    /// Gbit per proxy CPU-second of the one-stream run of `seconds` (`None` without
+    /// proxies).
+    fn gbit_per_cpu(&self, seconds: u32) -> Option<f64> {
+        (self.proxy_cpu > 0.0).then(|| self.tcp1_gbits * f64::from(seconds) / self.proxy_cpu)
+    }
+
+    /// The same for the run with [`STREAMS`] streams.
+    fn gbit_per_cpu4(&self, seconds: u32) -> Option<f64> {
+        (self.proxy_cpu4 > 0.0).then(|| self.tcp4_gbits * f64::from(seconds) / self.proxy_cpu4)
+    }
+}
+
 pub fn run(args: &[String]) -> Result<(), String> {
     let (baseline, args) = take_baseline(args)?;
     let options = parse_options(&args)?;
@@ -199,15 +212,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
             match measure(which, &certs, &options) {
                 Ok(sample) => {
                     // Per round, for the lab notebook (the report has only medians).
-                    let secs = f64::from(options.seconds);
+                    let shown = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.2}"));
                     eprintln!(
-                        "  1 stream {:.2} Gbit/s, {:.2} per proxy CPU-s; 4 streams {:.2} \
-                         Gbit/s, {:.2} per proxy CPU-s; keep-alive p50/p99 {:.0}/{:.0} µs; \
+                        "  1 stream {:.2} Gbit/s, {} per proxy CPU-s; 4 streams {:.2} \
+                         Gbit/s, {} per proxy CPU-s; keep-alive p50/p99 {:.0}/{:.0} µs; \
                          new connection p50 {:.0} µs",
                         sample.tcp1_gbits,
-                        sample.tcp1_gbits * secs / sample.proxy_cpu,
+                        shown(sample.gbit_per_cpu(options.seconds)),
                         sample.tcp4_gbits,
-                        sample.tcp4_gbits * secs / sample.proxy_cpu4,
+                        shown(sample.gbit_per_cpu4(options.seconds)),
                         sample.keepalive_p50_us,
                         sample.keepalive_p99_us,
                         sample.new_conn_p50_us,
@@ -957,15 +970,13 @@ fn markdown(contenders: &[Contender], o: &Options, measured: &str) -> String {
         let per_cpu = median(
             c.samples
                 .iter()
-                .filter(|s| s.proxy_cpu > 0.0)
-                .map(|s| s.tcp1_gbits * f64::from(o.seconds) / s.proxy_cpu)
+                .filter_map(|s| s.gbit_per_cpu(o.seconds))
                 .collect(),
         );
         let per_cpu4 = median(
             c.samples
                 .iter()
-                .filter(|s| s.proxy_cpu4 > 0.0)
-                .map(|s| s.tcp4_gbits * f64::from(o.seconds) / s.proxy_cpu4)
+                .filter_map(|s| s.gbit_per_cpu4(o.seconds))
                 .collect(),
         );
         let per_cpu_ms = median(
