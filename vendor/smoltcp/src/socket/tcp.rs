@@ -3060,6 +3060,20 @@ impl<'a> Socket<'a> {
         // Can we send at least 1 full segment?
         let can_send_full = max_send >= effective_mss;
 
+        // Sender-side silly window avoidance (RFC 9293 section 3.8.6.2.1) where the
+        // congestion window is the limit: without Nagle, the window's last few octets went
+        // out as a segment of their own whenever an ACK opened less than a segment, and with
+        // the window growing by a fraction of a segment per ACK that was most ACKs. Each
+        // such sliver is one more datagram to lose (and a recovery to pay for on a lossy
+        // link) for a few octets; it waits for a full segment instead, as Linux counts its
+        // window in segments. A write shorter than a segment still goes once it fits.
+        if data_in_flight
+            && !can_send_full
+            && self.cwnd_remaining() < capped_send_seq.min(effective_mss)
+        {
+            can_send = false;
+        }
+
         // Do we have to send a FIN?
         let want_fin = match self.state {
             State::FinWait1 => true,
@@ -8456,6 +8470,36 @@ mod test {
             );
             assert_eq!(s.congestion_window(), window, "MSS {mss}");
         }
+    }
+
+    #[test]
+    #[cfg(feature = "socket-tcp-cubic")]
+    fn test_no_sliver_when_the_congestion_window_limits() {
+        // A window of two and a half segments sends two, not a third of half a segment;
+        // once an ACK opens room for whole segments, only whole segments go. A write
+        // shorter than a segment still goes at once (Nagle is off).
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.set_congestion_control(CongestionControl::Cubic);
+        s.set_nagle_enabled(false);
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        s.congestion_controller.inner_mut().set_initial_window(25);
+        s.send_slice(&[b'x'; 100]).unwrap();
+        let sent = drain(&mut s, 0);
+        assert_eq!(offsets(&sent), vec![0, 10]);
+        assert!(sent.iter().all(|(_, p)| p.len() == 10), "{sent:?}");
+        // Slow start: the ACK of 20 octets grows the window to 45, four whole segments.
+        ack_with_sack(&mut s, 10, 20, &[]);
+        assert_eq!(s.congestion_window(), 45);
+        let sent = drain(&mut s, 10);
+        assert_eq!(offsets(&sent), vec![20, 30, 40, 50]);
+        assert!(sent.iter().all(|(_, p)| p.len() == 10), "{sent:?}");
+        // Everything acknowledged, then a short write goes alone.
+        ack_with_sack(&mut s, 20, 60, &[]);
+        assert_eq!(offsets(&drain(&mut s, 20)), vec![60, 70, 80, 90]);
+        ack_with_sack(&mut s, 30, 100, &[]);
+        s.send_slice(b"abc").unwrap();
+        assert_eq!(drain(&mut s, 30), vec![(100, b"abc".to_vec())]);
     }
 
     #[test]
