@@ -241,6 +241,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let lossy = args.iter().any(|a| a == "--lossy");
     // `--cells 0.1/80,3/20`: only these cells of the lossy grid (loss in %, RTT in ms).
     let mut cells: Option<Vec<(f64, u64)>> = None;
+    // `--seed N`: the lossy grid's drop decisions of an earlier run (its report prints N).
+    let mut seed: Option<u64> = None;
     let mut rest: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -263,6 +265,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     v.push(*known);
                 }
                 cells = Some(v);
+            }
+            "--seed" => {
+                let text = it.next().ok_or("--seed needs a number")?;
+                seed = Some(
+                    text.parse()
+                        .map_err(|_| format!("--seed: {text}: not a number"))?,
+                );
             }
             _ => rest.push(a.clone()),
         }
@@ -337,6 +346,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             &root,
             args,
             cells.as_deref(),
+            seed,
         );
     }
 
@@ -771,8 +781,11 @@ const LOSSY_CELLS: [(f64, u64); 6] = [
     (0.03, 80),
 ];
 /// How long a client may take to deliver its first byte (handshake and connect over the
-/// lossy link).
-const LOSSY_FIRST_BYTE: Duration = Duration::from_secs(20);
+/// lossy link). With one seed per round and cell, the in-process rows' first datagrams (the
+/// WireGuard handshake) meet the same drops: three lost cost 15 s of handshake retries, and
+/// a SYN queued behind them may wait for its next retransmission (1, 3, 7, 15, 31 s). At
+/// 20 s a round at 3 % lost a row to that, not to its TCP.
+const LOSSY_FIRST_BYTE: Duration = Duration::from_secs(45);
 
 fn lossy_grid(
     contenders: &[Contender],
@@ -781,6 +794,7 @@ fn lossy_grid(
     root: &Path,
     args: &[String],
     cells: Option<&[(f64, u64)]>,
+    seed: Option<u64>,
 ) -> Result<(), String> {
     let in_run = |loss: f64, rtt_ms: u64| cells.is_none_or(|v| v.contains(&(loss, rtt_ms)));
     let rows: Vec<&Contender> = contenders
@@ -794,10 +808,14 @@ fn lossy_grid(
     let mut done = 0;
     // Common random numbers: within a round and cell every row meets the same drops (the
     // relay's decisions are drawn per direction in datagram order), so the rows are
-    // compared on the same luck. Seeds differ between rounds, cells and runs.
-    let base_seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| d.as_nanos() as u64);
+    // compared on the same luck. Seeds differ between rounds, cells and runs; `--seed`
+    // repeats a run's (a round's drops depend on the round and cell alone, not on --cells).
+    let base_seed = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("lossy grid: --seed {base_seed}");
     for round in 1..=o.rounds {
         for (ci, &(loss, rtt_ms)) in LOSSY_CELLS.iter().enumerate() {
             if !in_run(loss, rtt_ms) {
@@ -922,6 +940,8 @@ Failed runs:
     let _ = writeln!(
         md,
         "
+The drops again: `--seed {base_seed}` (with the same rounds; `--cells` keeps them).
+
 {}",
         report::measured_line("bench-embedded", args)
     );
@@ -969,7 +989,7 @@ fn lossy_goodput(
     let counted = sink.counted();
     // The client writes longer than the window; it is stopped once the window is measured.
     let bulk = Mode::Bulk {
-        seconds: o.seconds + 30,
+        seconds: o.seconds + LOSSY_FIRST_BYTE.as_secs() as u32 + 10,
     };
     let _client: Option<Guard> = match carrier {
         Carrier::KernelPath => {
