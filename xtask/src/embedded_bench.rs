@@ -241,6 +241,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let lossy = args.iter().any(|a| a == "--lossy");
     // `--cells 0.1/80,3/20`: only these cells of the lossy grid (loss in %, RTT in ms).
     let mut cells: Option<Vec<(f64, u64)>> = None;
+    // `--seed N`: the lossy grid's drop decisions of an earlier run (its report prints N).
+    let mut seed: Option<u64> = None;
     let mut rest: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -263,6 +265,13 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     v.push(*known);
                 }
                 cells = Some(v);
+            }
+            "--seed" => {
+                let text = it.next().ok_or("--seed needs a number")?;
+                seed = Some(
+                    text.parse()
+                        .map_err(|_| format!("--seed: {text}: not a number"))?,
+                );
             }
             _ => rest.push(a.clone()),
         }
@@ -337,6 +346,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             &root,
             args,
             cells.as_deref(),
+            seed,
         );
     }
 
@@ -756,7 +766,10 @@ fn start_onetun(bed: &Testbed, bin: &Path) -> Result<Guard, String> {
 // which starts at its first byte. The client is then stopped: a lossy link drains a
 // stack's send buffer slowly, and every row would otherwise be timed by its buffer size.
 // Rows: the kernel path, tunneld-userspace and wireguard-go's netstack (onetun is left
-// out). Rounds are interleaved (round, then cell, then row); the figures are medians.
+// out). Rounds are interleaved (round, then cell, then row); the figures are medians. Within
+// a round and cell every row meets the same drop decisions (one seed), so that a row is not
+// ahead of another by luck: the realized loss of a 10 s run at 3 % moved between 2.3 and
+// 3.4 % with a seed per run, and the goodput with it.
 
 /// The grid's cells: loss probability and round trip.
 const LOSSY_CELLS: [(f64, u64); 6] = [
@@ -768,8 +781,11 @@ const LOSSY_CELLS: [(f64, u64); 6] = [
     (0.03, 80),
 ];
 /// How long a client may take to deliver its first byte (handshake and connect over the
-/// lossy link).
-const LOSSY_FIRST_BYTE: Duration = Duration::from_secs(20);
+/// lossy link). With one seed per round and cell, the in-process rows' first datagrams (the
+/// WireGuard handshake) meet the same drops: three lost cost 15 s of handshake retries, and
+/// a SYN queued behind them may wait for its next retransmission (1, 3, 7, 15, 31 s). At
+/// 20 s a round at 3 % lost a row to that, not to its TCP.
+const LOSSY_FIRST_BYTE: Duration = Duration::from_secs(45);
 
 fn lossy_grid(
     contenders: &[Contender],
@@ -778,6 +794,7 @@ fn lossy_grid(
     root: &Path,
     args: &[String],
     cells: Option<&[(f64, u64)]>,
+    seed: Option<u64>,
 ) -> Result<(), String> {
     let in_run = |loss: f64, rtt_ms: u64| cells.is_none_or(|v| v.contains(&(loss, rtt_ms)));
     let rows: Vec<&Contender> = contenders
@@ -789,11 +806,25 @@ fn lossy_grid(
     let mut failures = Vec::new();
     let total = o.rounds * LOSSY_CELLS.iter().filter(|&&(l, r)| in_run(l, r)).count() * rows.len();
     let mut done = 0;
+    // Common random numbers: within a round and cell every row meets the same drops (the
+    // relay's decisions are drawn per direction in datagram order), so the rows are
+    // compared on the same luck. Seeds differ between rounds, cells and runs; `--seed`
+    // repeats a run's (a round's drops depend on the round and cell alone, not on --cells).
+    let base_seed = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("lossy grid: --seed {base_seed}");
     for round in 1..=o.rounds {
         for (ci, &(loss, rtt_ms)) in LOSSY_CELLS.iter().enumerate() {
             if !in_run(loss, rtt_ms) {
                 continue;
             }
+            let seed = base_seed
+                .wrapping_add((round as u64) << 32)
+                .wrapping_add(ci as u64)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
             for (ri, c) in rows.iter().enumerate() {
                 system::check_interrupted()?;
                 done += 1;
@@ -803,7 +834,8 @@ fn lossy_grid(
                     loss * 100.0,
                     c.name
                 );
-                match lossy_goodput(carrier, tunneld, o, loss, Duration::from_millis(rtt_ms)) {
+                let rtt = Duration::from_millis(rtt_ms);
+                match lossy_goodput(carrier, tunneld, o, loss, rtt, seed) {
                     Ok(bps) => {
                         eprintln!("  {:.3} MB/s", bps / 1e6);
                         goodput[ri][ci].push(bps);
@@ -829,7 +861,7 @@ fn lossy_grid(
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "### Lossy links: bulk goodput, MB/s (median of {} interleaved rounds, {} s windows)
+        "### Lossy links: bulk goodput, MB/s (median of {} interleaved rounds, {} s windows; in each round and cell every row draws the same drop decisions, in datagram order)
 ",
         o.rounds, o.seconds
     );
@@ -908,6 +940,8 @@ Failed runs:
     let _ = writeln!(
         md,
         "
+The drops again: `--seed {base_seed}` (with the same rounds; `--cells` keeps them).
+
 {}",
         report::measured_line("bench-embedded", args)
     );
@@ -932,6 +966,7 @@ fn lossy_goodput(
     o: &Options,
     loss: f64,
     rtt: Duration,
+    seed: u64,
 ) -> Result<f64, String> {
     let which = match carrier {
         Carrier::KernelPath => {
@@ -943,9 +978,7 @@ fn lossy_goodput(
     // The relay outlives the run: first byte, window, and the margin.
     let lifetime = LOSSY_FIRST_BYTE + window + Duration::from_secs(60);
     let config = RelayConfig {
-        seed: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64),
+        seed,
         ..RelayConfig::new(loss, rtt, lifetime)
     };
     let mut bed = Testbed::with_relay(&which, tunneld, Some(config))?;
@@ -956,7 +989,7 @@ fn lossy_goodput(
     let counted = sink.counted();
     // The client writes longer than the window; it is stopped once the window is measured.
     let bulk = Mode::Bulk {
-        seconds: o.seconds + 30,
+        seconds: o.seconds + LOSSY_FIRST_BYTE.as_secs() as u32 + 10,
     };
     let _client: Option<Guard> = match carrier {
         Carrier::KernelPath => {

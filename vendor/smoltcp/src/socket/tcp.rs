@@ -32,6 +32,8 @@ const DUP_THRESH: usize = 3;
 const TLP_MIN_PTO: Duration = Duration::from_millis(10);
 /// What RFC 8985 allows for the remote's delayed ACK when a single segment is in flight.
 const TLP_DELAYED_ACK: Duration = Duration::from_millis(200);
+/// The tail loss probe timeout before any round trip is measured (Linux's, its initial RTO).
+const TLP_NO_RTT_PTO: Duration = Duration::from_millis(1000);
 
 macro_rules! tcp_trace {
     ($($arg:expr),*) => (net_log!(trace, $($arg),*));
@@ -176,6 +178,9 @@ const RTTE_MIN_RTO_LIMIT: u32 = 10;
 // seconds
 const RTTE_MAX_RTO: u32 = 60_000;
 
+// RFC 6298 (5.7): the RTO data starts with when the handshake gave no RTT sample.
+const RTTE_HANDSHAKE_FALLBACK_RTO: u32 = 3000;
+
 #[derive(Debug, Clone, Copy)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 struct RttEstimator {
@@ -304,6 +309,18 @@ impl RttEstimator {
             self.rto_count = 0;
             self.have_measurement = false;
             tcp_trace!("rtte: too many retransmissions, clearing srtt, rttvar.");
+        }
+    }
+
+    /// The handshake is done. RFC 6298 (5.7): if it gave no RTT sample (the SYN or SYN-ACK
+    /// was sent again, and Karn's rule discards its ACK), data starts with an RTO of 3 s
+    /// rather than the handshake's backed-off one: after SYNs at 0, 1, 3 and 7 s that was
+    /// 8 s, and a first data segment or its ACK lost then stalled the connection 8 s (and
+    /// 16 s more if the resend was lost too).
+    fn on_handshake_done(&mut self) {
+        if !self.have_measurement {
+            self.rto = RTTE_HANDSHAKE_FALLBACK_RTO.max(self.min_rto);
+            self.rto_count = 0;
         }
     }
 
@@ -2393,6 +2410,7 @@ impl<'a> Socket<'a> {
 
             // ACK packets in the SYN-RECEIVED state change it to ESTABLISHED.
             (State::SynReceived, TcpControl::None) => {
+                self.rtte.on_handshake_done();
                 self.set_state(State::Established);
             }
 
@@ -2439,6 +2457,7 @@ impl<'a> Socket<'a> {
                 }
 
                 if repr.ack_number.is_some() {
+                    self.rtte.on_handshake_done();
                     self.set_state(State::Established);
                 } else {
                     self.set_state(State::SynReceived);
@@ -2955,15 +2974,23 @@ impl<'a> Socket<'a> {
             || self.no_recovery_before.is_some()
             || self.tlp_out.is_some()
             || self.flight_size() == 0
-            || !self.rtte.have_measurement
             || !matches!(self.state, State::Established | State::CloseWait)
         {
             return;
         }
-        let mut pto = Duration::from_millis(2 * self.rtte.srtt as u64).max(TLP_MIN_PTO);
-        if self.flight_size() <= self.remote_mss {
-            pto += TLP_DELAYED_ACK;
-        }
+        // Without a round trip measured yet (the handshake's was lost to a retransmission),
+        // a probe after 1 s, as Linux: waiting for the retransmission timer instead meant 3 s
+        // or more for a tail lost among the first segments.
+        let pto = if self.rtte.have_measurement {
+            let pto = Duration::from_millis(2 * self.rtte.srtt as u64).max(TLP_MIN_PTO);
+            if self.flight_size() <= self.remote_mss {
+                pto + TLP_DELAYED_ACK
+            } else {
+                pto
+            }
+        } else {
+            TLP_NO_RTT_PTO
+        };
         let at = now + pto;
         if let Timer::Retransmit { expires_at } = self.timer
             && expires_at <= at
@@ -3059,6 +3086,20 @@ impl<'a> Socket<'a> {
         let mut can_send = max_send != 0;
         // Can we send at least 1 full segment?
         let can_send_full = max_send >= effective_mss;
+
+        // Sender-side silly window avoidance (RFC 9293 section 3.8.6.2.1) where the
+        // congestion window is the limit: without Nagle, the window's last few octets went
+        // out as a segment of their own whenever an ACK opened less than a segment, and with
+        // the window growing by a fraction of a segment per ACK that was most ACKs. Each
+        // such sliver is one more datagram to lose (and a recovery to pay for on a lossy
+        // link) for a few octets; it waits for a full segment instead, as Linux counts its
+        // window in segments. A write shorter than a segment still goes once it fits.
+        if data_in_flight
+            && !can_send_full
+            && self.cwnd_remaining() < capped_send_seq.min(effective_mss)
+        {
+            can_send = false;
+        }
 
         // Do we have to send a FIN?
         let want_fin = match self.state {
@@ -8460,6 +8501,36 @@ mod test {
 
     #[test]
     #[cfg(feature = "socket-tcp-cubic")]
+    fn test_no_sliver_when_the_congestion_window_limits() {
+        // A window of two and a half segments sends two, not a third of half a segment;
+        // once an ACK opens room for whole segments, only whole segments go. A write
+        // shorter than a segment still goes at once (Nagle is off).
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.set_congestion_control(CongestionControl::Cubic);
+        s.set_nagle_enabled(false);
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        s.congestion_controller.inner_mut().set_initial_window(25);
+        s.send_slice(&[b'x'; 100]).unwrap();
+        let sent = drain(&mut s, 0);
+        assert_eq!(offsets(&sent), vec![0, 10]);
+        assert!(sent.iter().all(|(_, p)| p.len() == 10), "{sent:?}");
+        // Slow start: the ACK of 20 octets grows the window to 45, four whole segments.
+        ack_with_sack(&mut s, 10, 20, &[]);
+        assert_eq!(s.congestion_window(), 45);
+        let sent = drain(&mut s, 10);
+        assert_eq!(offsets(&sent), vec![20, 30, 40, 50]);
+        assert!(sent.iter().all(|(_, p)| p.len() == 10), "{sent:?}");
+        // Everything acknowledged, then a short write goes alone.
+        ack_with_sack(&mut s, 20, 60, &[]);
+        assert_eq!(offsets(&drain(&mut s, 20)), vec![60, 70, 80, 90]);
+        ack_with_sack(&mut s, 30, 100, &[]);
+        s.send_slice(b"abc").unwrap();
+        assert_eq!(drain(&mut s, 30), vec![(100, b"abc".to_vec())]);
+    }
+
+    #[test]
+    #[cfg(feature = "socket-tcp-cubic")]
     fn test_slow_start_after_timeout_counts_delivered_octets() {
         // Segment 0 of ten is lost and so is its retransmission; 1..9 are SACKed. After
         // the timeout the window is one segment; the ACK of everything that follows the
@@ -8570,6 +8641,87 @@ mod test {
             ),
             (1, 1, 0, 2)
         );
+    }
+
+    #[test]
+    fn test_rto_after_a_retransmitted_syn_is_3s() {
+        // SYNs at 0, 1, 3 and 7 s back the timer off to 8 s; the SYN-ACK gives no RTT
+        // sample (Karn), and data starts with RFC 6298 (5.7)'s 3 s, not 8.
+        let mut s = socket_syn_sent();
+        for t in [0, 1000, 3000, 7000] {
+            s.cx.set_now(Instant::from_millis(t));
+            let mut syn = false;
+            s.socket
+                .dispatch(&mut s.cx, |_, _, (_, repr)| {
+                    syn = repr.control == TcpControl::Syn;
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            assert!(syn, "a SYN at {t} ms");
+        }
+        assert_eq!(s.retransmission_timeout(), Duration::from_millis(8000));
+        send!(
+            s,
+            time 7100,
+            TcpRepr {
+                control: TcpControl::Syn,
+                seq_number: REMOTE_SEQ,
+                ack_number: Some(LOCAL_SEQ + 1),
+                max_seg_size: Some(BASE_MSS),
+                ..SEND_TEMPL
+            }
+        );
+        assert_eq!(s.state, State::Established);
+        assert_eq!(s.retransmission_timeout(), Duration::from_millis(3000));
+    }
+
+    #[test]
+    fn test_rto_after_a_sampled_handshake_is_computed() {
+        // The SYN went once: the SYN-ACK is a sample, and the RTO comes from it (1 s floor).
+        let mut s = socket_syn_sent();
+        s.set_min_rto(Duration::from_millis(200));
+        recv!(s, time 0, Ok(TcpRepr {
+            control: TcpControl::Syn,
+            seq_number: LOCAL_SEQ,
+            ack_number: None,
+            max_seg_size: Some(BASE_MSS),
+            window_scale: Some(0),
+            sack_permitted: true,
+            ..RECV_TEMPL
+        }));
+        send!(
+            s,
+            time 80,
+            TcpRepr {
+                control: TcpControl::Syn,
+                seq_number: REMOTE_SEQ,
+                ack_number: Some(LOCAL_SEQ + 1),
+                max_seg_size: Some(BASE_MSS),
+                ..SEND_TEMPL
+            }
+        );
+        assert_eq!(s.state, State::Established);
+        assert_eq!(s.retransmission_timeout(), Duration::from_millis(240));
+    }
+
+    #[test]
+    fn test_tail_loss_probe_without_a_round_trip_measured() {
+        // No round trip measured yet (the handshake's sample was lost), the timer at 3 s:
+        // two segments go, the remote's ACK is lost, and a probe goes after 1 s rather than
+        // the timeout after 3.
+        let mut s = socket_established_with_buffer_sizes(256, 64);
+        s.remote_has_sack = true;
+        s.remote_mss = 10;
+        s.congestion_controller.inner_mut().set_mss(10);
+        s.rtte.on_handshake_done();
+        assert_eq!(s.retransmission_timeout(), Duration::from_millis(3000));
+        s.send_slice(&[b'a'; 20]).unwrap();
+        assert_eq!(offsets(&drain(&mut s, 0)), vec![0, 10]);
+        assert_eq!(s.tlp_at, Some(Instant::from_millis(1000)));
+        assert!(drain(&mut s, 999).is_empty());
+        assert_eq!(offsets(&drain(&mut s, 1000)), vec![10], "the probe");
+        assert_eq!(s.retransmit_stats().probes, 1);
+        assert_eq!(s.retransmit_stats().timeouts, 0);
     }
 
     #[test]
