@@ -806,10 +806,8 @@ fn lossy_grid(
     let mut failures = Vec::new();
     let total = o.rounds * LOSSY_CELLS.iter().filter(|&&(l, r)| in_run(l, r)).count() * rows.len();
     let mut done = 0;
-    // Common random numbers: within a round and cell every row meets the same drops (the
-    // relay's decisions are drawn per direction in datagram order), so the rows are
-    // compared on the same luck. Seeds differ between rounds, cells and runs; `--seed`
-    // repeats a run's (a round's drops depend on the round and cell alone, not on --cells).
+    // One seed per round and cell (the section's comment says why); `--seed` repeats a
+    // run's, since a round's drops depend on the base, the round and the cell alone.
     let base_seed = seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

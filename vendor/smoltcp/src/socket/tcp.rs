@@ -8677,7 +8677,8 @@ mod test {
 
     #[test]
     fn test_rto_after_a_sampled_handshake_is_computed() {
-        // The SYN went once: the SYN-ACK is a sample, and the RTO comes from it (1 s floor).
+        // The SYN went once: the SYN-ACK is an 80 ms sample, and the RTO comes from it
+        // (80 + 4 * 40 ms, above a 200 ms floor), not from the 3 s fallback.
         let mut s = socket_syn_sent();
         s.set_min_rto(Duration::from_millis(200));
         recv!(s, time 0, Ok(TcpRepr {
