@@ -3094,10 +3094,7 @@ impl<'a> Socket<'a> {
         // such sliver is one more datagram to lose (and a recovery to pay for on a lossy
         // link) for a few octets; it waits for a full segment instead, as Linux counts its
         // window in segments. A write shorter than a segment still goes once it fits.
-        if data_in_flight
-            && !can_send_full
-            && self.cwnd_remaining() < capped_send_seq.min(effective_mss)
-        {
+        if data_in_flight && !can_send_full && self.window_holds_back() {
             can_send = false;
         }
 
