@@ -212,12 +212,32 @@ impl Drop for Owner {
     }
 }
 
+/// A command that runs its arguments in `ns` and in a mount namespace of their own, where
+/// `/dev/net` is a new tmpfs holding a TUN clone device (character 10:200, fixed by the
+/// kernel's ABI) of `mode`, owned by root. The host's device is neither used nor changed.
+fn with_tun_device(ns: &NetNs, mode: &str) -> std::process::Command {
+    let mut cmd = ns.command("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-ec",
+        "mode=$1; shift; mount -t tmpfs -o mode=0755 tunneld-test /dev/net; \
+         mknod -m \"$mode\" /dev/net/tun c 10 200; exec \"$@\"",
+        "sh",
+        mode,
+    ]);
+    cmd
+}
+
 /// What the unit does (`User=tunneld`, `AmbientCapabilities=CAP_NET_ADMIN`,
 /// `CapabilityBoundingSet=CAP_NET_ADMIN`, `RuntimeDirectory=wireguard` owned by the user):
 /// `tunneld up` started by `setpriv` as `nobody` with CAP_NET_ADMIN alone brings the
 /// interface up, carries traffic to a peer, serves `wg` (root's), reloads its file on
 /// SIGHUP and removes its socket on SIGTERM; every thread runs as that user with
-/// CAP_NET_ADMIN and nothing else.
+/// CAP_NET_ADMIN and nothing else. A device the user cannot open is refused with what to
+/// change.
 #[test]
 fn up_runs_as_an_unprivileged_user_with_cap_net_admin_alone() {
     const NOBODY: u32 = 65534;
@@ -257,21 +277,48 @@ fn up_runs_as_an_unprivileged_user_with_cap_net_admin_alone() {
     // go on using it.
     let _run = Owner::change("/var/run/wireguard", NOBODY, NOBODY);
     let log = dir.path().join("tunneld.log");
+    // tunneld as the unit runs it, with a /dev/net/tun of `mode` of its own (see
+    // `with_tun_device`): hosts differ (udev makes it 0666; a host without udev may leave it
+    // 0600), so the test makes the device it needs instead of assuming the host's.
+    let as_nobody = |mode: &str| {
+        let mut cmd = with_tun_device(&a, mode);
+        cmd.args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--bounding-set=-all,+net_admin",
+            "--inh-caps=-all,+net_admin",
+            "--ambient-caps=+net_admin",
+        ])
+        .arg(&bin)
+        .arg("up")
+        .arg(&config);
+        cmd
+    };
+
+    step("a /dev/net/tun the user cannot open: one line saying what to change");
+    let out = output_bounded(&mut as_nobody("0600"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "started without the device:\n{stderr}"
+    );
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("tunneld:") || l.contains("ERROR"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one line with the reason:\n{stderr}");
+    assert!(
+        errors[0].contains("/dev/net/tun is mode 0600")
+            && errors[0].contains("uid 65534")
+            && errors[0].contains("make it 0666"),
+        "{stderr}"
+    );
 
     step("tunneld up as nobody with CAP_NET_ADMIN alone");
     let mut child = KillOnDrop(
-        a.command("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "--bounding-set=-all,+net_admin",
-                "--inh-caps=-all,+net_admin",
-                "--ambient-caps=+net_admin",
-            ])
-            .arg(&bin)
-            .arg("up")
-            .arg(&config)
+        as_nobody("0666")
             .env("TUNNELD_LOG", "debug")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

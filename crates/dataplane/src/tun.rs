@@ -140,8 +140,11 @@ impl Tun {
 
     fn create(name: &str, vnet_hdr: bool, multi_queue: bool) -> io::Result<Tun> {
         validate_name(name)?;
-        let fail = |e: io::Error| {
-            io::Error::new(e.kind(), format!("cannot create TUN device {name}: {e}"))
+        let fail = |e: io::Error, hint: String| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot create TUN device {name}: {e}{hint}"),
+            )
         };
 
         // SAFETY: CLONE_DEVICE is a NUL-terminated path; open has no other preconditions.
@@ -152,7 +155,9 @@ impl Tun {
             )
         };
         if raw < 0 {
-            return Err(fail(io::Error::last_os_error()));
+            let e = io::Error::last_os_error();
+            let hint = open_hint(&e);
+            return Err(fail(e, hint));
         }
         // SAFETY: `raw` is a descriptor open() just returned, owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
@@ -176,7 +181,13 @@ impl Tun {
         // call; the name is NUL-terminated because validate_name keeps it under IFNAMSIZ bytes.
         let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETIFF, &mut ifr) };
         if rc < 0 {
-            return Err(fail(io::Error::last_os_error()));
+            let e = io::Error::last_os_error();
+            let hint = if e.raw_os_error() == Some(libc::EPERM) {
+                " (creating an interface needs CAP_NET_ADMIN)".to_string()
+            } else {
+                String::new()
+            };
+            return Err(fail(e, hint));
         }
 
         // The kernel writes back the name it used (it differs when it chose one).
@@ -205,6 +216,45 @@ impl Tun {
     /// The interface name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+}
+
+/// What to change when the clone device cannot be opened: "Permission denied" alone does not
+/// say that the device's mode is the cause (CAP_NET_ADMIN does not bypass it), and hosts
+/// differ: udev's default rule makes it 0666, a container or a host without udev may leave
+/// it 0600 root's.
+fn open_hint(e: &io::Error) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let device = "/dev/net/tun";
+    match e.raw_os_error() {
+        // Refused by a device cgroup (systemd's DevicePolicy=) or a security module, not by
+        // the mode.
+        Some(libc::EPERM) => format!(
+            " (the device controller or a security module refused {device}: a systemd unit \
+             needs DeviceAllow={device} rw)"
+        ),
+        Some(libc::EACCES) => match std::fs::metadata(device) {
+            Ok(meta) => {
+                // SAFETY: geteuid has no preconditions and cannot fail.
+                let uid = unsafe { libc::geteuid() };
+                format!(
+                    " ({device} is mode {:04o}, owner {}:{}, and uid {uid} may not open it \
+                     for reading and writing: make it 0666, as udev's default rule does, or \
+                     0660 with a group of this user's)",
+                    meta.mode() & 0o7777,
+                    meta.uid(),
+                    meta.gid(),
+                )
+            }
+            Err(_) => format!(" ({device} cannot be read by this user)"),
+        },
+        Some(libc::ENOENT) => format!(
+            " (there is no {device}: load the tun module, or pass the device into the container)"
+        ),
+        Some(libc::ENODEV | libc::ENXIO) => {
+            " (the kernel has no TUN driver: load the tun module)".to_string()
+        }
+        _ => String::new(),
     }
 }
 
