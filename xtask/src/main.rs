@@ -17,6 +17,7 @@ mod module_cycles;
 mod one_netlink_parser;
 mod package;
 mod publish;
+mod rehearsal;
 mod report;
 mod system;
 mod testbed;
@@ -92,7 +93,12 @@ commands:
   deps             only install the system tools the tests and demo need
   publish-check [--allow-dirty]
                    what depending on the library needs: docs with no warning, and
-                   `cargo publish --dry-run` of every published crate (about 2 minutes)";
+                   `cargo publish --dry-run` of every published crate (about 2 minutes)
+  rehearsal        the published crates as a user gets them: packaged, laid out with the
+                   locked crates.io crates as a directory source that replaces crates.io, and
+                   a consumer (xtask/rehearsal/consumer.rs) built against them in an empty
+                   directory with no [patch], then run in a namespace: an embedded gateway
+                   and a user-space tunnel move 1 MiB; needs root to run it";
 
 fn main() -> ExitCode {
     system::ensure_sbin_in_path();
@@ -119,6 +125,7 @@ fn main() -> ExitCode {
             publish::docs(&root)?;
             publish::dry_run(&root, args.iter().any(|a| a == "--allow-dirty"))
         }),
+        Some("rehearsal") => system::repo_root().and_then(|root| rehearsal::run_rehearsal(&root)),
         Some("deb") => package::build().and_then(|deb| {
             if args.iter().any(|a| a == "--check") {
                 package::check_installed(&deb)

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 /// The workspace members that are not published (test support, benches, this tool).
-const UNPUBLISHED: [&str; 3] = ["tunneld-testnet", "tunneld-benches", "xtask"];
+pub const UNPUBLISHED: [&str; 3] = ["tunneld-testnet", "tunneld-benches", "xtask"];
 
 /// Every feature of the published crates, so their docs and API are checked whole.
 pub const FEATURES: &str =
