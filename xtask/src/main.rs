@@ -4,6 +4,8 @@
 mod bench;
 mod closed_loop;
 mod demo;
+#[cfg(test)]
+mod docs_commands;
 mod embedded_bench;
 mod fleet_bench;
 mod fuzz;
