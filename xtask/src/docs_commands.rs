@@ -169,8 +169,8 @@ fn has_test_named(dir: &Path, filter: &str) -> bool {
                 && (stem.is_some_and(|s| s.contains(filter))
                     || std::fs::read_to_string(&path).is_ok_and(|text| {
                         text.split("fn ")
-                            .chain(text.split("mod "))
                             .skip(1)
+                            .chain(text.split("mod ").skip(1))
                             .any(|after| {
                                 let name: String = after
                                     .chars()
