@@ -2,8 +2,8 @@
 //! ([`Gateway::wait_ready`](crate::Gateway::wait_ready)): a monitor thread, started by the
 //! first subscriber, reads every worker's peers at the workers' tick (250 ms, between
 //! batches, as `peers()` does) and turns the differences into events with the core's
-//! `event::Tracker`. It reads only; the one change it makes is asking for a handshake, for
-//! `wait_ready`, as the TLS transport does.
+//! `event::Tracker`. It only reads (`wait_ready`'s request for a handshake goes through the
+//! control handle).
 
 use std::collections::HashSet;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};

@@ -609,9 +609,9 @@ impl Gateway {
             Readiness::Wait(events) => events,
         };
         let key = *peer;
-        self.workers()?
-            .run_each(move |device, _| device.request_handshake(&key))
-            .ok_or(Error::Stopped)?;
+        if !lock(&self.interface()?.control).request_handshake(key) {
+            return Err(Error::Stopped);
+        }
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match events.recv_timeout(left) {
@@ -773,8 +773,8 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
     let (wireguard, interface, starters) = match plan.wireguard {
         Some(mut wg) => {
             // Peers with transport = "tls" are reached through a loopback bridge each.
-            let worker = Arc::new(OnceLock::new());
-            let tls_peers = Arc::new(crate::tls_peers::TlsPeers(worker.clone()));
+            let control = Arc::new(OnceLock::new());
+            let tls_peers = Arc::new(crate::tls_peers::TlsPeers(control.clone()));
             let (bridges, starters) =
                 tunneld_tls::prepare_peer_transports(&plan.config, &plan.base, tls_peers)
                     .map_err(Error::system)?;
@@ -790,7 +790,7 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
             let running = bring_up::start_wireguard(wg, options, file.clone(), plan.config.clone())
                 .map_err(Error::system)?;
             let _ = wg_port.set(running.port);
-            let _ = worker.set(running.workers.clone());
+            let _ = control.set(running.control.clone());
             let interface = Interface {
                 name: running.name.clone(),
                 listen_port: running.port,
@@ -1032,6 +1032,86 @@ mod tests {
         assert_eq!(
             routes, wanted,
             "the kernel's routes are not the peers' allowed IPs"
+        );
+        gateway.shutdown().unwrap();
+    }
+
+    /// The TLS transport's fallback (a `transport = "auto"` peer whose UDP went unanswered)
+    /// moves the peer to its bridge through the same door as every other writer: `peers()`
+    /// shows the bridge, an `EndpointChanged` says so, and the control plane's own copy
+    /// follows, so a reload that adds the peer again (here after `wg set` removed it) puts
+    /// it back on the bridge rather than on the blocked UDP address it left, where no
+    /// watcher would move it again.
+    #[test]
+    fn a_tls_fallback_is_what_show_events_and_reloads_see() {
+        if !require_netns("a_tls_fallback_is_what_show_events_and_reloads_see") {
+            return;
+        }
+        let ns = NetNs::new();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["peer.test".into()]).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
+        let name = unique_name("wg");
+        let peer = PrivateKey::generate().public_key();
+        // No route to 192.0.2.2 and no traffic: UDP stays silent, so the real watcher
+        // never falls back on its own; the test makes the move it would make.
+        let file = dir.path().join("gateway.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[interface]\nname = \"{name}\"\nprivate_key = \"{}\"\nlisten_port = 0\n\
+                 address = [\"10.9.255.1/32\"]\n\n\
+                 [[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"10.9.0.2/32\"]\n\
+                 transport = \"auto\"\nendpoint = \"192.0.2.2:51820\"\n\
+                 tls_endpoint = \"192.0.2.2:8443\"\ntls_server_name = \"peer.test\"\n\
+                 tls_ca_file = \"ca.pem\"\n",
+                *PrivateKey::generate().to_base64(),
+                peer.to_base64()
+            ),
+        )
+        .unwrap();
+        let gateway = ns
+            .in_ns(move || Gateway::builder(Settings::from_file(&file)?).start())
+            .unwrap();
+        let endpoint = |gateway: &Gateway| {
+            gateway
+                .peers()
+                .unwrap()
+                .into_iter()
+                .find(|p| p.public_key == peer)
+                .and_then(|p| p.endpoint)
+        };
+        assert_eq!(endpoint(&gateway), Some("192.0.2.2:51820".parse().unwrap()));
+        let events = gateway.events().unwrap();
+
+        let bridge: std::net::SocketAddr = "127.0.0.1:40999".parse().unwrap();
+        let control = gateway.interface().unwrap().control.clone();
+        let transport = crate::tls_peers::TlsPeers(Arc::new(OnceLock::from(control)));
+        tunneld_tls::WireGuardPeers::move_peer(&transport, &peer, bridge);
+        assert_eq!(endpoint(&gateway), Some(bridge), "show after the fallback");
+        loop {
+            match events.recv_timeout(Duration::from_secs(5)) {
+                Ok(Some(Event::EndpointChanged { peer: p, endpoint })) if p == peer => {
+                    assert_eq!(endpoint, bridge);
+                    break;
+                }
+                Ok(Some(_)) => {}
+                other => panic!("no EndpointChanged for the fallback: {other:?}"),
+            }
+        }
+
+        let socket = format!("{}/{name}.sock", crate::uapi_server::SOCKET_DIR);
+        let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+        uapi_set(
+            &mut stream,
+            &format!("set=1\npublic_key={}\nremove=true\n\n", peer.to_hex()),
+        );
+        assert_eq!(endpoint(&gateway), None, "wg set removed the peer");
+        gateway.reload_file("test").unwrap();
+        assert_eq!(
+            endpoint(&gateway),
+            Some(bridge),
+            "the reload put the peer back on the UDP address it had left"
         );
         gateway.shutdown().unwrap();
     }
