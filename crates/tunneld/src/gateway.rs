@@ -4,17 +4,17 @@
 use crate::bring_up::{self, RunningWireGuard, StartOptions};
 use crate::control::{lock, ControlHandle};
 use crate::error::Error;
-use crate::events::{GatewayEvents, Monitor, Readiness};
+use crate::events::{GatewayEvents, Monitor};
 use crate::plan::{self, Plan, Resolve};
 use crate::reload::{ReloadError, ReloadReport};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tunneld_config::Config;
-use tunneld_crypto::{PresharedKey, PublicKey};
+use tunneld_crypto::PublicKey;
 use tunneld_wireguard::event::Event;
 use tunneld_wireguard::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, WorkerStats};
-use tunneld_wireguard::PeerSettings;
+use tunneld_wireguard::{PeerChange, PeerSettings};
 
 /// A gateway's settings, validated, with their key files read, endpoints resolved and the
 /// dataplane decided (everything a start would refuse is refused here): from a config file
@@ -467,16 +467,7 @@ impl Gateway {
     /// Changes what `change` names of an existing peer; its session is kept (a new preshared
     /// key starts a new one).
     pub fn update_peer(&self, change: PeerChange) -> Result<(), Error> {
-        let mut update = PeerUpdate::new(change.public_key);
-        update.update_only = true;
-        update.preshared_key = change.preshared_key;
-        update.endpoint = change.endpoint;
-        update.persistent_keepalive = change.persistent_keepalive;
-        if let Some(allowed_ips) = change.allowed_ips {
-            update.replace_allowed_ips = true;
-            update.allowed_ips = allowed_ips;
-        }
-        lock(&self.interface()?.control).update_peer(update)
+        lock(&self.interface()?.control).update_peer(PeerUpdate::from(change))
     }
 
     /// Removes a peer, its sessions and its routes.
@@ -602,11 +593,8 @@ impl Gateway {
     /// ```
     pub fn wait_ready(&self, peer: &PublicKey, timeout: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
-        let events = match self.monitor()?.readiness(peer) {
-            Readiness::Ready => return Ok(()),
-            Readiness::Unknown => return Err(Error::UnknownPeer(*peer)),
-            Readiness::Stopped => return Err(Error::Stopped),
-            Readiness::Wait(events) => events,
+        let Some(events) = self.monitor()?.wait_for(peer)? else {
+            return Ok(());
         };
         let key = *peer;
         if !lock(&self.interface()?.control).request_handshake(key) {
@@ -680,41 +668,6 @@ impl Gateway {
         match running {
             Some(running) => stop(running),
             None => Ok(()),
-        }
-    }
-}
-
-/// What [`Gateway::update_peer`] changes; `None` leaves a setting as it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PeerChange {
-    /// The peer to change.
-    pub public_key: PublicKey,
-    /// Where to send its datagrams from now on.
-    pub endpoint: Option<std::net::SocketAddr>,
-    /// Replaces every allowed IP (and the routes follow).
-    pub allowed_ips: Option<Vec<ipnet::IpNet>>,
-    /// Seconds; 0 turns it off.
-    pub persistent_keepalive: Option<u16>,
-    /// `Some(None)` removes the preshared key. A new key starts a new session.
-    pub preshared_key: Option<Option<PresharedKey>>,
-}
-
-impl PeerChange {
-    /// A change to the peer `public_key` that changes nothing yet.
-    ///
-    /// ```
-    /// # let key = tunneld::PrivateKey::generate().public_key();
-    /// let mut change = tunneld::PeerChange::new(key);
-    /// change.endpoint = Some("192.0.2.9:51820".parse().unwrap());
-    /// ```
-    pub fn new(public_key: PublicKey) -> Self {
-        PeerChange {
-            public_key,
-            endpoint: None,
-            allowed_ips: None,
-            persistent_keepalive: None,
-            preshared_key: None,
         }
     }
 }
