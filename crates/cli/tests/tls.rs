@@ -922,6 +922,29 @@ fn an_auto_peer_falls_back_to_tls_when_udp_stops_working() {
         ga.log_text()
     );
     tcp_transfer(&s.b, &s.a, "10.77.0.1:5021".parse().unwrap(), 4 << 20);
+
+    step("the move is what `wg show` and reloads see: removed by hand, a reload brings the peer back on TLS");
+    let peer_line = |dump: Vec<Vec<String>>| dump.into_iter().find(|l| l[0] == pubkey(&kb));
+    let bridge = peer_line(wg_dump(&s.a, &ia)).unwrap()[2].clone();
+    assert!(
+        bridge.starts_with("127.0.0.1:"),
+        "the endpoint shown is {bridge}"
+    );
+    s.a.run(&["wg", "set", &ia, "peer", &pubkey(&kb), "remove"]);
+    assert!(peer_line(wg_dump(&s.a, &ia)).is_none());
+    let reloads = || ga.log_text().matches("WireGuard settings reloaded").count();
+    let before = reloads();
+    Command::new("kill")
+        .args(["-HUP", &ga.pid().to_string()])
+        .status()
+        .unwrap();
+    wait_until("the reload", || reloads() > before);
+    let back = peer_line(wg_dump(&s.a, &ia)).expect("the reload added the peer again");
+    assert_eq!(
+        back[2], bridge,
+        "the reload put the peer back on blocked UDP"
+    );
+    ping(&s.a, "10.77.0.2");
 }
 
 /// A datagram that follows the client's handshake at once (rustls sends it right behind its

@@ -1,6 +1,8 @@
 //! The control handle of a running WireGuard interface: the one object every writer goes
 //! through — the UAPI socket (`wg set`), the library's peer operations, reloads (SIGHUP,
-//! `Gateway::reload`) and the bare mode once it runs — behind one lock
+//! `Gateway::reload`), the bare mode once it runs, host names resolved again
+//! (`reresolve.rs`) and the TLS transport (`tls_peers.rs`: its handshake requests and a
+//! `transport = "auto"` peer's move to TLS) — behind one lock
 //! ([`ControlHandle`]). Holding it, a writer applies its change to every worker in turn,
 //! then makes the kernel's routes and the sockets' mark follow, before the next writer
 //! starts: so every worker sees the changes in the same order, and routes always follow the
@@ -366,19 +368,57 @@ impl Control {
         if !self.host_endpoints.contains_key(&key) {
             return false;
         }
+        self.move_peer(key, endpoint)
+    }
+
+    /// Sends `key`'s datagrams to `endpoint`, its transport's new address (a `transport =
+    /// "auto"` peer moved to its TLS bridge), and handshakes there at once. False for an
+    /// unknown peer or stopped workers.
+    pub(crate) fn move_to_transport(&mut self, key: PublicKey, endpoint: SocketAddr) -> bool {
+        self.move_peer(key, endpoint)
+    }
+
+    /// Moves `key` to `endpoint` on every worker and in the control plane's own copy of the
+    /// peers: a reload starts from that copy, so a peer it adds again (removed by hand, or
+    /// its `parallel` changed) comes back where it runs, not where it was first.
+    fn move_peer(&mut self, key: PublicKey, endpoint: SocketAddr) -> bool {
         let moved = self
             .workers
             .run_each(move |device, _| device.move_peer(&key, endpoint))
             .is_some_and(|moved| moved.into_iter().any(|m| m));
         if let Some(managed) = &mut self.managed {
-            // A reload compares the file with this, so the new address is what runs.
             for (_, running) in managed.running.iter_mut() {
                 if running.public_key == key {
                     running.endpoint = Some(endpoint);
                 }
             }
         }
+        if let Some(added) = self.added.get_mut(&key) {
+            added.endpoint = Some(endpoint);
+        }
         moved
+    }
+
+    /// Asks for a handshake with `key` at the workers' next tick (a TLS transport that has
+    /// just connected, `wait_ready`). False when the workers have stopped.
+    pub(crate) fn request_handshake(&self, key: PublicKey) -> bool {
+        self.workers
+            .run_each(move |device, _| device.request_handshake(&key))
+            .is_some()
+    }
+
+    /// The bytes sent to `key` and received from it, summed over the workers (only those
+    /// carrying its sessions count any; 0 for an unknown peer); `None` once they stopped.
+    pub(crate) fn peer_traffic(&self, key: PublicKey) -> Option<(u64, u64)> {
+        let traffic = self
+            .workers
+            .run_each(move |device, _| device.peer_traffic(&key))?;
+        Some(
+            traffic
+                .into_iter()
+                .flatten()
+                .fold((0, 0), |(tx, rx), (t, r)| (tx + t, rx + r)),
+        )
     }
 
     /// Makes the kernel's routes through the interface follow the peers' allowed IPs (in

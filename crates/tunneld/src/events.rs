@@ -2,16 +2,16 @@
 //! ([`Gateway::wait_ready`](crate::Gateway::wait_ready)): a monitor thread, started by the
 //! first subscriber, reads every worker's peers at the workers' tick (250 ms, between
 //! batches, as `peers()` does) and turns the differences into events with the core's
-//! `event::Tracker`. It reads only; the one change it makes is asking for a handshake, for
-//! `wait_ready`, as the TLS transport does.
+//! `event::Tracker`. It only reads (`wait_ready`'s request for a handshake goes through the
+//! control handle).
 
-use std::collections::HashSet;
+use crate::Error;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tunneld_crypto::PublicKey;
 use tunneld_dataplane::worker::Workers;
-use tunneld_wireguard::event::{Event, Tracker};
+use tunneld_wireguard::event::{Event, Hub, Readiness, Tracker};
 
 /// How often the monitor looks: the workers' timer tick.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
@@ -64,122 +64,83 @@ impl Iterator for GatewayEvents {
     }
 }
 
-/// What the monitor and the handles share.
+/// What the monitor and the handles share: the core's hub, and whether the monitor has
+/// made its first observation (before it, no peer is known).
 #[derive(Debug, Default)]
-struct Hub {
-    subscribers: Vec<Sender<Event>>,
-    known: HashSet<PublicKey>,
-    handshaken: HashSet<PublicKey>,
-    stopped: bool,
-    /// The monitor has made its first observation (before it, `known` is empty).
+struct Shared {
+    hub: Hub<Sender<Event>>,
     primed: bool,
 }
 
 /// The monitor of one gateway's interface; started at the first subscriber.
 #[derive(Debug)]
 pub(crate) struct Monitor {
-    hub: Arc<(Mutex<Hub>, std::sync::Condvar)>,
+    shared: Arc<(Mutex<Shared>, Condvar)>,
 }
 
-fn lock(hub: &Mutex<Hub>) -> MutexGuard<'_, Hub> {
-    hub.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Whether `peer` is ready, and if not the events to wait on.
-pub(crate) enum Readiness {
-    Ready,
-    Unknown,
-    Stopped,
-    Wait(GatewayEvents),
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Monitor {
     /// Starts the monitor thread over `workers`; returns once it has looked once, so the
     /// peers are known.
     pub(crate) fn start(workers: Workers) -> std::io::Result<Monitor> {
-        let hub = Arc::new((Mutex::new(Hub::default()), std::sync::Condvar::new()));
-        let shared = hub.clone();
+        let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
+        let monitored = shared.clone();
         std::thread::Builder::new()
             .name("tunneld-events".into())
-            .spawn(move || run(workers, &shared))?;
-        let (mutex, primed) = &*hub;
+            .spawn(move || run(workers, &monitored))?;
+        let (mutex, primed) = &*shared;
         let mut guard = lock(mutex);
         while !guard.primed {
             guard = primed.wait(guard).unwrap_or_else(PoisonError::into_inner);
         }
         drop(guard);
-        Ok(Monitor { hub })
+        Ok(Monitor { shared })
     }
 
     pub(crate) fn subscribe(&self) -> GatewayEvents {
-        subscribe(&mut lock(&self.hub.0))
+        subscribe(&mut lock(&self.shared.0).hub)
     }
 
-    pub(crate) fn readiness(&self, peer: &PublicKey) -> Readiness {
-        let mut hub = lock(&self.hub.0);
-        if hub.stopped {
-            Readiness::Stopped
-        } else if !hub.known.contains(peer) {
-            Readiness::Unknown
-        } else if hub.handshaken.contains(peer) {
-            Readiness::Ready
-        } else {
-            Readiness::Wait(subscribe(&mut hub))
+    /// Nothing if `peer` has handshaken, else the events that will say when it does.
+    pub(crate) fn wait_for(&self, peer: &PublicKey) -> Result<Option<GatewayEvents>, Error> {
+        let mut shared = lock(&self.shared.0);
+        match shared.hub.readiness(peer) {
+            Readiness::Ready => Ok(None),
+            Readiness::NotYet => Ok(Some(subscribe(&mut shared.hub))),
+            Readiness::Unknown => Err(Error::UnknownPeer(*peer)),
+            Readiness::Stopped => Err(Error::Stopped),
         }
     }
 }
 
-fn subscribe(hub: &mut Hub) -> GatewayEvents {
+fn subscribe(hub: &mut Hub<Sender<Event>>) -> GatewayEvents {
     let (tx, rx) = mpsc::channel();
-    if hub.stopped {
-        let _ = tx.send(Event::Stopped);
-    } else {
-        hub.subscribers.push(tx);
-    }
+    hub.subscribe(tx);
     GatewayEvents { rx }
 }
 
-fn run(workers: Workers, hub: &(Mutex<Hub>, std::sync::Condvar)) {
+fn run(workers: Workers, shared: &(Mutex<Shared>, Condvar)) {
     let mut tracker = Tracker::default();
     loop {
         let now = Instant::now();
         let observed =
             workers.run_each(|device, now| device.observe_peers(now).collect::<Vec<_>>());
-        let mut guard = lock(&hub.0);
+        let mut guard = lock(&shared.0);
         let Some(observed) = observed else {
             // A worker has stopped: the gateway was shut down, or failed.
-            guard.stopped = true;
+            guard.hub.stop();
             guard.primed = true;
-            for s in guard.subscribers.drain(..) {
-                let _ = s.send(Event::Stopped);
-            }
-            hub.1.notify_all();
+            shared.1.notify_all();
             return;
         };
         let events = tracker.observe(observed.into_iter().flatten(), now);
-        for event in &events {
-            match event {
-                Event::PeerAdded { peer } => {
-                    guard.known.insert(*peer);
-                }
-                Event::PeerRemoved { peer } => {
-                    guard.known.remove(peer);
-                    guard.handshaken.remove(peer);
-                }
-                Event::HandshakeCompleted { peer, .. } => {
-                    guard.handshaken.insert(*peer);
-                }
-                _ => {}
-            }
-        }
-        if !events.is_empty() {
-            guard
-                .subscribers
-                .retain(|s| events.iter().all(|e| s.send(e.clone()).is_ok()));
-        }
+        guard.hub.publish(&events);
         if !guard.primed {
             guard.primed = true;
-            hub.1.notify_all();
+            shared.1.notify_all();
         }
         drop(guard);
         std::thread::sleep(LOOK_EVERY.saturating_sub(now.elapsed()));

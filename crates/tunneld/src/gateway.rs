@@ -4,17 +4,17 @@
 use crate::bring_up::{self, RunningWireGuard, StartOptions};
 use crate::control::{lock, ControlHandle};
 use crate::error::Error;
-use crate::events::{GatewayEvents, Monitor, Readiness};
+use crate::events::{GatewayEvents, Monitor};
 use crate::plan::{self, Plan, Resolve};
 use crate::reload::{ReloadError, ReloadReport};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tunneld_config::Config;
-use tunneld_crypto::{PresharedKey, PublicKey};
+use tunneld_crypto::PublicKey;
 use tunneld_wireguard::event::Event;
 use tunneld_wireguard::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, WorkerStats};
-use tunneld_wireguard::PeerSettings;
+use tunneld_wireguard::{PeerChange, PeerSettings};
 
 /// A gateway's settings, validated, with their key files read, endpoints resolved and the
 /// dataplane decided (everything a start would refuse is refused here): from a config file
@@ -467,16 +467,7 @@ impl Gateway {
     /// Changes what `change` names of an existing peer; its session is kept (a new preshared
     /// key starts a new one).
     pub fn update_peer(&self, change: PeerChange) -> Result<(), Error> {
-        let mut update = PeerUpdate::new(change.public_key);
-        update.update_only = true;
-        update.preshared_key = change.preshared_key;
-        update.endpoint = change.endpoint;
-        update.persistent_keepalive = change.persistent_keepalive;
-        if let Some(allowed_ips) = change.allowed_ips {
-            update.replace_allowed_ips = true;
-            update.allowed_ips = allowed_ips;
-        }
-        lock(&self.interface()?.control).update_peer(update)
+        lock(&self.interface()?.control).update_peer(PeerUpdate::from(change))
     }
 
     /// Removes a peer, its sessions and its routes.
@@ -602,16 +593,13 @@ impl Gateway {
     /// ```
     pub fn wait_ready(&self, peer: &PublicKey, timeout: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
-        let events = match self.monitor()?.readiness(peer) {
-            Readiness::Ready => return Ok(()),
-            Readiness::Unknown => return Err(Error::UnknownPeer(*peer)),
-            Readiness::Stopped => return Err(Error::Stopped),
-            Readiness::Wait(events) => events,
+        let Some(events) = self.monitor()?.wait_for(peer)? else {
+            return Ok(());
         };
         let key = *peer;
-        self.workers()?
-            .run_each(move |device, _| device.request_handshake(&key))
-            .ok_or(Error::Stopped)?;
+        if !lock(&self.interface()?.control).request_handshake(key) {
+            return Err(Error::Stopped);
+        }
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match events.recv_timeout(left) {
@@ -684,41 +672,6 @@ impl Gateway {
     }
 }
 
-/// What [`Gateway::update_peer`] changes; `None` leaves a setting as it is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PeerChange {
-    /// The peer to change.
-    pub public_key: PublicKey,
-    /// Where to send its datagrams from now on.
-    pub endpoint: Option<std::net::SocketAddr>,
-    /// Replaces every allowed IP (and the routes follow).
-    pub allowed_ips: Option<Vec<ipnet::IpNet>>,
-    /// Seconds; 0 turns it off.
-    pub persistent_keepalive: Option<u16>,
-    /// `Some(None)` removes the preshared key. A new key starts a new session.
-    pub preshared_key: Option<Option<PresharedKey>>,
-}
-
-impl PeerChange {
-    /// A change to the peer `public_key` that changes nothing yet.
-    ///
-    /// ```
-    /// # let key = tunneld::PrivateKey::generate().public_key();
-    /// let mut change = tunneld::PeerChange::new(key);
-    /// change.endpoint = Some("192.0.2.9:51820".parse().unwrap());
-    /// ```
-    pub fn new(public_key: PublicKey) -> Self {
-        PeerChange {
-            public_key,
-            endpoint: None,
-            allowed_ips: None,
-            persistent_keepalive: None,
-            preshared_key: None,
-        }
-    }
-}
-
 fn reload_error(e: ReloadError) -> Error {
     match e {
         ReloadError::Invalid(lines) => Error::invalid_lines(lines),
@@ -773,8 +726,8 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
     let (wireguard, interface, starters) = match plan.wireguard {
         Some(mut wg) => {
             // Peers with transport = "tls" are reached through a loopback bridge each.
-            let worker = Arc::new(OnceLock::new());
-            let tls_peers = Arc::new(crate::tls_peers::TlsPeers(worker.clone()));
+            let control = Arc::new(OnceLock::new());
+            let tls_peers = Arc::new(crate::tls_peers::TlsPeers(control.clone()));
             let (bridges, starters) =
                 tunneld_tls::prepare_peer_transports(&plan.config, &plan.base, tls_peers)
                     .map_err(Error::system)?;
@@ -790,7 +743,7 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
             let running = bring_up::start_wireguard(wg, options, file.clone(), plan.config.clone())
                 .map_err(Error::system)?;
             let _ = wg_port.set(running.port);
-            let _ = worker.set(running.workers.clone());
+            let _ = control.set(running.control.clone());
             let interface = Interface {
                 name: running.name.clone(),
                 listen_port: running.port,
@@ -1032,6 +985,86 @@ mod tests {
         assert_eq!(
             routes, wanted,
             "the kernel's routes are not the peers' allowed IPs"
+        );
+        gateway.shutdown().unwrap();
+    }
+
+    /// The TLS transport's fallback (a `transport = "auto"` peer whose UDP went unanswered)
+    /// moves the peer to its bridge through the same door as every other writer: `peers()`
+    /// shows the bridge, an `EndpointChanged` says so, and the control plane's own copy
+    /// follows, so a reload that adds the peer again (here after `wg set` removed it) puts
+    /// it back on the bridge rather than on the blocked UDP address it left, where no
+    /// watcher would move it again.
+    #[test]
+    fn a_tls_fallback_is_what_show_events_and_reloads_see() {
+        if !require_netns("a_tls_fallback_is_what_show_events_and_reloads_see") {
+            return;
+        }
+        let ns = NetNs::new();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["peer.test".into()]).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.cert.pem()).unwrap();
+        let name = unique_name("wg");
+        let peer = PrivateKey::generate().public_key();
+        // No route to 192.0.2.2 and no traffic: UDP stays silent, so the real watcher
+        // never falls back on its own; the test makes the move it would make.
+        let file = dir.path().join("gateway.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[interface]\nname = \"{name}\"\nprivate_key = \"{}\"\nlisten_port = 0\n\
+                 address = [\"10.9.255.1/32\"]\n\n\
+                 [[peer]]\npublic_key = \"{}\"\nallowed_ips = [\"10.9.0.2/32\"]\n\
+                 transport = \"auto\"\nendpoint = \"192.0.2.2:51820\"\n\
+                 tls_endpoint = \"192.0.2.2:8443\"\ntls_server_name = \"peer.test\"\n\
+                 tls_ca_file = \"ca.pem\"\n",
+                *PrivateKey::generate().to_base64(),
+                peer.to_base64()
+            ),
+        )
+        .unwrap();
+        let gateway = ns
+            .in_ns(move || Gateway::builder(Settings::from_file(&file)?).start())
+            .unwrap();
+        let endpoint = |gateway: &Gateway| {
+            gateway
+                .peers()
+                .unwrap()
+                .into_iter()
+                .find(|p| p.public_key == peer)
+                .and_then(|p| p.endpoint)
+        };
+        assert_eq!(endpoint(&gateway), Some("192.0.2.2:51820".parse().unwrap()));
+        let events = gateway.events().unwrap();
+
+        let bridge: std::net::SocketAddr = "127.0.0.1:40999".parse().unwrap();
+        let control = gateway.interface().unwrap().control.clone();
+        let transport = crate::tls_peers::TlsPeers(Arc::new(OnceLock::from(control)));
+        tunneld_tls::WireGuardPeers::move_peer(&transport, &peer, bridge);
+        assert_eq!(endpoint(&gateway), Some(bridge), "show after the fallback");
+        loop {
+            match events.recv_timeout(Duration::from_secs(5)) {
+                Ok(Some(Event::EndpointChanged { peer: p, endpoint })) if p == peer => {
+                    assert_eq!(endpoint, bridge);
+                    break;
+                }
+                Ok(Some(_)) => {}
+                other => panic!("no EndpointChanged for the fallback: {other:?}"),
+            }
+        }
+
+        let socket = format!("{}/{name}.sock", crate::uapi_server::SOCKET_DIR);
+        let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+        uapi_set(
+            &mut stream,
+            &format!("set=1\npublic_key={}\nremove=true\n\n", peer.to_hex()),
+        );
+        assert_eq!(endpoint(&gateway), None, "wg set removed the peer");
+        gateway.reload_file("test").unwrap();
+        assert_eq!(
+            endpoint(&gateway),
+            Some(bridge),
+            "the reload put the peer back on the UDP address it had left"
         );
         gateway.shutdown().unwrap();
     }

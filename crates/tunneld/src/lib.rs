@@ -66,7 +66,7 @@ pub use bare::BareInterface;
 pub use error::Error;
 pub use events::GatewayEvents;
 pub use front_end::FrontEnd;
-pub use gateway::{Gateway, GatewayBuilder, PeerChange, Settings, SettingsBuilder};
+pub use gateway::{Gateway, GatewayBuilder, Settings, SettingsBuilder};
 pub use ipnet::IpNet;
 pub use reload::ReloadReport;
 pub use tunneld_config::{self as config, ConfigError, ConfigErrors};
@@ -77,7 +77,7 @@ pub use tunneld_crypto::{KeyError, PresharedKey, PrivateKey, PublicKey};
 pub use tunneld_userspace as userspace;
 pub use tunneld_wireguard::event::{Event, HANDSHAKE_FAILED_AFTER};
 pub use tunneld_wireguard::uapi::{DeviceSnapshot, PeerSnapshot, WorkerStats};
-pub use tunneld_wireguard::{PeerSettings, SyncReport};
+pub use tunneld_wireguard::{PeerChange, PeerSettings, SyncReport};
 
 /// Where the UAPI sockets live (`<dir>/<interface>.sock`), as `wg` expects.
 pub const UAPI_SOCKET_DIR: &str = uapi_server::SOCKET_DIR;

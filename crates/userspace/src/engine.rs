@@ -10,7 +10,7 @@
 //! thread waits in `poll` for the socket, a handle's wake-up, the stack's next timer or the
 //! device's 250 ms tick.
 
-use crate::peers::{Hub, PeerChange};
+use crate::peers::{self, Hub};
 use crate::rings::{self, DatagramShared, StreamShared, DATAGRAM_RING, ERR_RESET, STREAM_RING};
 use crate::settings::{invalid, Error, TunnelSettings};
 use crate::TunnelStats;
@@ -33,7 +33,7 @@ use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::{Batch, DatagramIo, BATCH_SIZE};
 use tunneld_wireguard::event::Tracker;
 use tunneld_wireguard::uapi::{PeerSnapshot, PeerUpdate, SetRequest};
-use tunneld_wireguard::{Device, DeviceSettings, PeerSettings};
+use tunneld_wireguard::{Device, DeviceSettings, PeerChange, PeerSettings};
 
 /// How long after answering an initiation the engine looks at the peers after every
 /// receiving turn (the handshake completes at the initiator's first data message).
@@ -652,7 +652,7 @@ impl Engine {
         }
         let mut tracker = Tracker::default();
         let events = tracker.observe(phy.tx.device.observe_peers(now), now);
-        Hub::lock(&shared.hub).publish(&tracker, events);
+        peers::lock(&shared.hub).publish(&events);
         Engine {
             shared,
             control,
@@ -736,7 +736,7 @@ impl Engine {
         self.conns.clear();
         self.listeners.clear();
         self.control.close();
-        Hub::lock(&self.shared.hub).stop();
+        peers::lock(&self.shared.hub).stop();
     }
 
     /// Compares the peers' states with the last look and publishes what changed.
@@ -746,7 +746,7 @@ impl Engine {
             .tracker
             .observe(self.phy.tx.device.observe_peers(now), now);
         if !events.is_empty() {
-            Hub::lock(&self.shared.hub).publish(&self.tracker, events);
+            peers::lock(&self.shared.hub).publish(&events);
         }
     }
 
@@ -932,16 +932,7 @@ impl Engine {
         if !self.has_peer(&change.public_key) {
             return Err(Error::UnknownPeer(change.public_key));
         }
-        let mut update = PeerUpdate::new(change.public_key);
-        update.update_only = true;
-        update.preshared_key = change.preshared_key;
-        update.endpoint = change.endpoint;
-        update.persistent_keepalive = change.persistent_keepalive;
-        if let Some(allowed_ips) = change.allowed_ips {
-            update.replace_allowed_ips = true;
-            update.allowed_ips = allowed_ips;
-        }
-        self.apply(update)
+        self.apply(PeerUpdate::from(change))
     }
 
     fn remove_peer(&mut self, peer: PublicKey) -> Result<(), Error> {

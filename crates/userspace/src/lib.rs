@@ -72,17 +72,16 @@ pub use addr::ToTunnelAddr;
 #[cfg(feature = "hyper")]
 pub use connector::Connector;
 pub use ipnet::IpNet;
-pub use peers::{Events, PeerChange};
+pub use peers::Events;
 pub use settings::{Error, TunnelSettings, DEFAULT_MTU};
 pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream};
 pub use tunneld_crypto::{KeyError, PresharedKey, PrivateKey, PublicKey};
 pub use tunneld_wireguard::event::{Event, HANDSHAKE_FAILED_AFTER};
 pub use tunneld_wireguard::uapi::PeerSnapshot;
-pub use tunneld_wireguard::PeerSettings;
+pub use tunneld_wireguard::{PeerChange, PeerSettings};
 pub use udp::UdpSocket;
 
 use engine::{Control, Shared};
-use peers::{Hub, Readiness};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -461,7 +460,7 @@ impl Tunnel {
     /// # }
     /// ```
     pub fn events(&self) -> Events {
-        Hub::lock(&self.link.shared.hub).subscribe()
+        peers::subscribe(&mut peers::lock(&self.link.shared.hub))
     }
 
     /// Waits until a handshake with `peer` has completed since it was added (at once if
@@ -480,8 +479,7 @@ impl Tunnel {
     /// # Ok(()) }
     /// ```
     pub async fn ready(&self, peer: &PublicKey) -> Result<(), Error> {
-        let readiness = Hub::lock(&self.link.shared.hub).readiness(peer)?;
-        let Readiness::Wait(mut events) = readiness else {
+        let Some(mut events) = peers::wait_for(&self.link.shared.hub, peer)? else {
             return Ok(());
         };
         self.link

@@ -130,6 +130,90 @@ impl PeerSettings {
     }
 }
 
+/// A change to a running peer: what the gateway's `Gateway::update_peer` and the
+/// user-space `Tunnel::update_peer` take (re-exported as `tunneld::PeerChange` and
+/// `tunneld_userspace::PeerChange`). `None` leaves a setting as it is; the peer keeps its
+/// session (a new preshared key starts a new one). Applied as a UAPI `set` of that peer
+/// alone (`PeerUpdate::from`).
+///
+/// ```
+/// # let key = tunneld_crypto::PrivateKey::generate().public_key();
+/// let change = tunneld_wireguard::PeerChange::new(key)
+///     .endpoint("192.0.2.9:51820".parse().unwrap())
+///     .allowed_ips(vec!["10.77.0.0/24".parse().unwrap()])
+///     .persistent_keepalive(25);
+/// assert_eq!(change.persistent_keepalive, Some(25));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PeerChange {
+    /// The peer to change.
+    pub public_key: PublicKey,
+    /// Where to send its datagrams from now on (a peer also moves by itself when its
+    /// authenticated datagrams come from elsewhere).
+    pub endpoint: Option<SocketAddr>,
+    /// Replaces every allowed IP (the gateway's routes follow; the user-space tunnel resets
+    /// connections to addresses it no longer routes).
+    pub allowed_ips: Option<Vec<IpNet>>,
+    /// Seconds; 0 turns it off.
+    pub persistent_keepalive: Option<u16>,
+    /// `Some(None)` removes the preshared key. A new key starts a new session at once.
+    pub preshared_key: Option<Option<PresharedKey>>,
+}
+
+impl PeerChange {
+    /// A change to the peer `public_key` that changes nothing yet.
+    pub fn new(public_key: PublicKey) -> PeerChange {
+        PeerChange {
+            public_key,
+            endpoint: None,
+            allowed_ips: None,
+            persistent_keepalive: None,
+            preshared_key: None,
+        }
+    }
+
+    /// Sets the new endpoint.
+    pub fn endpoint(mut self, endpoint: SocketAddr) -> PeerChange {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// Sets the new allowed IPs (replacing all of them).
+    pub fn allowed_ips(mut self, allowed_ips: Vec<IpNet>) -> PeerChange {
+        self.allowed_ips = Some(allowed_ips);
+        self
+    }
+
+    /// Sets the new keepalive interval in seconds (0: off).
+    pub fn persistent_keepalive(mut self, seconds: u16) -> PeerChange {
+        self.persistent_keepalive = Some(seconds);
+        self
+    }
+
+    /// Sets (`Some`) or removes (`None`) the preshared key.
+    pub fn preshared_key(mut self, key: Option<PresharedKey>) -> PeerChange {
+        self.preshared_key = Some(key);
+        self
+    }
+}
+
+impl From<PeerChange> for PeerUpdate {
+    /// The `set` of an existing peer (`update_only`) that makes `change`.
+    fn from(change: PeerChange) -> PeerUpdate {
+        let mut update = PeerUpdate::new(change.public_key);
+        update.update_only = true;
+        update.preshared_key = change.preshared_key;
+        update.endpoint = change.endpoint;
+        update.persistent_keepalive = change.persistent_keepalive;
+        if let Some(allowed_ips) = change.allowed_ips {
+            update.replace_allowed_ips = true;
+            update.allowed_ips = allowed_ips;
+        }
+        update
+    }
+}
+
 /// What a device takes from outside the protocol: randomness (ephemeral keys, receiver
 /// indices, cookie secrets and nonces, retry jitter) and the wall-clock time (the anchor of
 /// handshake timestamps, which must keep rising across restarts). The core reads neither

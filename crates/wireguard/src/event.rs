@@ -2,11 +2,12 @@
 //! endpoints moved, peers added and removed. The core emits nothing by itself (it is
 //! sans-IO); whoever drives devices observes them ([`Device::observe_peers`]) whenever
 //! something may have changed and hands the observations to a [`Tracker`], which turns the
-//! differences into [`Event`]s. The user-space tunnel and the gateway both do so.
+//! differences into [`Event`]s, which a [`Hub`] hands to every subscriber. The user-space
+//! tunnel and the gateway both do so.
 //!
 //! [`Device::observe_peers`]: crate::Device::observe_peers
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tunneld_crypto::PublicKey;
@@ -210,6 +211,121 @@ impl Tracker {
     }
 }
 
+/// Where a [`Hub`] delivers events: the sending end of one subscriber's channel (a
+/// `std::sync::mpsc::Sender` for a blocking reader; an async one wrapped in a type of the
+/// caller's).
+pub trait Subscriber {
+    /// Delivers `event`; false once the receiving end is gone (the hub then drops it).
+    fn deliver(&self, event: Event) -> bool;
+}
+
+impl Subscriber for std::sync::mpsc::Sender<Event> {
+    fn deliver(&self, event: Event) -> bool {
+        self.send(event).is_ok()
+    }
+}
+
+/// How a peer stands for a wait until it is ready (a handshake completed since it was
+/// added), as a [`Hub`] knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// It has handshaken.
+    Ready,
+    /// Not yet: subscribe, and wait for its `HandshakeCompleted` (or `PeerRemoved`).
+    NotYet,
+    /// No such peer.
+    Unknown,
+    /// The tunnel has stopped.
+    Stopped,
+}
+
+/// What whoever drives a tunnel's devices (the user-space engine, the gateway's monitor)
+/// shares with the tunnel's handles: the event subscribers, and which peers exist and have
+/// handshaken, for readiness. The driver [`publish`](Hub::publish)es what its [`Tracker`]
+/// found and [`stop`](Hub::stop)s it at the end; handles [`subscribe`](Hub::subscribe) and
+/// ask [`readiness`](Hub::readiness). Keep it behind a lock taken only when events happen
+/// or a handle asks, never on the data path.
+#[derive(Debug)]
+pub struct Hub<S> {
+    subscribers: Vec<S>,
+    known: HashSet<PublicKey>,
+    handshaken: HashSet<PublicKey>,
+    stopped: bool,
+}
+
+impl<S> Default for Hub<S> {
+    fn default() -> Self {
+        Hub {
+            subscribers: Vec::new(),
+            known: HashSet::new(),
+            handshaken: HashSet::new(),
+            stopped: false,
+        }
+    }
+}
+
+impl<S: Subscriber> Hub<S> {
+    /// Adds a subscriber, which sees every event published from now on; once the hub has
+    /// stopped, it is told only [`Event::Stopped`].
+    pub fn subscribe(&mut self, subscriber: S) {
+        if self.stopped {
+            subscriber.deliver(Event::Stopped);
+        } else {
+            self.subscribers.push(subscriber);
+        }
+    }
+
+    /// How `peer` stands. For [`Readiness::NotYet`], subscribe before the lock on the hub
+    /// is let go, so that its handshake cannot slip between the two.
+    pub fn readiness(&self, peer: &PublicKey) -> Readiness {
+        if self.stopped {
+            Readiness::Stopped
+        } else if !self.known.contains(peer) {
+            Readiness::Unknown
+        } else if self.handshaken.contains(peer) {
+            Readiness::Ready
+        } else {
+            Readiness::NotYet
+        }
+    }
+
+    /// Records what `events` (one [`Tracker::observe`]'s) say about the peers and delivers
+    /// them, in order, to every subscriber; those whose receiving end is gone are dropped.
+    pub fn publish(&mut self, events: &[Event]) {
+        for event in events {
+            match event {
+                Event::PeerAdded { peer } => {
+                    self.known.insert(*peer);
+                }
+                Event::PeerRemoved { peer } => {
+                    self.known.remove(peer);
+                    self.handshaken.remove(peer);
+                }
+                Event::HandshakeCompleted { peer, .. } => {
+                    self.handshaken.insert(*peer);
+                }
+                _ => {}
+            }
+        }
+        if !events.is_empty() {
+            self.subscribers
+                .retain(|s| events.iter().all(|e| s.deliver(e.clone())));
+        }
+    }
+
+    /// The tunnel stopped: [`Event::Stopped`] to every subscriber, whose streams then end.
+    /// Again does nothing.
+    pub fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        for s in self.subscribers.drain(..) {
+            s.deliver(Event::Stopped);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,5 +428,54 @@ mod tests {
                 endpoint: None
             }]
         );
+    }
+
+    #[test]
+    fn a_hub_tracks_readiness_and_delivers_in_order_until_stopped() {
+        use std::sync::mpsc;
+        let (a, b) = (
+            PrivateKey::generate().public_key(),
+            PrivateKey::generate().public_key(),
+        );
+        let mut hub: Hub<mpsc::Sender<Event>> = Hub::default();
+        assert_eq!(hub.readiness(&a), Readiness::Unknown);
+        let (tx, rx) = mpsc::channel();
+        hub.subscribe(tx);
+        let (gone, gone_rx) = mpsc::channel();
+        hub.subscribe(gone);
+        drop(gone_rx);
+        let added = [Event::PeerAdded { peer: a }, Event::PeerAdded { peer: b }];
+        hub.publish(&added);
+        assert_eq!(
+            hub.subscribers.len(),
+            1,
+            "a subscriber that is gone is dropped"
+        );
+        assert_eq!(hub.readiness(&a), Readiness::NotYet);
+        let done = Event::HandshakeCompleted {
+            peer: a,
+            endpoint: None,
+        };
+        hub.publish(std::slice::from_ref(&done));
+        assert_eq!(hub.readiness(&a), Readiness::Ready);
+        assert_eq!(hub.readiness(&b), Readiness::NotYet);
+        hub.publish(&[Event::PeerRemoved { peer: a }]);
+        assert_eq!(hub.readiness(&a), Readiness::Unknown);
+        hub.stop();
+        hub.stop();
+        assert_eq!(hub.readiness(&b), Readiness::Stopped);
+        let seen: Vec<Event> = rx.try_iter().collect();
+        assert_eq!(
+            seen,
+            [
+                &added[..],
+                &[done, Event::PeerRemoved { peer: a }, Event::Stopped]
+            ]
+            .concat()
+        );
+        let (late, late_rx) = mpsc::channel();
+        hub.subscribe(late);
+        assert_eq!(late_rx.try_iter().collect::<Vec<_>>(), [Event::Stopped]);
+        assert!(hub.subscribers.is_empty());
     }
 }

@@ -23,8 +23,8 @@ pub mod uapi;
 pub mod wire;
 
 pub use device::{
-    owner_of, worker_of_index, Device, DeviceSettings, Disposition, Environment, PeerSettings,
-    SyncReport,
+    owner_of, worker_of_index, Device, DeviceSettings, Disposition, Environment, PeerChange,
+    PeerSettings, SyncReport,
 };
 pub use noise::cookie::CookieSecret;
 pub use sink::{DatagramSink, PacketSink};
