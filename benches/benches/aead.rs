@@ -5,7 +5,7 @@
 //!
 //! A second group seals a full TLS record (16 KiB, AES-256-GCM, a 5-byte header as associated
 //! data) with ring and with aws-lc-rs: the record crypto of tunneld's TLS tunnels is ring's
-//! because of what this group shows on CPUs with VAES and AVX2 (see `tls::provider`).
+//! because of what this group shows on CPUs with VAES and AVX2 (see `provider` in crates/tls/src/lib.rs).
 //!
 //! When run by `cargo bench` and an `openssl` binary is on PATH, `openssl speed` for the same
 //! AEAD runs once first (at most 60 s) and its table is printed to stderr as a reference

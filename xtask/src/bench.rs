@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use tunneld_testnet::require_netns;
 
-/// The offload-capable wireguard-go DESIGN.md compares against. The module proxy here refuses
+/// The offload-capable wireguard-go, the fastest user-space peer in docs/benchmarks.md. The module proxy here refuses
 /// the tag `v0.0.20250522` but serves this pseudo-version, whose binary reports itself as
 /// "wireguard-go v0.0.20250522"; pinned for reproducibility.
 pub(crate) const WIREGUARD_GO_MODULE: &str =
     "golang.zx2c4.com/wireguard@v0.0.0-20260522210424-ecfc5a8d5446";
 const BORINGTUN_CLI_VERSION: &str = "0.7.1";
-/// gotatun-cli from crates.io (Mullvad's fork of boringtun, the peer table of DESIGN.md).
+/// gotatun-cli from crates.io (Mullvad's fork of boringtun), a row of docs/benchmarks.md.
 const GOTATUN_CLI_VERSION: &str = "0.10.2";
 
 /// The options `bench` and `bench-tls` share.

@@ -1,4 +1,4 @@
-//! The end-to-end testbed of DESIGN.md section 5, shared by `demo` and `bench`: two gateway
+//! The end-to-end testbed of docs/benchmarks.md, shared by `demo` and `bench`: two gateway
 //! namespaces joined by a veth "internet" (192.0.2.0/24), a tunnel between them (10.77.0.0/24,
 //! fd77::/64) run by one implementation, and the measurements taken through it. Everything is
 //! created per round and removed when the `Testbed` is dropped.

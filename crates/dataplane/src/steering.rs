@@ -11,7 +11,7 @@
 //! source address: it lands on some worker, which hands initiations to the owner.
 //!
 //! [`owner_of`] is the same rule in Rust, for tests. The layout (types, where the index
-//! sits) and the slot rule are the tunnel crate's (`wire`, [`worker_of_index`]): the
+//! sits) and the slot rule are `tunneld-wireguard`'s (`wire`, [`worker_of_index`]): the
 //! program reads only the type byte and the index, so it sends well-formed messages where
 //! `Device` expects them and anything else to some worker, which drops it.
 
