@@ -27,7 +27,7 @@ const LISTEN_FIELDS: &[&str] = &[
 /// The key exchange groups a `[[tls.listen]]` offers when it sets no `groups`: exactly those
 /// of rustls's default provider (aws-lc-rs), in its order. The others of [`LISTEN_GROUPS`]
 /// are opt-in: X448 rests on a pre-release, unaudited crate, and a finite-field group costs
-/// the server up to about 19 ms of CPU per ClientHello (README, "TLS key exchange").
+/// the server up to 20-30 ms of CPU per ClientHello (README, "TLS key exchange").
 pub const DEFAULT_LISTEN_GROUPS: &[&str] = &["X25519MLKEM768", "X25519", "secp256r1", "secp384r1"];
 
 /// The key exchange groups a `[[tls.listen]]` can offer (IANA's names, as OpenSSL's

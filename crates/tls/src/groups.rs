@@ -9,7 +9,7 @@
 //!   has not been audited;
 //! - the finite-field groups ffdhe2048 to ffdhe8192 (RFC 7919), with rustls's copy of their
 //!   parameters and `crypto-bigint`'s constant-time Montgomery exponentiation: the server's
-//!   part costs up to about 19 ms of CPU per ClientHello (`cargo bench -p tunneld-tls --bench
+//!   part costs up to 20-30 ms of CPU per ClientHello (`cargo bench -p tunneld-tls --bench
 //!   groups`).
 //!
 //! Which group a handshake uses is chosen as `handshake.rs` says (a key share the client sent
