@@ -74,10 +74,12 @@ commands:
                    coverage-guided fuzzing of a target in fuzz/ (nightly + cargo-fuzz,
                    installed when missing); default 60 s each
   tlsfuzzer [SCRIPT...]
-                   tlsfuzzer's TLS 1.3 scripts (without names, the test step's 32: conversation,
+                   tlsfuzzer's TLS 1.3 scripts (without names, the test step's 41: conversation,
                    keyupdate, lengths, ...) against tunneld's [[tls.listen]] and openssl
-                   s_server side by side in a namespace, every probe; fails when a probe that
-                   passes on OpenSSL does not on tunneld; report in
+                   s_server side by side in a namespace, every probe, the group scripts again
+                   with the opt-in groups (X448, ffdhe*) on both; fails when a probe that
+                   passes on OpenSSL does not on tunneld, but the expected differences
+                   (named, docs/reliability.md), or when one of those stops differing; report in
                    target/tlsfuzzer-step/report.md; needs root and the vendored copy in
                    ../shared/vendor/tlsfuzzer (or TUNNELD_TLSFUZZER_DIR); installs
                    python3-ecdsa when missing

@@ -7,15 +7,20 @@
 //! shipped. The copy is read-only and holds the scripts' symlinks as files naming `_stub.py`,
 //! so it is copied to a temporary directory and the symlinks are made again there.
 //!
-//! Everything runs in a network namespace made for the run, on its loopback: tunneld with two
+//! Everything runs in a network namespace made for the run, on its loopback: tunneld with three
 //! `[[tls.listen]]` (an RSA-2048 certificate from the openssl CLI: most scripts offer only
 //! RSA-PSS signatures), one forwarding to an HTTP backend that answers each `GET` with one
-//! write (so the answer is one TLS record, as `openssl s_server -www`'s is), the other to a
-//! line-echo backend for `lengths` (each line back in one write); and OpenSSL with `-www` and
-//! `-rev` (which sends each line back) on two more ports, same certificate. Both backends are
-//! threads of this process. Every script runs all its probes (`-n 0`) on both servers at
-//! once, with a time limit; a script fails when a probe that passes on OpenSSL does not pass
-//! on tunneld (see `compare.rs`). Afterwards an ordinary TLS client (`openssl s_client`,
+//! write (so the answer is one TLS record, as `openssl s_server -www`'s is), one to a
+//! line-echo backend for `lengths` (each line back in one write), both with the default key
+//! exchange groups, and a third to the HTTP backend with `groups` listing every group,
+//! the opt-in ones (X448, ffdhe*, P-521) included; and OpenSSL with `-www` and `-rev` (which
+//! sends each line back) with the same groups as the first two, and with `-www` and the
+//! same groups as the third, same certificate. Both backends are threads of this process.
+//! Every script runs all its probes (`-n 0`) on both servers at once, with a time limit;
+//! the group scripts ([`OPT_IN_SCRIPTS`]) run once more against the opt-in pair. A run fails
+//! when a probe that passes on OpenSSL does not pass on tunneld and is not one of the
+//! documented [`compare::EXPECTED`] differences, or when an expected difference no longer
+//! differs (see `compare.rs`). Afterwards an ordinary TLS client (`openssl s_client`,
 //! verifying the certificate) must still get an answer through the listener. The report,
 //! with each script's whole output on both servers, is in `target/tlsfuzzer-step/`. The
 //! namespace, the processes and the temporary directory are removed at the end, also on
@@ -45,9 +50,11 @@ const DIR_VARIABLE: &str = "TUNNELD_TLSFUZZER_DIR";
 
 /// The name in the certificate (`openssl s_client` checks it after the scripts).
 const SERVER_NAME: &str = "tlsfuzzer.test";
-/// tunneld's listeners in the namespace: to the HTTP backend, to the echo backend.
+/// tunneld's listeners in the namespace: to the HTTP backend, to the echo backend (both
+/// with the default groups), and to the HTTP backend with every group, opt-in ones included.
 const TLS_HTTP: &str = "127.0.0.1:4433";
 const TLS_ECHO: &str = "127.0.0.1:4434";
+const TLS_OPT_IN: &str = "127.0.0.1:4437";
 /// The backends, on the namespace's loopback.
 const HTTP_BACKEND: &str = "127.0.0.1:8080";
 const ECHO_BACKEND: &str = "127.0.0.1:8081";
@@ -121,13 +128,109 @@ const STEP_SCRIPTS: &[&str] = &[
     "zero-length-data",
 ];
 
-/// Scripts compared and how many showed a difference, in one run.
+/// The scripts that exercise key exchange groups and key shares (every group, HelloRetryRequest
+/// choices, shares of unknown or obsolete groups): the step runs them (again) against the
+/// listener whose `groups` lists the opt-in ones (X448, ffdhe2048 to ffdhe8192, P-521), and
+/// OpenSSL with the same groups, so that those stay conformant though no default listener
+/// offers them. About 20 s of the step. `--compare-all` adds `dhe-shared-secret-padding`.
+const OPT_IN_SCRIPTS: &[&str] = &[
+    "crfg-curves",
+    "ecdhe-curves",
+    "ffdhe-groups",
+    "ffdhe-sanity",
+    "no-unknown-groups",
+    "obsolete-curves",
+    "serverhello-random",
+    "unrecognised-groups",
+];
+
+/// Of [`OPT_IN_SCRIPTS`], those whose probes all ask for finite-field groups: with the default
+/// groups OpenSSL passes none of them (so no difference could show), and they run with the
+/// opt-in groups only.
+const OPT_IN_ONLY: &[&str] = &["ffdhe-groups", "ffdhe-sanity"];
+
+/// Which of tunneld's listeners (and OpenSSL's servers) a script runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Groups {
+    /// The default key exchange groups (rustls's default provider's; OpenSSL: the same but
+    /// X25519MLKEM768, which OpenSSL 3.0 lacks).
+    Default,
+    /// Every group tunneld knows, the opt-in ones included (OpenSSL: the same).
+    OptIn,
+}
+
+impl Groups {
+    /// `-groups` for OpenSSL's servers: tunneld's groups in its order, in OpenSSL's spelling,
+    /// without X25519MLKEM768 (OpenSSL 3.0, the reference, refuses the name). tunneld uses the
+    /// hybrid only when a client sent its share, which no script of the step does.
+    fn openssl(self) -> String {
+        let names = match self {
+            Groups::Default => tunneld_config::DEFAULT_LISTEN_GROUPS,
+            Groups::OptIn => tunneld_config::LISTEN_GROUPS,
+        };
+        let names: Vec<&str> = names
+            .iter()
+            .filter(|name| **name != "X25519MLKEM768")
+            .copied()
+            .collect();
+        names.join(":")
+    }
+}
+
+/// One script against one pair of servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub script: String,
+    pub groups: Groups,
+}
+
+impl Run {
+    /// The name the report and the output give it.
+    pub fn label(&self) -> String {
+        match self.groups {
+            Groups::Default => self.script.clone(),
+            Groups::OptIn => format!("{} (opt-in groups)", self.script),
+        }
+    }
+
+    /// Its saved output's file name, in a side's directory.
+    fn file(&self) -> String {
+        match self.groups {
+            Groups::Default => format!("{}.txt", self.script),
+            Groups::OptIn => format!("{}.opt-in-groups.txt", self.script),
+        }
+    }
+}
+
+/// `names` against the default pair (but those of [`OPT_IN_ONLY`]), and those of them in
+/// `opt_in` against the opt-in pair.
+fn runs(names: &[String], opt_in: &[&str]) -> Vec<Run> {
+    let default = names
+        .iter()
+        .filter(|name| !OPT_IN_ONLY.contains(&name.as_str()))
+        .map(|script| Run {
+            script: script.clone(),
+            groups: Groups::Default,
+        });
+    let with_opt_in = names
+        .iter()
+        .filter(|name| opt_in.contains(&name.as_str()))
+        .map(|script| Run {
+            script: script.clone(),
+            groups: Groups::OptIn,
+        });
+    default.chain(with_opt_in).collect()
+}
+
+/// Runs compared and how many showed an undocumented difference, in one comparison.
 #[derive(Debug, Default)]
 pub struct Counts {
     pub passed: u64,
     pub failed: u64,
-    /// Scripts where OpenSSL passed no probe (so none can differ).
+    /// Runs where OpenSSL passed no probe (so none can differ).
     pub vacuous: Vec<String>,
+    /// Probes that differ as documented ([`compare::EXPECTED`]), by run.
+    pub expected: Vec<String>,
 }
 
 /// `cargo xtask tlsfuzzer [SCRIPT…]`: the named scripts (the step's without names), each
@@ -145,24 +248,25 @@ pub fn run(args: &[String]) -> Result<(), String> {
         None => Err("tlsfuzzer did not run".into()),
         Some(counts) if counts.failed == 0 => Ok(()),
         Some(counts) => Err(format!(
-            "{} of {} tlsfuzzer scripts differ from OpenSSL",
+            "{} of {} tlsfuzzer runs differ from OpenSSL otherwise than documented",
             counts.failed,
             counts.passed + counts.failed
         )),
     }
 }
 
-/// The `tlsfuzzer` step of `cargo xtask test`: [`STEP_SCRIPTS`]. `Ok(None)` when it was
-/// skipped (no vendored tlsfuzzer, or no network namespaces, without
-/// `TUNNELD_REQUIRE_ALL=1`).
+/// The `tlsfuzzer` step of `cargo xtask test`: [`STEP_SCRIPTS`], and [`OPT_IN_SCRIPTS`] again
+/// with the opt-in groups. `Ok(None)` when it was skipped (no vendored tlsfuzzer, or no
+/// network namespaces, without `TUNNELD_REQUIRE_ALL=1`).
 pub fn step() -> Result<Option<Counts>, String> {
     let names: Vec<String> = STEP_SCRIPTS.iter().map(|s| s.to_string()).collect();
     run_scripts(&names)
 }
 
-/// How many scripts the step runs (what a skip counts).
+/// How many runs the step makes (what a skip counts).
 pub fn script_count() -> u64 {
-    STEP_SCRIPTS.len() as u64
+    let names: Vec<String> = STEP_SCRIPTS.iter().map(|s| s.to_string()).collect();
+    runs(&names, OPT_IN_SCRIPTS).len() as u64
 }
 
 /// A skip, or a failure under `TUNNELD_REQUIRE_ALL=1` ([`crate::skip_step`]).
@@ -192,8 +296,14 @@ fn run_scripts(names: &[String]) -> Result<Option<Counts>, String> {
     }
     let report_dir = system::target_dir(&system::repo_root()?).join("tlsfuzzer-step");
     let scripts = compare::script_names(&vendored.join("scripts"), names)?;
-    let counts =
-        compare::run_and_report(&scripts, &["openssl", "tunneld"], SCRIPT_LIMIT, &report_dir)?;
+    let runs = runs(&scripts, OPT_IN_SCRIPTS);
+    let counts = compare::run_and_report(
+        &runs,
+        &["openssl", "tunneld"],
+        SCRIPT_LIMIT,
+        &report_dir,
+        compare::Vacuous::Fails,
+    )?;
     Ok(Some(counts))
 }
 
@@ -324,10 +434,20 @@ fn start_tunneld(
     log: &Path,
 ) -> Result<Guard, String> {
     let mut config = String::new();
-    for (listen, to) in [(TLS_HTTP, HTTP_BACKEND), (TLS_ECHO, ECHO_BACKEND)] {
+    let every = tunneld_config::LISTEN_GROUPS
+        .iter()
+        .map(|g| format!("\"{g}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let every = format!("groups = [{every}]\n");
+    for (listen, to, groups) in [
+        (TLS_HTTP, HTTP_BACKEND, ""),
+        (TLS_ECHO, ECHO_BACKEND, ""),
+        (TLS_OPT_IN, HTTP_BACKEND, every.as_str()),
+    ] {
         config.push_str(&format!(
             "[[tls.listen]]\nlisten = \"{listen}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\
-             forward_to = \"{to}\"\n\n",
+             forward_to = \"{to}\"\n{groups}\n",
             cert.display(),
             key.display()
         ));
@@ -350,7 +470,7 @@ fn start_tunneld(
         if let Ok(Some(status)) = guard.0.try_wait() {
             return Err(format!("tunneld exited ({status}):{}", tail(log)));
         }
-        if crate::tls_bench::listening(ns, &[TLS_HTTP, TLS_ECHO]) {
+        if crate::tls_bench::listening(ns, &[TLS_HTTP, TLS_ECHO, TLS_OPT_IN]) {
             return Ok(guard);
         }
         if Instant::now() >= deadline {
@@ -531,5 +651,35 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), STEP_SCRIPTS.len());
         assert_eq!(compare::short_name("test-tls13-lengths.py"), "lengths");
+        // The group scripts run a second time, with the opt-in groups: each is a step script.
+        let runs = runs(
+            &names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            OPT_IN_SCRIPTS,
+        );
+        let opt_in: Vec<&str> = runs
+            .iter()
+            .filter(|r| r.groups == Groups::OptIn)
+            .map(|r| r.script.as_str())
+            .collect();
+        assert_eq!(opt_in, OPT_IN_SCRIPTS);
+        assert!(OPT_IN_ONLY.iter().all(|s| OPT_IN_SCRIPTS.contains(s)));
+        assert!(!runs
+            .iter()
+            .any(|r| r.groups == Groups::Default && OPT_IN_ONLY.contains(&r.script.as_str())));
+        assert_eq!(
+            script_count() as usize,
+            STEP_SCRIPTS.len() - OPT_IN_ONLY.len() + OPT_IN_SCRIPTS.len()
+        );
+    }
+
+    /// OpenSSL's servers get tunneld's groups but the hybrid its 3.0 lacks; the opt-in pair
+    /// every group, X448 and the finite-field ones included.
+    #[test]
+    fn openssl_gets_the_listeners_groups() {
+        assert_eq!(Groups::Default.openssl(), "X25519:secp256r1:secp384r1");
+        let every = Groups::OptIn.openssl();
+        for group in ["X448", "ffdhe2048", "ffdhe8192", "secp521r1"] {
+            assert!(every.split(':').any(|g| g == group), "{every}");
+        }
     }
 }

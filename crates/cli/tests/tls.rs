@@ -1200,6 +1200,14 @@ fn standard_tls_peers_on_either_side_work_through_key_updates() {
     client.send("hello-3");
     client.expect("hello-3");
     drop(client);
+    step("without `groups`, the listener offers no opt-in group (X448, FFDHE, P-521)");
+    let mut client = OpenSsl::start(
+        &s.a,
+        s.dir.path(),
+        &s_client(&["-groups", "X448:ffdhe2048:P-521"]),
+    );
+    client.expect("alert handshake failure");
+    drop(client);
     drop(gb);
 
     step("a listener with `groups`: what it leaves out is refused, what it lists is used");
@@ -1207,23 +1215,32 @@ fn standard_tls_peers_on_either_side_work_through_key_updates() {
         &s.b,
         s.dir.path(),
         "site-b",
-        &listen_config("groups = [\"X25519\", \"secp256r1\"]"),
+        &listen_config("groups = [\"X25519\", \"secp256r1\", \"X448\", \"ffdhe2048\"]"),
         &[B_TLS.parse().unwrap()],
     );
     let mut client = OpenSsl::start(&s.a, s.dir.path(), &s_client(&["-groups", "ffdhe8192"]));
     client.expect("alert handshake failure");
     drop(client);
-    // Listed first by the client, ffdhe2048 is not offered: the listener asks for P-256.
+    // Listed first by the client, ffdhe3072 is not offered: the listener asks for P-256.
     let mut client = OpenSsl::start(
         &s.a,
         s.dir.path(),
-        &s_client(&["-groups", "ffdhe2048:P-256"]),
+        &s_client(&["-groups", "ffdhe3072:P-256"]),
     );
     client.expect("Server Temp Key: ECDH, prime256v1");
     client.expect("Verify return code: 0");
     client.send("hello-groups");
     client.expect("hello-groups");
     drop(client);
+    // The opt-in groups it lists.
+    for (group, key) in [("X448", "X448"), ("ffdhe2048", "DH, 2048 bits")] {
+        let mut client = OpenSsl::start(&s.a, s.dir.path(), &s_client(&["-groups", group]));
+        client.expect(&format!("Server Temp Key: {key}"));
+        client.expect("Verify return code: 0");
+        client.send("hello-opt-in");
+        client.expect("hello-opt-in");
+        drop(client);
+    }
     drop(gb);
 
     step("tunneld's forward, OpenSSL's server (with session tickets): the same");

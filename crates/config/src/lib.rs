@@ -75,7 +75,10 @@ pub use fleet::{
     name_problem as fleet_name_problem, FleetConfig, DEFAULT_FLEET_KEEPALIVE, DEFAULT_LEASE_TTL,
     MAX_LEASE_TTL, MIN_LEASE_TTL,
 };
-pub use tls::{CertKey, PeerTls, TlsConfig, TlsForward, TlsListen, TlsTarget, LISTEN_GROUPS};
+pub use tls::{
+    CertKey, PeerTls, TlsConfig, TlsForward, TlsListen, TlsTarget, DEFAULT_LISTEN_GROUPS,
+    LISTEN_GROUPS,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {

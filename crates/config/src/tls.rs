@@ -24,8 +24,15 @@ const LISTEN_FIELDS: &[&str] = &[
     "groups",
 ];
 
+/// The key exchange groups a `[[tls.listen]]` offers when it sets no `groups`: exactly those
+/// of rustls's default provider (aws-lc-rs), in its order. The others of [`LISTEN_GROUPS`]
+/// are opt-in: X448 rests on a pre-release, unaudited crate, and a finite-field group costs
+/// the server up to 20-30 ms of CPU per ClientHello (README, "TLS key exchange").
+pub const DEFAULT_LISTEN_GROUPS: &[&str] = &["X25519MLKEM768", "X25519", "secp256r1", "secp384r1"];
+
 /// The key exchange groups a `[[tls.listen]]` can offer (IANA's names, as OpenSSL's
-/// `-groups` takes them, compared without case), in the listener's default order.
+/// `-groups` takes them, compared without case): [`DEFAULT_LISTEN_GROUPS`], then the opt-in
+/// ones, cheapest first.
 pub const LISTEN_GROUPS: &[&str] = &[
     "X25519MLKEM768",
     "X25519",
@@ -75,7 +82,7 @@ pub struct TlsListen {
     /// When set, clients must present a certificate that leads to one of these CAs.
     pub client_ca_file: Option<PathBuf>,
     /// `groups`: the key exchange groups offered, in the listener's order of preference,
-    /// each spelled as in [`LISTEN_GROUPS`]; `None` offers them all, in that order.
+    /// each spelled as in [`LISTEN_GROUPS`]; `None` offers [`DEFAULT_LISTEN_GROUPS`].
     pub groups: Option<Vec<&'static str>>,
 }
 
@@ -281,7 +288,7 @@ fn listen_groups(c: &mut Checker, t: &Table, path: &str) -> Option<Option<Vec<&'
     if groups.is_empty() {
         c.error(
             format!("{path}.groups"),
-            "is empty: list at least one key exchange group, or leave it out to offer them all",
+            "is empty: list at least one key exchange group, or leave it out to offer the defaults",
         );
         return None;
     }

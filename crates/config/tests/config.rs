@@ -744,6 +744,12 @@ fn a_listener_offers_the_groups_it_lists_in_their_order() {
         c.tls.listens[0].groups.as_deref(),
         Some(&["X25519", "secp256r1", "X25519MLKEM768"][..])
     );
+    // The opt-in groups, which no listener offers unless it lists them.
+    let c = ok(&with(r#"["X448", "ffdhe2048", "FFDHE8192", "secp521r1"]"#));
+    assert_eq!(
+        c.tls.listens[0].groups.as_deref(),
+        Some(&["X448", "ffdhe2048", "ffdhe8192", "secp521r1"][..])
+    );
     assert_eq!(
         error(&with(r#"["x25519", "ffdhe1024"]"#)),
         "tls.listen[0].groups[1]: `ffdhe1024` is not a key exchange group tunneld offers \

@@ -1,16 +1,19 @@
-//! Key exchange groups the listeners offer beyond rustls's aws-lc-rs provider, all of which
-//! OpenSSL's servers offer by default and clients and conformance suites written against them
-//! (tlsfuzzer's `ecdhe-curves`, `crfg-curves`, `ffdhe-*`, `dhe-shared-secret-padding`) use:
+//! Key exchange groups beyond rustls's aws-lc-rs provider, which OpenSSL's servers offer by
+//! default and which clients and conformance suites written against them (tlsfuzzer's
+//! `ecdhe-curves`, `crfg-curves`, `ffdhe-*`, `dhe-shared-secret-padding`) use. A listener
+//! offers them only when its `groups` lists them (opt-in; README, "TLS key exchange"):
 //!
 //! - secp521r1, on aws-lc's own ECDH (the provider offers P-256 and P-384 only);
 //! - X448 (RFC 7748), on RustCrypto's `x448` (a Montgomery ladder with constant-time
-//!   conditional swaps; no library in the tree had it);
+//!   conditional swaps; no library in the tree had it), a pre-release whose README says it
+//!   has not been audited;
 //! - the finite-field groups ffdhe2048 to ffdhe8192 (RFC 7919), with rustls's copy of their
-//!   parameters and `crypto-bigint`'s constant-time Montgomery exponentiation.
+//!   parameters and `crypto-bigint`'s constant-time Montgomery exponentiation: the server's
+//!   part costs up to 20-30 ms of CPU per ClientHello (`cargo bench -p tunneld-tls --bench
+//!   groups`).
 //!
-//! They go after every group the provider offers, in the order of [`EXTRA`], so no client
-//! that shares one of those is moved to them; which group a handshake uses is chosen as
-//! `handshake.rs` says (a key share the client sent first).
+//! Which group a handshake uses is chosen as `handshake.rs` says (a key share the client sent
+//! first, else the listener's preferred group of the client's list).
 
 use std::sync::OnceLock;
 
@@ -22,11 +25,9 @@ use rustls::ffdhe_groups::FfdheGroup;
 use rustls::{Error, NamedGroup, PeerMisbehaved};
 use zeroize::Zeroizing;
 
-/// The groups of this module, in the order the listeners prefer them (after the provider's):
-/// the elliptic curves, then the finite-field groups from the cheapest to the dearest (the
-/// server's two exponentiations take about 19 ms of CPU on ffdhe8192, 0.6 ms on ffdhe2048,
-/// against 0.02 ms for X25519; see docs/reliability.md).
-pub static EXTRA: [&dyn SupportedKxGroup; 7] = [
+/// The groups of this module, in the order `LISTEN_GROUPS` lists them (after the provider's):
+/// the elliptic curves, then the finite-field groups from the cheapest to the dearest.
+pub static OPT_IN: [&dyn SupportedKxGroup; 7] = [
     SECP521R1, X448, FFDHE2048, FFDHE3072, FFDHE4096, FFDHE6144, FFDHE8192,
 ];
 
@@ -473,16 +474,23 @@ mod tests {
         }
     }
 
-    /// A client that offers only secp521r1 gets it from a listener's config (in memory,
-    /// both sides rustls).
-    #[test]
-    fn a_client_offering_only_p521_gets_it() {
+    /// The group a rustls server on `server_groups` (names as `groups` takes them; none:
+    /// the default provider's) agrees with a rustls client offering `client` alone, in
+    /// memory; `None` when the handshake fails.
+    fn agreed(
+        server_groups: Option<&[&str]>,
+        client: &'static dyn SupportedKxGroup,
+    ) -> Option<NamedGroup> {
         use std::sync::Arc;
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         let der = cert.cert.der().clone();
         let key =
             rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).unwrap();
-        let server_config = rustls::ServerConfig::builder_with_provider(crate::provider())
+        let provider = match server_groups {
+            None => crate::provider(),
+            Some(names) => Arc::new(crate::with_groups(&crate::provider(), names).unwrap()),
+        };
+        let server_config = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
             .with_no_client_auth()
@@ -490,9 +498,9 @@ mod tests {
             .unwrap();
         let mut roots = rustls::RootCertStore::empty();
         roots.add(der).unwrap();
-        let mut only_p521 = rustls::crypto::aws_lc_rs::default_provider();
-        only_p521.kx_groups = vec![SECP521R1];
-        let client_config = rustls::ClientConfig::builder_with_provider(Arc::new(only_p521))
+        let mut only = rustls::crypto::aws_lc_rs::default_provider();
+        only.kx_groups = vec![client];
+        let client_config = rustls::ClientConfig::builder_with_provider(Arc::new(only))
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
             .with_root_certificates(roots)
@@ -504,14 +512,27 @@ mod tests {
             let mut wire = Vec::new();
             client.write_tls(&mut wire).unwrap();
             server.read_tls(&mut wire.as_slice()).unwrap();
-            server.process_new_packets().unwrap();
+            server.process_new_packets().ok()?;
             wire.clear();
             server.write_tls(&mut wire).unwrap();
             client.read_tls(&mut wire.as_slice()).unwrap();
-            client.process_new_packets().unwrap();
+            client.process_new_packets().ok()?;
         }
         assert!(!client.is_handshaking() && !server.is_handshaking());
-        let group = server.negotiated_key_exchange_group().unwrap().name();
-        assert_eq!(group, NamedGroup::secp521r1);
+        Some(server.negotiated_key_exchange_group()?.name())
+    }
+
+    /// A client that offers only an opt-in group gets it from a listener whose `groups`
+    /// lists it, and nothing from one that lists others or sets none (the defaults).
+    #[test]
+    fn the_opt_in_groups_are_offered_only_when_listed() {
+        for group in OPT_IN {
+            let every = tunneld_config::LISTEN_GROUPS;
+            assert_eq!(agreed(Some(every), group), Some(group.name()));
+            assert_eq!(agreed(None, group), None, "{:?}", group.name());
+        }
+        let x448 = Some(&["X25519", "X448"][..]);
+        assert_eq!(agreed(x448, X448), Some(NamedGroup::X448));
+        assert_eq!(agreed(x448, FFDHE2048), None);
     }
 }

@@ -20,7 +20,7 @@
 #![deny(missing_docs)]
 
 mod datagrams;
-mod groups;
+pub mod groups;
 mod handshake;
 mod pool;
 pub mod records;
@@ -156,11 +156,11 @@ pub enum PeerTraffic {
 /// with the post-quantum hybrid X25519MLKEM768 (classic X25519 and P-256 stay as fallbacks),
 /// except for the record crypto (where the bytes go) on CPUs where ring's is the faster.
 ///
-/// After the provider's groups, those of `groups.rs` (secp521r1, X448, ffdhe2048 to 8192), which
-/// OpenSSL also offers.
+/// Its key exchange groups are exactly the aws-lc-rs provider's (rustls's default). Those of
+/// `groups.rs` (secp521r1, X448, ffdhe2048 to 8192) are offered only by a listener that lists
+/// them in `groups` ([`with_groups`]).
 fn provider() -> Arc<CryptoProvider> {
     let mut aws_lc = rustls::crypto::aws_lc_rs::default_provider();
-    aws_lc.kx_groups.extend(groups::EXTRA);
     // TLS 1.3 only, whichever rustls features the rest of the binary asks for (tonic, for
     // the fleet's etcd client, compiles TLS 1.2 in).
     aws_lc.cipher_suites.retain(|suite| suite.tls13().is_some());
@@ -179,7 +179,8 @@ fn provider() -> Arc<CryptoProvider> {
     })
 }
 
-/// `provider` offering only the groups `names` (spelled as in `LISTEN_GROUPS`), in that order.
+/// `provider` offering only the groups `names` (spelled as in `LISTEN_GROUPS`), in that order:
+/// its own groups and the opt-in ones of `groups.rs`.
 fn with_groups(provider: &CryptoProvider, names: &[&str]) -> anyhow::Result<CryptoProvider> {
     let kx_groups = names
         .iter()
@@ -187,6 +188,7 @@ fn with_groups(provider: &CryptoProvider, names: &[&str]) -> anyhow::Result<Cryp
             provider
                 .kx_groups
                 .iter()
+                .chain(groups::OPT_IN.iter())
                 .find(|group| group_name(**group).eq_ignore_ascii_case(name))
                 .copied()
                 .ok_or_else(|| anyhow::anyhow!("groups: {name} is not offered by this build"))
@@ -899,15 +901,37 @@ fn drain(mut sock: &TcpStream, buf: &mut [u8]) {
 mod tests {
     use super::*;
 
-    /// The names `[[tls.listen]] groups` accepts are the groups the provider offers, in its
-    /// order (the default when `groups` is left out), and each resolves to its group.
+    /// A listener without `groups` offers exactly rustls's default provider's groups, which
+    /// are the config's defaults; every name `groups` accepts resolves to its group, the
+    /// opt-in ones included, in the config's order.
     #[test]
     fn the_configs_group_names_are_the_providers_groups() {
         let provider = provider();
-        let offered: Vec<String> = provider.kx_groups.iter().map(|g| group_name(*g)).collect();
+        let names = |p: &CryptoProvider| -> Vec<String> {
+            p.kx_groups.iter().map(|g| group_name(*g)).collect()
+        };
+        let offered = names(&provider);
+        assert_eq!(
+            offered,
+            names(&rustls::crypto::aws_lc_rs::default_provider())
+        );
+        assert_eq!(
+            offered,
+            ["X25519MLKEM768", "X25519", "secp256r1", "secp384r1"]
+        );
+        let defaults = tunneld_config::DEFAULT_LISTEN_GROUPS;
+        assert!(
+            offered
+                .iter()
+                .zip(defaults)
+                .all(|(o, d)| o.eq_ignore_ascii_case(d))
+                && offered.len() == defaults.len(),
+            "{offered:?} against {defaults:?}"
+        );
         let known = tunneld_config::LISTEN_GROUPS;
-        assert_eq!(offered.len(), known.len(), "{offered:?} against {known:?}");
-        for (offered, known) in offered.iter().zip(known) {
+        let every = names(&with_groups(&provider, known).unwrap());
+        assert_eq!(every.len(), known.len());
+        for (offered, known) in every.iter().zip(known) {
             assert!(
                 offered.eq_ignore_ascii_case(known),
                 "{offered} against {known}"

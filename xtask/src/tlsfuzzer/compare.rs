@@ -14,21 +14,112 @@
 //! `--only openssl|tunneld` runs one side again (the other keeps its saved outputs);
 //! `--report` only makes the report again from the saved outputs.
 //!
-//! The report, `target/tlsfuzzer-compare/report.md`, has a row per script (probes passed/run
+//! The group scripts (`OPT_IN_SCRIPTS`, and `dhe-shared-secret-padding`) run a second time
+//! against the listener with the opt-in groups and OpenSSL with the same groups.
+//!
+//! The report, `target/tlsfuzzer-compare/report.md`, has a row per run (probes passed/run
 //! on each server) and lists every probe that passes on OpenSSL and fails on tunneld (and
-//! the other way round); each script's whole output is kept beside it
-//! (`openssl/<script>.txt`, `tunneld/<script>.txt`). It fails on any probe that passes on
-//! OpenSSL and not on tunneld, when tunneld dies or stops serving, and when a server cannot
-//! be started. The step of `cargo xtask test` (`tlsfuzzer.rs`) is the same comparison on
-//! fewer scripts.
+//! the other way round), the expected ones ([`EXPECTED`]) marked with the section of
+//! docs/reliability.md that says why; each run's whole output is kept beside it
+//! (`openssl/<script>.txt`, `tunneld/<script>.txt`, `.opt-in-groups.txt` for the second
+//! pair). It fails on any probe that passes on OpenSSL and not on tunneld unless it is
+//! expected, on an expected difference that no longer differs, when tunneld dies or stops
+//! serving, and when a server cannot be started. The step of `cargo xtask test`
+//! (`tlsfuzzer.rs`) is the same comparison on fewer scripts.
 
 use super::*;
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-/// OpenSSL's `s_server -www` and `-rev` in the namespace.
+/// OpenSSL's `s_server -www` and `-rev` in the namespace, with tunneld's default groups, and
+/// `-www` with every group tunneld knows.
 const OPENSSL_WWW: &str = "127.0.0.1:4435";
 const OPENSSL_REV: &str = "127.0.0.1:4436";
+const OPENSSL_OPT_IN: &str = "127.0.0.1:4438";
+
+/// A probe where tunneld answers otherwise than OpenSSL on purpose, documented in the
+/// section `doc` names. The comparison names each in its output and report, does not count
+/// it as a difference, and fails when it no longer differs (the list cannot rot): remove it
+/// here and in the doc then.
+#[derive(Debug)]
+pub(super) struct Expected {
+    pub script: &'static str,
+    pub probe: &'static str,
+    pub doc: &'static str,
+}
+
+const CLIENT_HELLO_OVER_64_KIB: &str =
+    "docs/reliability.md, \"Expected differences\": a ClientHello over 64 KiB";
+
+/// Every expected difference, by script and probe name.
+pub(super) const EXPECTED: &[Expected] = &[
+    Expected {
+        script: "signature-algorithms",
+        probe: "tolerance 32715 methods",
+        doc: CLIENT_HELLO_OVER_64_KIB,
+    },
+    Expected {
+        script: "signature-algorithms",
+        probe: "tolerance 32715 methods with sig_alg_cert",
+        doc: CLIENT_HELLO_OVER_64_KIB,
+    },
+    Expected {
+        script: "signature-algorithms",
+        probe: "32715 invalid schemes",
+        doc: CLIENT_HELLO_OVER_64_KIB,
+    },
+    Expected {
+        script: "signature-algorithms",
+        probe: "duplicated 32715 non-rsa schemes",
+        doc: CLIENT_HELLO_OVER_64_KIB,
+    },
+];
+
+/// What one run shows, measured against [`EXPECTED`].
+#[derive(Debug, Default, PartialEq)]
+struct Verdict {
+    /// Probes that pass on OpenSSL and not on tunneld, not expected.
+    undocumented: Vec<String>,
+    /// Expected differences that differ, with their doc section.
+    expected: Vec<(String, &'static str)>,
+    /// Expected differences that did not differ this run.
+    stale: Vec<String>,
+}
+
+impl Verdict {
+    fn of(script: &str, openssl: &Outcome, tunneld: &Outcome) -> Verdict {
+        let worse = differences(openssl, tunneld);
+        let mut verdict = Verdict::default();
+        for probe in &worse {
+            match EXPECTED
+                .iter()
+                .find(|e| e.script == script && e.probe == probe.as_str())
+            {
+                Some(e) => verdict.expected.push((probe.to_string(), e.doc)),
+                None => verdict.undocumented.push(probe.to_string()),
+            }
+        }
+        for e in EXPECTED.iter().filter(|e| e.script == script) {
+            if !worse.iter().any(|p| p.as_str() == e.probe) {
+                verdict.stale.push(e.probe.to_string());
+            }
+        }
+        verdict
+    }
+
+    fn passes(&self) -> bool {
+        self.undocumented.is_empty() && self.stale.is_empty()
+    }
+}
+
+/// Whether a run where OpenSSL passes no probe fails (the step: it could show no
+/// difference) or is only reported (`--compare-all`, which runs scripts whose features
+/// neither server has).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Vacuous {
+    Fails,
+    Reported,
+}
 /// Default limit per script and server.
 const DEFAULT_LIMIT: Duration = Duration::from_secs(240);
 
@@ -48,6 +139,8 @@ struct Target {
     main: &'static str,
     /// Where `lengths` connects (a service that sends each line back).
     echo: &'static str,
+    /// Where runs with the opt-in groups connect.
+    opt_in: &'static str,
 }
 
 /// What one script did against one server.
@@ -105,6 +198,12 @@ pub(super) fn compare_all(args: &[String]) -> Result<(), String> {
         ));
     }
     let scripts = script_names(&vendored.join("scripts"), &names)?;
+    let opt_in: Vec<&str> = OPT_IN_SCRIPTS
+        .iter()
+        .copied()
+        .chain(["dhe-shared-secret-padding"])
+        .collect();
+    let runs = runs(&scripts, &opt_in);
     let report_dir = system::target_dir(&system::repo_root()?).join("tlsfuzzer-compare");
     let sides: Vec<&str> = if report_only {
         Vec::new()
@@ -114,11 +213,12 @@ pub(super) fn compare_all(args: &[String]) -> Result<(), String> {
             .filter(|side| only.as_deref().is_none_or(|o| o == *side))
             .collect()
     };
-    let counts = run_and_report(&scripts, &sides, limit, &report_dir)?;
+    let counts = run_and_report(&runs, &sides, limit, &report_dir, Vacuous::Reported)?;
     if counts.failed > 0 {
         return Err(format!(
-            "{} of {} scripts differ from OpenSSL (probes that pass on OpenSSL and not on \
-             tunneld); see {}",
+            "{} of {} runs differ from OpenSSL otherwise than documented (probes that pass \
+             on OpenSSL and not on tunneld, or expected differences that no longer differ); \
+             see {}",
             counts.failed,
             counts.passed + counts.failed,
             report_dir.join("report.md").display()
@@ -127,16 +227,18 @@ pub(super) fn compare_all(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs `scripts` against each of `sides` (none: only the report is made again), the sides
+/// Runs `runs` against each of `sides` (none: only the report is made again), the sides
 /// side by side, then makes the report from the saved outputs in `report_dir` (a side not
-/// run keeps its last) and prints each difference. A script passes when every probe that
-/// passed on OpenSSL passed on tunneld too (one tunneld did not finish counts as failed).
-/// `Err` when a server cannot be started, or tunneld died or stopped serving.
+/// run keeps its last) and prints each difference, expected or not. A run passes when every
+/// probe that passed on OpenSSL passed on tunneld too (one tunneld did not finish counts as
+/// failed), but those of [`EXPECTED`], which must differ. `Err` when a server cannot be
+/// started, or tunneld died or stopped serving.
 pub(super) fn run_and_report(
-    scripts: &[String],
+    runs: &[Run],
     sides: &[&str],
     limit: Duration,
     report_dir: &Path,
+    vacuous: Vacuous,
 ) -> Result<Counts, String> {
     for side in ["openssl", "tunneld"] {
         fs::create_dir_all(report_dir.join(side))
@@ -144,44 +246,64 @@ pub(super) fn run_and_report(
     }
     let mut after = Ok(());
     if !sides.is_empty() {
-        after = run_sides(scripts, sides, limit, report_dir)?;
+        after = run_sides(runs, sides, limit, report_dir)?;
     }
     let saved = |side: &str| -> Vec<Outcome> {
-        scripts
-            .iter()
-            .map(|script| {
-                let path = report_dir.join(side).join(format!("{script}.txt"));
+        runs.iter()
+            .map(|run| {
+                let path = report_dir.join(side).join(run.file());
                 outcome_of(&fs::read_to_string(path).unwrap_or_default())
             })
             .collect()
     };
     let (openssl, tunneld) = (saved("openssl"), saved("tunneld"));
-    let report = report(scripts, &openssl, &tunneld, limit, &after);
+    let report = report(runs, &openssl, &tunneld, limit, &after);
     let path = report_dir.join("report.md");
     fs::write(&path, &report).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let mut counts = Counts::default();
-    for (i, script) in scripts.iter().enumerate() {
-        let worse = differences(&openssl[i], &tunneld[i]);
-        if openssl[i].pass_count == 0 {
-            counts.vacuous.push(script.clone());
+    for (i, run) in runs.iter().enumerate() {
+        let label = run.label();
+        let verdict = Verdict::of(&run.script, &openssl[i], &tunneld[i]);
+        let empty = openssl[i].pass_count == 0;
+        if empty {
+            counts.vacuous.push(label.clone());
         }
-        if worse.is_empty() {
-            counts.passed += 1;
-        } else {
-            counts.failed += 1;
+        for (probe, doc) in &verdict.expected {
+            eprintln!("tlsfuzzer {label}: expected difference `{probe}` ({doc})");
+            counts.expected.push(format!("{label}: {probe}"));
+        }
+        for probe in &verdict.stale {
             eprintln!(
-                "tlsfuzzer {script}: {} probe(s) pass on OpenSSL and not on tunneld:",
-                worse.len()
+                "tlsfuzzer {label}: EXPECTED DIFFERENCE NO LONGER DIFFERS: `{probe}`; remove it \
+                 from EXPECTED (xtask/src/tlsfuzzer/compare.rs) and from docs/reliability.md"
             );
-            for probe in worse {
+        }
+        if !verdict.undocumented.is_empty() {
+            eprintln!(
+                "tlsfuzzer {label}: {} probe(s) pass on OpenSSL and not on tunneld \
+                 (undocumented):",
+                verdict.undocumented.len()
+            );
+            for probe in &verdict.undocumented {
                 eprintln!("    {probe}");
             }
         }
+        let refused = empty && vacuous == Vacuous::Fails;
+        if refused {
+            eprintln!("tlsfuzzer {label}: OpenSSL passed no probe, so none could differ");
+        }
+        if verdict.passes() && !refused {
+            counts.passed += 1;
+        } else {
+            counts.failed += 1;
+        }
     }
     eprintln!(
-        "tlsfuzzer: {} script(s) as on OpenSSL, {} differ; report in {}",
+        "tlsfuzzer: {} run(s) as on OpenSSL, {} differ otherwise than documented; {} expected \
+         difference(s); report in {}",
         counts.passed,
         counts.failed,
+        counts.expected.len(),
         path.display()
     );
     after?;
@@ -194,11 +316,11 @@ fn differences<'a>(openssl: &'a Outcome, tunneld: &'a Outcome) -> Vec<&'a String
     openssl.passed.difference(&tunneld.passed).collect()
 }
 
-/// Runs every script against each side named, the sides side by side; each script's output
-/// goes to `report_dir/SIDE/SCRIPT.txt`. Returns whether tunneld (when it ran) lived through
+/// Makes every run against each side named, the sides side by side; each run's output goes
+/// to `report_dir/SIDE/` ([`Run::file`]). Returns whether tunneld (when it ran) lived through
 /// the run and still served afterwards.
 fn run_sides(
-    scripts: &[String],
+    runs: &[Run],
     sides: &[&str],
     limit: Duration,
     report_dir: &Path,
@@ -220,11 +342,12 @@ fn run_sides(
     let _echo = Backend::start(&ns, sock(ECHO_BACKEND), echo_connection)?;
     let log = dir.0.join("tunneld.log");
     let mut server = start_tunneld(&ns, &tunneld, &dir.0, &cert, &key, &log)?;
-    let _www = start_openssl(&ns, &cert, &key, OPENSSL_WWW, "-www")?;
-    let _rev = start_openssl(&ns, &cert, &key, OPENSSL_REV, "-rev")?;
+    let _www = start_openssl(&ns, &cert, &key, OPENSSL_WWW, "-www", Groups::Default)?;
+    let _rev = start_openssl(&ns, &cert, &key, OPENSSL_REV, "-rev", Groups::Default)?;
+    let _opt_in = start_openssl(&ns, &cert, &key, OPENSSL_OPT_IN, "-www", Groups::OptIn)?;
     eprintln!(
-        "==> tlsfuzzer: {} script(s), at most {} s each, against {}",
-        scripts.len(),
+        "==> tlsfuzzer: {} run(s), at most {} s each, against {}",
+        runs.len(),
         limit.as_secs(),
         sides.join(" and ")
     );
@@ -235,11 +358,13 @@ fn run_sides(
                 name: "openssl",
                 main: OPENSSL_WWW,
                 echo: OPENSSL_REV,
+                opt_in: OPENSSL_OPT_IN,
             },
             _ => Target {
                 name: "tunneld",
                 main: TLS_HTTP,
                 echo: TLS_ECHO,
+                opt_in: TLS_OPT_IN,
             },
         })
         .collect();
@@ -247,15 +372,16 @@ fn run_sides(
         for target in &targets {
             let (ns, python, tlsfuzzer) = (&ns, &python, &tlsfuzzer);
             scope.spawn(move || {
-                for script in scripts {
+                for run in runs {
                     if system::check_interrupted().is_err() {
                         return;
                     }
-                    let out = report_dir.join(target.name).join(format!("{script}.txt"));
-                    let o = run_against(ns, python, tlsfuzzer, script, target, &out, limit);
+                    let out = report_dir.join(target.name).join(run.file());
+                    let o = run_against(ns, python, tlsfuzzer, run, target, &out, limit);
                     eprintln!(
-                        "{:<8} {script}: {}/{} passed{} ({:.0} s)",
+                        "{:<8} {}: {}/{} passed{} ({:.0} s)",
                         target.name,
+                        run.label(),
                         o.pass_count,
                         o.pass_count + o.fail_count,
                         if o.stopped {
@@ -309,10 +435,12 @@ fn start_openssl(
     key: &Path,
     addr: &'static str,
     mode: &str,
+    groups: Groups,
 ) -> Result<Guard, String> {
     let mut guard = Guard(
         ns.command("openssl")
             .args(["s_server", "-accept", addr, "-tls1_3", mode, "-quiet"])
+            .args(["-groups", &groups.openssl()])
             .arg("-cert")
             .arg(cert)
             .arg("-key")
@@ -340,17 +468,21 @@ fn run_against(
     ns: &NetNs,
     python: &Path,
     tlsfuzzer: &Path,
-    script: &str,
+    run: &Run,
     target: &Target,
     out: &Path,
     limit: Duration,
 ) -> Outcome {
     let started = Instant::now();
+    let script = run.script.as_str();
     let file = tlsfuzzer.join(format!("scripts/test-tls13-{script}.py"));
     let lengths = script == "lengths";
-    let (host, port) = if lengths { target.echo } else { target.main }
-        .split_once(':')
-        .expect("host:port");
+    let addr = match run.groups {
+        Groups::OptIn => target.opt_in,
+        Groups::Default if lengths => target.echo,
+        Groups::Default => target.main,
+    };
+    let (host, port) = addr.split_once(':').expect("host:port");
     let mut cmd = ns.command(&python.to_string_lossy());
     cmd.arg(&file)
         .args(["-h", host, "-p", port])
@@ -483,7 +615,7 @@ fn outcome_of(text: &str) -> Outcome {
 const STOPPED_MARK: &str = "\n[xtask: stopped at the time limit]\n";
 
 fn report(
-    scripts: &[String],
+    runs: &[Run],
     openssl: &[Outcome],
     tunneld: &[Outcome],
     limit: Duration,
@@ -494,10 +626,18 @@ fn report(
         md,
         "# tlsfuzzer: OpenSSL s_server and tunneld side by side\n\n\
          At most {} s per script and server; \"n/m\": probes passed of probes \
-         run; \"(stopped)\": the script reached the limit and the probes it finished count.\n",
+         run; \"(stopped)\": the script reached the limit and the probes it finished count. \
+         \"(opt-in groups)\": against the listener whose `groups` lists every group, and \
+         OpenSSL with the same groups. \"expected\": probes that differ on purpose, each \
+         documented (below: where); \"no longer differ\": expected ones that did not, which \
+         fail the run as undocumented ones do.\n",
         limit.as_secs()
     );
-    md.push_str("| script | openssl | tunneld | pass on openssl, not on tunneld | pass on tunneld, fail on openssl |\n|---|---:|---:|---|---|\n");
+    md.push_str(
+        "| run | openssl | tunneld | pass on openssl, not on tunneld (undocumented) | \
+         expected | expected, no longer differ | pass on tunneld, fail on openssl |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n",
+    );
     let cell = |o: &Outcome| {
         format!(
             "{}/{}{}",
@@ -508,26 +648,41 @@ fn report(
     };
     let mut details = String::new();
     let mut totals = [(0, 0); 2];
-    for (i, script) in scripts.iter().enumerate() {
+    for (i, run) in runs.iter().enumerate() {
+        let label = run.label();
         let (o, t) = (&openssl[i], &tunneld[i]);
         for (total, side) in totals.iter_mut().zip([o, t]) {
             total.0 += side.pass_count;
             total.1 += side.pass_count + side.fail_count;
         }
-        let worse = differences(o, t);
+        let verdict = Verdict::of(&run.script, o, t);
         let better: Vec<&String> = o.failed.intersection(&t.passed).collect();
         let _ = writeln!(
             md,
-            "| {script} | {} | {} | {} | {} |",
+            "| {label} | {} | {} | {} | {} | {} | {} |",
             cell(o),
             cell(t),
-            worse.len(),
+            verdict.undocumented.len(),
+            verdict.expected.len(),
+            verdict.stale.len(),
             better.len()
         );
-        if !worse.is_empty() || !better.is_empty() {
-            let _ = writeln!(details, "\n## {script}\n");
-            for probe in worse {
-                let _ = writeln!(details, "- passes on openssl, not on tunneld: `{probe}`");
+        if verdict != Verdict::default() || !better.is_empty() {
+            let _ = writeln!(details, "\n## {label}\n");
+            for probe in &verdict.undocumented {
+                let _ = writeln!(
+                    details,
+                    "- passes on openssl, not on tunneld (undocumented): `{probe}`"
+                );
+            }
+            for (probe, doc) in &verdict.expected {
+                let _ = writeln!(details, "- expected difference: `{probe}` ({doc})");
+            }
+            for probe in &verdict.stale {
+                let _ = writeln!(
+                    details,
+                    "- expected difference that no longer differs: `{probe}`"
+                );
             }
             for probe in better {
                 let _ = writeln!(details, "- openssl fails, tunneld passes: `{probe}`");
@@ -536,7 +691,7 @@ fn report(
     }
     let _ = writeln!(
         md,
-        "| all | {}/{} | {}/{} | | |",
+        "| all | {}/{} | {}/{} | | | | |",
         totals[0].0, totals[0].1, totals[1].0, totals[1].1
     );
     let _ = writeln!(
@@ -582,6 +737,60 @@ mod tests {
         let unfinished = outcome_of("a ...\nOK\nb ...\n");
         assert_eq!(differences(&openssl, &unfinished), ["b"]);
         assert!(differences(&tunneld, &openssl).contains(&&"c".to_string()));
+    }
+
+    /// Expected differences are named and pass; any other difference fails; an expected
+    /// one that no longer differs fails too.
+    #[test]
+    fn expected_differences_pass_and_must_still_differ() {
+        let script = EXPECTED[0].script;
+        let expected: Vec<&Expected> = EXPECTED.iter().filter(|e| e.script == script).collect();
+        let output = |expected_ok: bool, other_ok: bool| {
+            let end = |ok: bool| if ok { "OK" } else { "Error while processing" };
+            let mut out = String::new();
+            for e in &expected {
+                out.push_str(&format!("{} ...\n{}\n", e.probe, end(expected_ok)));
+            }
+            out.push_str(&format!("other ...\n{}\n", end(other_ok)));
+            outcome_of(&out)
+        };
+        let openssl = output(true, true);
+        let verdict = Verdict::of(script, &openssl, &output(false, true));
+        let named: Vec<(String, &str)> = expected
+            .iter()
+            .map(|e| (e.probe.to_string(), e.doc))
+            .collect();
+        assert_eq!(verdict.expected.len(), expected.len());
+        assert!(named.iter().all(|n| verdict.expected.contains(n)));
+        assert!(verdict.passes(), "{verdict:?}");
+        // The same probes in another script are no expected differences.
+        assert!(!Verdict::of("conversation", &openssl, &output(false, true)).passes());
+        let verdict = Verdict::of(script, &openssl, &output(false, false));
+        assert_eq!(verdict.undocumented, ["other"]);
+        assert!(!verdict.passes());
+        // One expected difference that passes on tunneld now: stale, a failure.
+        let mut one_passes = output(false, true);
+        one_passes.failed.remove(expected[0].probe);
+        one_passes.passed.insert(expected[0].probe.to_string());
+        let verdict = Verdict::of(script, &openssl, &one_passes);
+        assert_eq!(verdict.stale, [expected[0].probe]);
+        assert!(!verdict.passes());
+    }
+
+    /// Every expected difference names a step script and points at a section of the doc
+    /// that names its probe.
+    #[test]
+    fn expected_differences_are_documented() {
+        let doc = fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reliability.md"),
+        )
+        .unwrap();
+        for e in EXPECTED {
+            assert!(super::super::STEP_SCRIPTS.contains(&e.script), "{e:?}");
+            assert!(e.doc.starts_with("docs/reliability.md, \""), "{e:?}");
+            assert!(doc.contains(&format!("`{}`", e.probe)), "{e:?}");
+        }
+        assert!(doc.contains("### Expected differences"));
     }
 
     /// Repeats are one probe, whatever their number on each side; one failed repeat fails it.
