@@ -67,14 +67,48 @@ impl FleetSettings {
             })
         };
         let ca = match &config.ca_file {
-            Some(p) => Some(read(p, "ca_file")?),
+            Some(p) => {
+                let pem = read(p, "ca_file")?;
+                certificates(&pem).map_err(|why| {
+                    Error::Settings(format!(
+                        "fleet.ca_file: {}: {why}",
+                        base_dir.join(p).display()
+                    ))
+                })?;
+                Some(pem)
+            }
             None => None,
         };
         let identity = match &config.client_cert {
-            Some(c) => Some((
-                read(&c.cert_file, "cert_file")?,
-                read(&c.key_file, "key_file")?,
-            )),
+            Some(c) => {
+                let key_path = base_dir.join(&c.key_file);
+                // The key lets whoever reads it write the fleet: refused when others may,
+                // as WireGuard key files are.
+                let mode = std::fs::metadata(&key_path)
+                    .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+                    .map_err(|e| {
+                        Error::Settings(format!(
+                            "fleet.key_file: cannot read {}: {e}",
+                            key_path.display()
+                        ))
+                    })?;
+                if mode & 0o077 != 0 {
+                    return Err(Error::Settings(format!(
+                        "fleet.key_file: {} is readable by group or others (mode {mode:03o}); chmod 600 it",
+                        key_path.display()
+                    )));
+                }
+                let cert = read(&c.cert_file, "cert_file")?;
+                let key = read(&c.key_file, "key_file")?;
+                certificate_matches_key(&cert, &key).map_err(|why| {
+                    Error::Settings(format!(
+                        "fleet.cert_file/key_file: {} and {}: {why}",
+                        base_dir.join(&c.cert_file).display(),
+                        key_path.display()
+                    ))
+                })?;
+                Some((cert, key))
+            }
             None => None,
         };
         let gateway = match &config.gateway {
@@ -94,6 +128,38 @@ impl FleetSettings {
             config: config.clone(),
         })
     }
+}
+
+/// The certificates of a PEM file, at least one, or why not.
+fn certificates(
+    pem: &[u8],
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not valid PEM ({e:?})"))?;
+    if certs.is_empty() {
+        return Err("no certificate (PEM) in it".into());
+    }
+    Ok(certs)
+}
+
+/// Whether the key is the certificate's: etcd would refuse the handshake, at every start
+/// and retry, with a reason the log shows less plainly.
+fn certificate_matches_key(cert: &[u8], key: &[u8]) -> Result<(), String> {
+    use rustls::pki_types::{pem::PemObject, PrivateKeyDer};
+    let chain = certificates(cert).map_err(|why| format!("the certificate file: {why}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key)
+        .map_err(|_| "no private key (PEM) in the key file".to_string())?;
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(chain, key, &provider)
+        .map(drop)
+        .map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => {
+                "the key is not the certificate's (they do not match)".to_string()
+            }
+            other => format!("unusable: {other}"),
+        })
 }
 
 fn host_name() -> Result<String, Error> {
@@ -826,5 +892,73 @@ impl<S: Store> Member<S> {
                 ),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn config(with_client_cert: bool) -> FleetConfig {
+        FleetConfig {
+            etcd: vec!["https://192.0.2.11:2379".into()],
+            ca_file: Some("ca.pem".into()),
+            client_cert: with_client_cert.then(|| tunneld_config::CertKey {
+                cert_file: "gw.pem".into(),
+                key_file: "gw.key".into(),
+            }),
+            insecure: false,
+            prefix: "/f".into(),
+            site: "b".into(),
+            gateway: Some("b1".into()),
+            advertise: vec!["192.0.2.22:51820".parse().unwrap()],
+            subnets: vec!["10.2.0.0/24".parse().unwrap()],
+            lease_ttl: 3,
+            persistent_keepalive: 25,
+        }
+    }
+
+    fn write(dir: &Path, name: &str, text: &str, mode: u32) {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn settings_error(dir: &Path, with_client_cert: bool) -> String {
+        FleetSettings::from_config(&config(with_client_cert), dir)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    }
+
+    /// `tunneld check` and `up` read the files through this: a key that is not the
+    /// certificate's, a key others may read, and a CA file without a certificate are
+    /// refused, in one line that names the field.
+    #[test]
+    fn the_etcd_client_files_are_checked_before_etcd_is_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path();
+        let gateway = rcgen::generate_simple_self_signed(vec!["b1".into()]).unwrap();
+        let other = rcgen::generate_simple_self_signed(vec!["x".into()]).unwrap();
+        write(dir, "ca.pem", &gateway.cert.pem(), 0o644);
+        write(dir, "gw.pem", &gateway.cert.pem(), 0o644);
+        write(dir, "gw.key", &gateway.signing_key.serialize_pem(), 0o600);
+        FleetSettings::from_config(&config(true), dir).expect("a matching pair");
+
+        write(dir, "gw.key", &other.signing_key.serialize_pem(), 0o600);
+        let e = settings_error(dir, true);
+        assert!(e.contains("fleet.cert_file/key_file: "), "{e}");
+        assert!(e.contains("the key is not the certificate's"), "{e}");
+
+        write(dir, "gw.key", &gateway.signing_key.serialize_pem(), 0o644);
+        let e = settings_error(dir, true);
+        assert!(e.contains("fleet.key_file: "), "{e}");
+        assert!(e.contains("readable by group or others (mode 644)"), "{e}");
+
+        write(dir, "ca.pem", "not a certificate\n", 0o644);
+        let e = settings_error(dir, false);
+        assert!(e.contains("fleet.ca_file: "), "{e}");
+        assert!(!e.contains('\n'), "{e}");
     }
 }
