@@ -131,9 +131,7 @@ impl FleetSettings {
 }
 
 /// The certificates of a PEM file, at least one, or why not.
-fn certificates(
-    pem: &[u8],
-) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+fn certificates(pem: &[u8]) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
     use rustls::pki_types::{pem::PemObject, CertificateDer};
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
@@ -713,7 +711,11 @@ impl<S: Store> Member<S> {
             let own = c.site == self.record.site
                 && c.gateway == self.record.gateway
                 && c.holder == self.record.public_key;
-            if own && self.conflicts_logged.insert((c.key.clone(), c.create_revision)) {
+            if own
+                && self
+                    .conflicts_logged
+                    .insert((c.key.clone(), c.create_revision))
+            {
                 self.shared
                     .counters
                     .name_conflicts

@@ -510,14 +510,7 @@ mod tests {
     }
 
     /// Gateway `n`'s record written under the lease `lease` (not its own number).
-    fn record_under(
-        keys: &Keys,
-        site: &str,
-        gateway: &str,
-        n: u8,
-        lease: i64,
-        rev: i64,
-    ) -> Entry {
+    fn record_under(keys: &Keys, site: &str, gateway: &str, n: u8, lease: i64, rev: i64) -> Entry {
         Entry {
             lease,
             ..record_entry(keys, site, gateway, n, &["10.2.0.0/24"], rev)
@@ -653,9 +646,9 @@ mod tests {
 
     /// Whether `e` is an election key that names `m` (name and key) under `m`'s lease.
     fn stands_for(e: &Entry, m: &Member) -> bool {
-        Candidate::parse(&e.value).is_some_and(|c| {
-            c.gateway == m.record.gateway && c.public_key == m.record.public_key
-        }) && e.lease == m.lease
+        Candidate::parse(&e.value)
+            .is_some_and(|c| c.gateway == m.record.gateway && c.public_key == m.record.public_key)
+            && e.lease == m.lease
     }
 
     fn peer_strategy() -> impl Strategy<Value = (u8, PeerSettings)> {

@@ -64,8 +64,7 @@ pub trait Store: Clone {
     async fn put(&mut self, key: &str, value: Vec<u8>, lease: i64) -> Result<(), StoreError>;
     /// Writes `key` under `lease` only if it is free (absent, or under no lease: written by
     /// hand) or already under `lease`; else leaves it to the lease that holds it. One request.
-    async fn claim(&mut self, key: &str, value: Vec<u8>, lease: i64)
-        -> Result<Claim, StoreError>;
+    async fn claim(&mut self, key: &str, value: Vec<u8>, lease: i64) -> Result<Claim, StoreError>;
     async fn list(&mut self, prefix: &str) -> Result<Listing, StoreError>;
     /// Changes under `prefix` from `revision` on.
     async fn watch(&mut self, prefix: &str, revision: i64) -> Result<Self::Watch, StoreError>;
@@ -268,13 +267,14 @@ impl Store for Etcd {
             .map(drop)
     }
 
-    async fn claim(
-        &mut self,
-        key: &str,
-        value: Vec<u8>,
-        lease: i64,
-    ) -> Result<Claim, StoreError> {
-        let put = || TxnOp::put(key, value.clone(), Some(PutOptions::new().with_lease(lease)));
+    async fn claim(&mut self, key: &str, value: Vec<u8>, lease: i64) -> Result<Claim, StoreError> {
+        let put = || {
+            TxnOp::put(
+                key,
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        };
         // Ours already, else free (a missing key compares as lease 0), else who holds it.
         let free = Txn::new()
             .when([Compare::lease(key, CompareOp::Equal, 0)])
