@@ -494,11 +494,21 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
     };
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
         .context("cannot install signal handlers")?;
-    let status = match &name {
+    let up_status = match &name {
         Some(name) => format!("interface {name} up"),
         None => "TLS forwarding up".into(),
     };
+    // Ready once the interface is up, without waiting for the fleet's store: a gateway must
+    // start (and forward with its file's peers) while etcd is down, and systemd would
+    // otherwise hold its dependents, or kill it at TimeoutStartSec=. What the fleet is doing
+    // is in STATUS= (`systemctl status`), kept current.
+    let fleet_status = |fleet: &Option<tunneld_fleet::Fleet>| match fleet {
+        Some(fleet) => format!("{up_status}; {}", fleet_summary(&fleet.status())),
+        None => up_status.clone(),
+    };
+    let mut status = fleet_status(&fleet);
     tell_systemd(&[NotifyState::Ready, NotifyState::Status(&status)]);
+    let mut status_checked = std::time::Instant::now();
     let mut watchdog = sd_notify::watchdog_enabled().map(Watchdog::new);
     let signal = 'wait: loop {
         for signal in signals.pending() {
@@ -522,6 +532,14 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
         if let Some(watchdog) = &mut watchdog {
             watchdog.feed(&gateway);
         }
+        if status_checked.elapsed() >= std::time::Duration::from_secs(1) {
+            status_checked = std::time::Instant::now();
+            let now = fleet_status(&fleet);
+            if now != status {
+                status = now;
+                tell_systemd(&[NotifyState::Status(&status)]);
+            }
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     tell_systemd(&[NotifyState::Stopping]);
@@ -540,6 +558,18 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The fleet's state in a few words, for systemd's STATUS=.
+fn fleet_summary(s: &tunneld_fleet::FleetStatus) -> String {
+    let who = format!("fleet {}/{}", s.site, s.gateway);
+    match (&s.store_error, &s.refused) {
+        (_, Some(_)) => format!("{who}: name held by another gateway, not in the fleet"),
+        (Some(e), _) if !s.joined => format!("{who}: not joined, the store {e}"),
+        (Some(e), _) => format!("{who}: store down ({e}), forwarding with the peers last known"),
+        (None, None) if s.active => format!("{who}: active"),
+        (None, None) => format!("{who}: standby"),
+    }
 }
 
 /// Writes a command's output, in parts so a secret is not copied into a new string. A reader

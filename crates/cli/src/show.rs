@@ -239,6 +239,13 @@ fn show_fleet(out: &mut String, fleet: &[(String, String)]) {
         get("fleet_gateway"),
         get("fleet_role")
     );
+    let held_by = get("fleet_name_held_by");
+    if !held_by.is_empty() {
+        say!(
+            out,
+            "  name refused: held by another gateway ({held_by}); this one routes nothing until the name is free: give it a name of its own"
+        );
+    }
     say!(out, "  store: {}", get("fleet_store"));
     let lease = get("fleet_lease_renewed_ms");
     if !lease.is_empty() {
@@ -259,9 +266,10 @@ fn show_fleet(out: &mut String, fleet: &[(String, String)]) {
     }
     say!(
         out,
-        "  failovers seen: {}, records rejected: {}, store errors: {}",
+        "  failovers seen: {}, records rejected: {}, name conflicts: {}, store errors: {}",
         get("fleet_failovers"),
         get("fleet_rejected_records"),
+        get("fleet_name_conflicts"),
         get("fleet_store_errors")
     );
     let mut gateway = String::new();
@@ -275,6 +283,7 @@ fn show_fleet(out: &mut String, fleet: &[(String, String)]) {
                 gateway.push_str(&format!(", seen for {value} s"));
                 say!(out, "{gateway}");
             }
+            "name_conflict" => say!(out, "  name conflict: {value}"),
             _ => {}
         }
     }

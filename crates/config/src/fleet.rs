@@ -259,6 +259,12 @@ pub(super) fn check_fleet(c: &mut Checker, value: &Value) -> Option<FleetConfig>
             path,
             "missing `subnets` (the networks this site serves, e.g. [\"10.1.0.0/24\"])",
         );
+    } else if matches!(t.get("subnets"), Some(Value::Array(a)) if a.is_empty()) {
+        // The other sites would add this gateway with nothing routed to it.
+        c.error(
+            "fleet.subnets",
+            "is empty (give the networks this site serves, e.g. [\"10.1.0.0/24\"])",
+        );
     }
     let lease_ttl = c
         .integer(

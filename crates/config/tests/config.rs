@@ -1401,7 +1401,7 @@ fn a_fleet_section_parses_with_its_defaults() {
     assert!(f.client_cert.is_some() && !f.insecure);
     let plain = ok(&fleet(
         "etcd = [\"http://127.0.0.1:2379\"]\ninsecure = true\nprefix = \"/f\"\nsite = \"a\"\n\
-         advertise = [\"192.0.2.1:51820\"]\nsubnets = []\nlease_ttl = 10\n",
+         advertise = [\"192.0.2.1:51820\"]\nsubnets = [\"10.1.0.0/24\"]\nlease_ttl = 10\n",
     ));
     assert!(plain.fleet.unwrap().insecure);
 }
@@ -1449,6 +1449,10 @@ fn fleet_errors_name_the_field_in_one_line() {
         (
             with("\"fd00:2::/64\"", "\"10.2.0.128/25\""),
             "fleet.subnets[1]: 10.2.0.128/25 overlaps 10.2.0.0/24",
+        ),
+        (
+            with("[\"10.2.0.1/24\", \"fd00:2::/64\"]", "[]"),
+            "fleet.subnets: is empty",
         ),
         (
             fleet(&format!("{FLEET_OK}lease_ttl = 1\n")),

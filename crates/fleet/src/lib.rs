@@ -1,9 +1,11 @@
 //! A fleet of tunneld gateways on etcd: a front end that drives a [`tunneld::Gateway`]
 //! through its public peer operations, as the bare mode drives one through `wg`.
 //!
-//! Each gateway writes its record (public key, endpoints, its site's subnets, its role)
-//! under a lease it keeps alive, stands in its site's election, lists the fleet's prefix and
-//! watches it from the listed revision. Every other site's active gateway becomes a peer, its
+//! Each gateway claims its name with its record (public key, endpoints, its site's subnets,
+//! its role) under a lease it keeps alive, stands in its site's election once the name is
+//! its own, lists the fleet's prefix and watches it from the listed revision. A name another
+//! live gateway holds is refused (said on both sides, never routed); a record or election
+//! key of this gateway that vanishes while it lives is written again. Every other site's active gateway becomes a peer, its
 //! subnets the peer's allowed IPs, and the routes follow; a change is applied as a
 //! difference, so a peer that did not change keeps its session. A gateway that dies stops
 //! renewing its lease and etcd deletes its keys within the lease's TTL; one that stops
@@ -19,17 +21,17 @@ pub mod record;
 mod status;
 pub mod store;
 
-pub use status::{Counters, FleetStatus, GatewayStatus};
+pub use status::{Counters, FleetStatus, GatewayStatus, NameConflict, Refusal};
 
 use reconcile::{diff, Fleet as FleetView, PeerOp, View};
-use record::{Keys, Record, Role};
+use record::{Candidate, Keys, Record, Role};
 use status::Shared;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use store::{Etcd, EtcdOptions, Leadership, Store, StoreError, WatchEvents, Watched};
+use store::{Claim, Etcd, EtcdOptions, Leadership, Store, StoreError, WatchEvents, Watched};
 use tunneld::{Gateway, PeerSettings};
 use tunneld_config::FleetConfig;
 use tunneld_crypto::PublicKey;
@@ -65,14 +67,48 @@ impl FleetSettings {
             })
         };
         let ca = match &config.ca_file {
-            Some(p) => Some(read(p, "ca_file")?),
+            Some(p) => {
+                let pem = read(p, "ca_file")?;
+                certificates(&pem).map_err(|why| {
+                    Error::Settings(format!(
+                        "fleet.ca_file: {}: {why}",
+                        base_dir.join(p).display()
+                    ))
+                })?;
+                Some(pem)
+            }
             None => None,
         };
         let identity = match &config.client_cert {
-            Some(c) => Some((
-                read(&c.cert_file, "cert_file")?,
-                read(&c.key_file, "key_file")?,
-            )),
+            Some(c) => {
+                let key_path = base_dir.join(&c.key_file);
+                // The key lets whoever reads it write the fleet: refused when others may,
+                // as WireGuard key files are.
+                let mode = std::fs::metadata(&key_path)
+                    .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+                    .map_err(|e| {
+                        Error::Settings(format!(
+                            "fleet.key_file: cannot read {}: {e}",
+                            key_path.display()
+                        ))
+                    })?;
+                if mode & 0o077 != 0 {
+                    return Err(Error::Settings(format!(
+                        "fleet.key_file: {} is readable by group or others (mode {mode:03o}); chmod 600 it",
+                        key_path.display()
+                    )));
+                }
+                let cert = read(&c.cert_file, "cert_file")?;
+                let key = read(&c.key_file, "key_file")?;
+                certificate_matches_key(&cert, &key).map_err(|why| {
+                    Error::Settings(format!(
+                        "fleet.cert_file/key_file: {} and {}: {why}",
+                        base_dir.join(&c.cert_file).display(),
+                        key_path.display()
+                    ))
+                })?;
+                Some((cert, key))
+            }
             None => None,
         };
         let gateway = match &config.gateway {
@@ -92,6 +128,36 @@ impl FleetSettings {
             config: config.clone(),
         })
     }
+}
+
+/// The certificates of a PEM file, at least one, or why not.
+fn certificates(pem: &[u8]) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not valid PEM ({e:?})"))?;
+    if certs.is_empty() {
+        return Err("no certificate (PEM) in it".into());
+    }
+    Ok(certs)
+}
+
+/// Whether the key is the certificate's: etcd would refuse the handshake, at every start
+/// and retry, with a reason the log shows less plainly.
+fn certificate_matches_key(cert: &[u8], key: &[u8]) -> Result<(), String> {
+    use rustls::pki_types::{pem::PemObject, PrivateKeyDer};
+    let chain = certificates(cert).map_err(|why| format!("the certificate file: {why}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key)
+        .map_err(|_| "no private key (PEM) in the key file".to_string())?;
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(chain, key, &provider)
+        .map(drop)
+        .map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => {
+                "the key is not the certificate's (they do not match)".to_string()
+            }
+            other => format!("unusable: {other}"),
+        })
 }
 
 fn host_name() -> Result<String, Error> {
@@ -165,6 +231,11 @@ impl Fleet {
             lease: None,
             leadership: None,
             logged: HashSet::new(),
+            conflicts_logged: HashSet::new(),
+            claim_revision: 0,
+            refused_by: None,
+            refusal_said: None,
+            election_seen: false,
             leaders: HashMap::new(),
             backoff: MIN_BACKOFF,
             unanswered: 0,
@@ -254,6 +325,19 @@ struct Member<S: Store> {
     leadership: Option<Leadership>,
     /// Rejections already logged (key, create revision): each is logged and counted once.
     logged: HashSet<(String, i64)>,
+    /// Gateways refused this gateway's name, already logged (key, create revision).
+    conflicts_logged: HashSet<(String, i64)>,
+    /// The revision of the last claim of the name: the view says nothing of the record's
+    /// fate after the claim until it has reached it.
+    claim_revision: i64,
+    /// The lease holding this gateway's name when its claim was refused; claimed again
+    /// when the view shows another (or none).
+    refused_by: Option<i64>,
+    /// The lease under which this gateway last said it was refused (a `refused/` key).
+    refusal_said: Option<i64>,
+    /// Whether this gateway's election key has been in the view (since the lease's last
+    /// campaign): if it then goes, it was deleted, and the gateway stands again.
+    election_seen: bool,
     /// Each site's active gateway at the last reconcile, to see failovers.
     leaders: HashMap<String, String>,
     backoff: Duration,
@@ -352,14 +436,23 @@ impl<S: Store> Member<S> {
             Err(e) => return Interruption::Unreachable(e),
         };
         self.store_answered();
-        let mut view = View::from_entries(listing.entries);
+        let mut view = View::from_entries(listing.entries, listing.revision);
         self.reconcile(&view);
+        self.election_seen = false;
+        if let Err(e) = self.heal(&view, lease).await {
+            return Interruption::Lost(e);
+        }
 
         let mut candidate = self.store.clone();
         let election = self.keys.election(&self.record.site);
-        let gateway_name = self.record.gateway.clone();
-        let campaign = candidate.campaign(&election, &gateway_name, lease);
+        let standing = Candidate {
+            gateway: self.record.gateway.clone(),
+            public_key: self.record.public_key,
+        }
+        .to_value();
+        let campaign = candidate.campaign(&election, &standing, lease);
         tokio::pin!(campaign);
+        // Stands only while the name is its own (a refused gateway leads nothing).
         let mut campaigning = self.leadership.is_none();
         let period = Duration::from_millis((u64::from(self.ttl) * 1000 / 3).max(500));
         let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -373,18 +466,14 @@ impl<S: Store> Member<S> {
                 _ = tokio::time::sleep_until(quiet_until.unwrap_or_else(tokio::time::Instant::now)), if quiet_until.is_some() => {
                     self.reconcile(&view);
                 }
-                won = &mut campaign, if campaigning => {
+                won = &mut campaign, if campaigning && self.refused_by.is_none() => {
                     campaigning = false;
                     match won {
+                        // What routes is the reconcile's reading of the election (the first
+                        // candidate with its record), which this normally agrees with.
                         Ok(leadership) => {
                             self.leadership = Some(leadership);
-                            tracing::info!("{}: elected the active gateway of site {}", self.name(), self.record.site);
-                            self.record.role = Role::Active;
-                            let value = self.record.to_json();
-                            let key = self.keys.record(&self.record.site, &self.record.gateway);
-                            if let Err(e) = self.store.put(&key, value, lease).await {
-                                return Interruption::Lost(e);
-                            }
+                            tracing::debug!("{}: elected in site {}", self.name(), self.record.site);
                         }
                         Err(e) => return Interruption::Lost(e),
                     }
@@ -406,6 +495,9 @@ impl<S: Store> Member<S> {
                             view.apply(change);
                         }
                         self.reconcile(&view);
+                        if let Err(e) = self.heal(&view, lease).await {
+                            return Interruption::Lost(e);
+                        }
                     }
                     Ok(Watched::Compacted) => return Interruption::Compacted,
                     Err(e) => return Interruption::Lost(e),
@@ -434,9 +526,110 @@ impl<S: Store> Member<S> {
             }
         };
         self.shared.state().lease_renewed = Some(Instant::now());
-        let key = self.keys.record(&self.record.site, &self.record.gateway);
-        self.store.put(&key, self.record.to_json(), lease).await?;
+        self.claim_name(lease).await?;
         Ok(lease)
+    }
+
+    /// Writes this gateway's record where its name is free or its own; where another lease
+    /// holds it, leaves it, says so once (log, counter, `show`) and tells the holder with a
+    /// `refused/` key under this gateway's lease.
+    async fn claim_name(&mut self, lease: i64) -> Result<(), StoreError> {
+        let (site, gateway) = (self.record.site.clone(), self.record.gateway.clone());
+        let key = self.keys.record(&site, &gateway);
+        match self.store.claim(&key, self.record.to_json(), lease).await? {
+            Claim::Written { revision } => {
+                self.claim_revision = revision;
+                if self.refused_by.take().is_some() {
+                    tracing::info!(
+                        "{}: the name {site}/{gateway} is free again: joined the fleet as it",
+                        self.name()
+                    );
+                }
+                self.shared.state().refused = None;
+            }
+            Claim::Held { entry, revision } => {
+                self.claim_revision = revision;
+                self.record.role = Role::Standby;
+                let holder = Record::parse(&site, &gateway, &entry.value).ok();
+                if self.refused_by != Some(entry.lease) {
+                    self.refused_by = Some(entry.lease);
+                    self.shared
+                        .counters
+                        .name_conflicts
+                        .fetch_add(1, Ordering::Relaxed);
+                    let at = holder
+                        .as_ref()
+                        .and_then(|h| h.endpoints.first())
+                        .map_or(String::new(), |e| format!(" at {e}"));
+                    match &holder {
+                        Some(h) if h.public_key == self.record.public_key => tracing::warn!(
+                            "{}: the name {site}/{gateway} is held under another lease by this gateway's own public key{at}: an earlier run of this gateway (its record goes within {} s) or a copy of it elsewhere; waiting for the name",
+                            self.name(),
+                            self.ttl
+                        ),
+                        _ => tracing::warn!(
+                            "{}: the name {site}/{gateway} is held by another gateway (public key {}{at}): this one stays out of the fleet and routes nothing until the name is free; give each gateway of a site a name of its own (fleet.gateway, the host name by default)",
+                            self.name(),
+                            holder.as_ref().map_or("unreadable".to_string(), |h| h.public_key.to_base64())
+                        ),
+                    }
+                }
+                self.shared.state().refused = Some(status::Refusal {
+                    holder: holder.as_ref().map(|h| h.public_key),
+                    endpoint: holder.as_ref().and_then(|h| h.endpoints.first().copied()),
+                });
+                if self.refusal_said != Some(lease) {
+                    let said = self.keys.refused(&site, &gateway, lease);
+                    self.store.put(&said, self.record.to_json(), lease).await?;
+                    self.refusal_said = Some(lease);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps this gateway's keys as they should be: its record (written again if it
+    /// vanished, was overwritten, or its role changed; claimed again if the gateway that
+    /// held the name let it go) and its election key (if deleted, the gateway stands
+    /// again: the error makes the loop register, list and campaign anew).
+    async fn heal(&mut self, view: &View, lease: i64) -> Result<(), StoreError> {
+        // Until the view has reached the last claim, it cannot tell its fate.
+        if view.revision() >= self.claim_revision {
+            let key = self.keys.record(&self.record.site, &self.record.gateway);
+            let value = self.record.to_json();
+            match view.get(&key) {
+                Some(e) if e.lease == lease && e.value == value => {}
+                Some(e) if e.lease != 0 && self.refused_by == Some(e.lease) => {}
+                found => {
+                    if self.refused_by.is_none() {
+                        match found {
+                            None => tracing::warn!(
+                                "{}: this gateway's record vanished from the store while it lives; writing it again",
+                                self.name()
+                            ),
+                            Some(e) if e.lease != lease => tracing::warn!(
+                                "{}: this gateway's record was overwritten (lease {:x}); writing it again",
+                                self.name(),
+                                e.lease
+                            ),
+                            Some(_) => {}
+                        }
+                    }
+                    self.claim_name(lease).await?;
+                }
+            }
+        }
+        let election_key = self.keys.candidate(&self.record.site, lease);
+        if view.get(&election_key).is_some() {
+            self.election_seen = true;
+        } else if self.election_seen {
+            self.election_seen = false;
+            self.leadership = None;
+            return Err(StoreError(
+                "this gateway's election key vanished from the store; standing again".into(),
+            ));
+        }
+        Ok(())
     }
 
     fn store_failed(&mut self, e: &StoreError) {
@@ -449,7 +642,12 @@ impl<S: Store> Member<S> {
             return;
         }
         let mut state = self.shared.state();
-        if state.store_up != Some(false) {
+        if !state.joined && state.store_up.is_none() {
+            tracing::warn!(
+                "{}: the store does not answer since start ({e}): this gateway is not in the fleet and has no peers from it until the store answers; retrying",
+                self.name()
+            );
+        } else if state.store_up != Some(false) {
             tracing::warn!(
                 "{}: the store is unreachable ({e}); forwarding with the {} peers last known, retrying",
                 self.name(),
@@ -477,6 +675,7 @@ impl<S: Store> Member<S> {
         }
         state.store_up = Some(true);
         state.store_error = None;
+        state.joined = true;
     }
 
     /// Makes the gateway's peers follow the store's state.
@@ -507,6 +706,38 @@ impl<S: Store> Member<S> {
                 .iter()
                 .any(|r| r.key == *key && r.create_revision == *rev)
         });
+        // The other side of a refused name: the holder hears of it.
+        for c in &fleet.conflicts {
+            let own = c.site == self.record.site
+                && c.gateway == self.record.gateway
+                && c.holder == self.record.public_key;
+            if own
+                && self
+                    .conflicts_logged
+                    .insert((c.key.clone(), c.create_revision))
+            {
+                self.shared
+                    .counters
+                    .name_conflicts
+                    .fetch_add(1, Ordering::Relaxed);
+                let at = c
+                    .claimant
+                    .endpoints
+                    .first()
+                    .map_or(String::new(), |e| format!(" at {e}"));
+                tracing::warn!(
+                    "{}: another gateway (public key {}{at}) claims this gateway's name; it was refused and routes nothing: give it a name of its own",
+                    self.name(),
+                    c.claimant.public_key.to_base64()
+                );
+            }
+        }
+        self.conflicts_logged.retain(|(key, rev)| {
+            fleet
+                .conflicts
+                .iter()
+                .any(|c| c.key == *key && c.create_revision == *rev)
+        });
         for (name, site) in &fleet.sites {
             let Some(active) = &site.active else {
                 continue;
@@ -525,7 +756,15 @@ impl<S: Store> Member<S> {
                 _ => {}
             }
         }
-        let own_active = fleet.is_active(&self.record.site, &self.record.gateway);
+        let own_active = fleet.active_key(&self.record.site) == Some(self.record.public_key);
+        if self.refused_by.is_none() {
+            // What the record says of it; `heal` writes it when it changes.
+            self.record.role = if own_active {
+                Role::Active
+            } else {
+                Role::Standby
+            };
+        }
         let now = tokio::time::Instant::now();
         let since = *self.active_since.get_or_insert(now);
         if !own_active {
@@ -655,5 +894,73 @@ impl<S: Store> Member<S> {
                 ),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn config(with_client_cert: bool) -> FleetConfig {
+        FleetConfig {
+            etcd: vec!["https://192.0.2.11:2379".into()],
+            ca_file: Some("ca.pem".into()),
+            client_cert: with_client_cert.then(|| tunneld_config::CertKey {
+                cert_file: "gw.pem".into(),
+                key_file: "gw.key".into(),
+            }),
+            insecure: false,
+            prefix: "/f".into(),
+            site: "b".into(),
+            gateway: Some("b1".into()),
+            advertise: vec!["192.0.2.22:51820".parse().unwrap()],
+            subnets: vec!["10.2.0.0/24".parse().unwrap()],
+            lease_ttl: 3,
+            persistent_keepalive: 25,
+        }
+    }
+
+    fn write(dir: &Path, name: &str, text: &str, mode: u32) {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn settings_error(dir: &Path, with_client_cert: bool) -> String {
+        FleetSettings::from_config(&config(with_client_cert), dir)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    }
+
+    /// `tunneld check` and `up` read the files through this: a key that is not the
+    /// certificate's, a key others may read, and a CA file without a certificate are
+    /// refused, in one line that names the field.
+    #[test]
+    fn the_etcd_client_files_are_checked_before_etcd_is_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path();
+        let gateway = rcgen::generate_simple_self_signed(vec!["b1".into()]).unwrap();
+        let other = rcgen::generate_simple_self_signed(vec!["x".into()]).unwrap();
+        write(dir, "ca.pem", &gateway.cert.pem(), 0o644);
+        write(dir, "gw.pem", &gateway.cert.pem(), 0o644);
+        write(dir, "gw.key", &gateway.signing_key.serialize_pem(), 0o600);
+        FleetSettings::from_config(&config(true), dir).expect("a matching pair");
+
+        write(dir, "gw.key", &other.signing_key.serialize_pem(), 0o600);
+        let e = settings_error(dir, true);
+        assert!(e.contains("fleet.cert_file/key_file: "), "{e}");
+        assert!(e.contains("the key is not the certificate's"), "{e}");
+
+        write(dir, "gw.key", &gateway.signing_key.serialize_pem(), 0o644);
+        let e = settings_error(dir, true);
+        assert!(e.contains("fleet.key_file: "), "{e}");
+        assert!(e.contains("readable by group or others (mode 644)"), "{e}");
+
+        write(dir, "ca.pem", "not a certificate\n", 0o644);
+        let e = settings_error(dir, false);
+        assert!(e.contains("fleet.ca_file: "), "{e}");
+        assert!(!e.contains('\n'), "{e}");
     }
 }

@@ -1,6 +1,6 @@
 //! The reconcile step, without I/O: the store's keys → the fleet (sites, their gateways, who
-//! leads, which records are refused and why) → the peers this gateway wants → the
-//! operations that turn the peers it has into those.
+//! leads, which records are refused and why, which names are claimed twice) → the peers this
+//! gateway wants → the operations that turn the peers it has into those.
 //!
 //! The rules:
 //! - a record that does not parse, or whose public key another record (created earlier) or
@@ -8,11 +8,18 @@
 //! - **conflicting claims**: a record claiming a subnet that overlaps one claimed by another
 //!   site's record created earlier (lower etcd create revision) is refused whole, so a site
 //!   that joins later can never take over another's subnets;
-//! - a site's active gateway is the one whose election key was created first (etcd's
-//!   election), provided its record is valid;
+//! - **who leads**: a site's active gateway is the candidate of its election created first
+//!   (lowest create revision) *whose record matches it*: the record of the candidate's name
+//!   carries the candidate's public key and lives under the same lease. A candidate without
+//!   such a record (its record deleted, or its name held by another gateway, or a value
+//!   written by hand) is passed over, so a site is never left without an active gateway
+//!   while one of its candidates has its record;
+//! - **duplicate names**: a gateway refused a name says so under
+//!   `gateways/<site>/<name>/refused/<lease>`; that is a conflict while a record of another
+//!   key holds the name, and it never routes anything;
 //! - every other site's active gateway is a peer, its subnets the allowed IPs.
 
-use crate::record::{KeyKind, Keys, Record};
+use crate::record::{Candidate, KeyKind, Keys, Record};
 use ipnet::IpNet;
 use std::collections::{BTreeMap, HashMap};
 use tunneld::{PeerChange, PeerSettings};
@@ -26,37 +33,57 @@ pub struct Entry {
     /// The store's revision when the key was created (etcd's `create_revision`): it orders
     /// claims and candidates.
     pub create_revision: i64,
+    /// The revision of its last change.
+    pub mod_revision: i64,
+    /// The lease it lives under (0: none, a key written by hand).
+    pub lease: i64,
 }
 
 /// A change the store reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
     Put(Entry),
-    Delete(String),
+    Delete { key: String, revision: i64 },
 }
 
 /// The fleet's keys, as last listed and watched.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct View {
     entries: BTreeMap<String, Entry>,
+    /// The store's revision the view is complete up to: the listing's, then each change's.
+    revision: i64,
 }
 
 impl View {
-    pub fn from_entries(entries: impl IntoIterator<Item = Entry>) -> View {
+    /// The keys as listed at `revision`.
+    pub fn from_entries(entries: impl IntoIterator<Item = Entry>, revision: i64) -> View {
         View {
             entries: entries.into_iter().map(|e| (e.key.clone(), e)).collect(),
+            revision,
         }
     }
 
+    /// Changes come in revision order (a watch delivers them so).
     pub fn apply(&mut self, change: Change) {
         match change {
             Change::Put(entry) => {
+                self.revision = self.revision.max(entry.mod_revision);
                 self.entries.insert(entry.key.clone(), entry);
             }
-            Change::Delete(key) => {
+            Change::Delete { key, revision } => {
+                self.revision = self.revision.max(revision);
                 self.entries.remove(&key);
             }
         }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Entry> {
+        self.entries.get(key)
+    }
+
+    /// Every change up to this revision is in the view.
+    pub fn revision(&self) -> i64 {
+        self.revision
     }
 
     pub fn len(&self) -> usize {
@@ -73,13 +100,14 @@ impl View {
 pub struct Member {
     pub record: Record,
     pub create_revision: i64,
+    pub lease: i64,
 }
 
 /// One site: its gateways (valid records) and which one leads.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Site {
     pub gateways: Vec<Member>,
-    /// The gateway the site's election chose, when its record is valid.
+    /// The gateway the site's election chose (the first candidate with its record).
     pub active: Option<String>,
 }
 
@@ -99,21 +127,39 @@ pub struct Rejection {
     pub reason: String,
 }
 
+/// A gateway name claimed by two gateways: the one whose record holds it, and one refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub site: String,
+    pub gateway: String,
+    /// The key of the gateway that holds the name.
+    pub holder: PublicKey,
+    /// The refused gateway, as it would have written its record.
+    pub claimant: Record,
+    /// The refused gateway's key in the store, and when it was written: a conflict is logged
+    /// once.
+    pub key: String,
+    pub create_revision: i64,
+}
+
 /// The fleet as one gateway sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fleet {
     pub sites: BTreeMap<String, Site>,
     pub rejected: Vec<Rejection>,
+    pub conflicts: Vec<Conflict>,
 }
 
 impl Fleet {
     /// Reads the keys: records checked, conflicting claims settled, leaders found.
-    /// `own_key`: this gateway's public key, which no other record may carry.
+    /// `own`: this gateway's site, name and public key, which no other record may carry.
     pub fn resolve(view: &View, keys: &Keys, own: (&str, &str, &PublicKey)) -> Fleet {
         let (own_site, own_gateway, own_key) = own;
         let mut fleet = Fleet::default();
         let mut records: Vec<(&Entry, Record)> = Vec::new();
-        let mut candidates: HashMap<&str, (i64, &str)> = HashMap::new();
+        let mut refusals: Vec<(&Entry, Record)> = Vec::new();
+        // Each site's candidates: (create revision, lease, who).
+        let mut candidates: HashMap<&str, Vec<(i64, i64, Candidate)>> = HashMap::new();
         for entry in view.entries.values() {
             match keys.kind(&entry.key) {
                 KeyKind::Record { site, gateway } => {
@@ -122,13 +168,19 @@ impl Fleet {
                         Err(reason) => fleet.reject(entry, reason),
                     }
                 }
+                KeyKind::Refused { site, gateway } => {
+                    match Record::parse(site, gateway, &entry.value) {
+                        Ok(record) => refusals.push((entry, record)),
+                        Err(reason) => fleet.reject(entry, reason),
+                    }
+                }
                 KeyKind::Election { site } => {
-                    let Ok(name) = std::str::from_utf8(&entry.value) else {
-                        continue;
-                    };
-                    let first = candidates.entry(site).or_insert((i64::MAX, ""));
-                    if entry.create_revision < first.0 {
-                        *first = (entry.create_revision, name);
+                    if let Some(candidate) = Candidate::parse(&entry.value) {
+                        candidates.entry(site).or_default().push((
+                            entry.create_revision,
+                            entry.lease,
+                            candidate,
+                        ));
                     }
                 }
                 KeyKind::Other => {}
@@ -176,13 +228,45 @@ impl Fleet {
                 .push(Member {
                     record,
                     create_revision: entry.create_revision,
+                    lease: entry.lease,
                 });
         }
-        for (site, (_, leader)) in candidates {
-            if let Some(s) = fleet.sites.get_mut(site) {
-                if s.gateways.iter().any(|m| m.record.gateway == leader) {
-                    s.active = Some(leader.to_string());
-                }
+        for (site, mut standing) in candidates {
+            let Some(s) = fleet.sites.get_mut(site) else {
+                continue;
+            };
+            standing.sort_by_key(|(revision, _, _)| *revision);
+            s.active = standing.iter().find_map(|(_, lease, candidate)| {
+                s.gateways
+                    .iter()
+                    .find(|m| {
+                        m.record.gateway == candidate.gateway
+                            && m.record.public_key == candidate.public_key
+                            && m.lease == *lease
+                    })
+                    .map(|m| m.record.gateway.clone())
+            });
+        }
+        for (entry, claimant) in refusals {
+            let holder = fleet
+                .sites
+                .get(&claimant.site)
+                .and_then(|s| {
+                    s.gateways
+                        .iter()
+                        .find(|m| m.record.gateway == claimant.gateway)
+                })
+                .map(|m| m.record.public_key);
+            // Once the claimant holds the name, or nobody does, there is no conflict.
+            if let Some(holder) = holder.filter(|h| *h != claimant.public_key) {
+                fleet.conflicts.push(Conflict {
+                    site: claimant.site.clone(),
+                    gateway: claimant.gateway.clone(),
+                    holder,
+                    claimant,
+                    key: entry.key.clone(),
+                    create_revision: entry.create_revision,
+                });
             }
         }
         fleet
@@ -202,6 +286,16 @@ impl Fleet {
             .get(site)
             .and_then(|s| s.active.as_deref())
             .is_some_and(|a| a == gateway)
+    }
+
+    /// The public key of `site`'s active gateway: a gateway is active when this is its own
+    /// (whatever lease holds the record: after a restart, its earlier run's record is still
+    /// this gateway until it expires).
+    pub fn active_key(&self, site: &str) -> Option<PublicKey> {
+        self.sites
+            .get(site)
+            .and_then(Site::active_member)
+            .map(|m| m.record.public_key)
     }
 
     /// The peers a gateway of `own_site` wants: every other site's active gateway, its
@@ -314,28 +408,40 @@ mod tests {
             key: keys.record(site, gateway),
             value: record.to_json(),
             create_revision: rev,
+            mod_revision: rev,
+            lease: i64::from(n),
         }
     }
 
-    fn election_entry(keys: &Keys, site: &str, gateway: &str, rev: i64) -> Entry {
+    /// The election key of the gateway whose key (and lease) is number `n`.
+    fn election_entry(keys: &Keys, site: &str, gateway: &str, n: u8, rev: i64) -> Entry {
+        let candidate = Candidate {
+            gateway: gateway.into(),
+            public_key: key(n),
+        };
         Entry {
-            key: format!("{}/{rev:x}", keys.election(site)),
-            value: gateway.as_bytes().to_vec(),
+            key: keys.candidate(site, i64::from(n)),
+            value: candidate.to_value().into_bytes(),
             create_revision: rev,
+            mod_revision: rev,
+            lease: i64::from(n),
         }
     }
 
     #[test]
     fn the_first_candidate_leads_and_the_others_route_to_it() {
         let keys = Keys::new("/f");
-        let mut view = View::from_entries([
-            record_entry(&keys, "a", "a1", 1, &["10.1.0.0/24"], 1),
-            election_entry(&keys, "a", "a1", 2),
-            record_entry(&keys, "b", "b1", 2, &["10.2.0.0/24"], 3),
-            record_entry(&keys, "b", "b2", 3, &["10.2.0.0/24"], 4),
-            election_entry(&keys, "b", "b1", 5),
-            election_entry(&keys, "b", "b2", 6),
-        ]);
+        let mut view = View::from_entries(
+            [
+                record_entry(&keys, "a", "a1", 1, &["10.1.0.0/24"], 1),
+                election_entry(&keys, "a", "a1", 1, 2),
+                record_entry(&keys, "b", "b1", 2, &["10.2.0.0/24"], 3),
+                record_entry(&keys, "b", "b2", 3, &["10.2.0.0/24"], 4),
+                election_entry(&keys, "b", "b1", 2, 5),
+                election_entry(&keys, "b", "b2", 3, 6),
+            ],
+            6,
+        );
         let fleet = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
         assert!(fleet.rejected.is_empty(), "{:?}", fleet.rejected);
         assert!(fleet.is_active("b", "b1"));
@@ -348,8 +454,14 @@ mod tests {
         assert!(standby[&key(1)].allowed_ips.is_empty());
         assert_eq!(standby[&key(1)].persistent_keepalive, 0);
         // b1's lease expires: its keys go, and b2 leads.
-        view.apply(Change::Delete(keys.record("b", "b1")));
-        view.apply(Change::Delete(format!("{}/{:x}", keys.election("b"), 5)));
+        view.apply(Change::Delete {
+            key: keys.record("b", "b1"),
+            revision: 7,
+        });
+        view.apply(Change::Delete {
+            key: keys.candidate("b", 2),
+            revision: 7,
+        });
         let after = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
         assert!(after.is_active("b", "b2"));
         let ops = diff(&wanted, &after.wanted_peers("a", true, 25));
@@ -361,12 +473,15 @@ mod tests {
     #[test]
     fn a_later_claim_on_a_subnet_is_refused_and_the_first_keeps_it() {
         let keys = Keys::new("/f");
-        let view = View::from_entries([
-            record_entry(&keys, "b", "b1", 2, &["10.2.0.0/24"], 3),
-            election_entry(&keys, "b", "b1", 4),
-            record_entry(&keys, "x", "x1", 9, &["10.2.0.128/25"], 10),
-            election_entry(&keys, "x", "x1", 11),
-        ]);
+        let view = View::from_entries(
+            [
+                record_entry(&keys, "b", "b1", 2, &["10.2.0.0/24"], 3),
+                election_entry(&keys, "b", "b1", 2, 4),
+                record_entry(&keys, "x", "x1", 9, &["10.2.0.128/25"], 10),
+                election_entry(&keys, "x", "x1", 9, 11),
+            ],
+            11,
+        );
         let fleet = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
         assert_eq!(fleet.rejected.len(), 1);
         assert!(fleet.rejected[0].reason.contains("claimed first by site b"));
@@ -378,17 +493,162 @@ mod tests {
     #[test]
     fn own_key_and_duplicate_keys_are_refused() {
         let keys = Keys::new("/f");
-        let view = View::from_entries([
-            record_entry(&keys, "a", "a1", 1, &["10.1.0.0/24"], 1),
-            record_entry(&keys, "c", "c1", 1, &["10.3.0.0/24"], 2),
-            record_entry(&keys, "d", "d1", 4, &["10.4.0.0/24"], 3),
-            record_entry(&keys, "e", "e1", 4, &["10.5.0.0/24"], 4),
-        ]);
+        let view = View::from_entries(
+            [
+                record_entry(&keys, "a", "a1", 1, &["10.1.0.0/24"], 1),
+                record_entry(&keys, "c", "c1", 1, &["10.3.0.0/24"], 2),
+                record_entry(&keys, "d", "d1", 4, &["10.4.0.0/24"], 3),
+                record_entry(&keys, "e", "e1", 4, &["10.5.0.0/24"], 4),
+            ],
+            4,
+        );
         let fleet = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
         let reasons: Vec<&str> = fleet.rejected.iter().map(|r| r.reason.as_str()).collect();
         assert_eq!(reasons.len(), 2, "{reasons:?}");
         assert!(reasons[0].contains("this gateway's own"));
         assert!(reasons[1].contains("d/d1's already"));
+    }
+
+    /// Gateway `n`'s record written under the lease `lease` (not its own number).
+    fn record_under(keys: &Keys, site: &str, gateway: &str, n: u8, lease: i64, rev: i64) -> Entry {
+        Entry {
+            lease,
+            ..record_entry(keys, site, gateway, n, &["10.2.0.0/24"], rev)
+        }
+    }
+
+    fn refused_entry(keys: &Keys, site: &str, gateway: &str, n: u8, rev: i64) -> Entry {
+        let claim = record_entry(keys, site, gateway, n, &["10.2.0.0/24"], rev);
+        Entry {
+            key: keys.refused(site, gateway, i64::from(n)),
+            ..claim
+        }
+    }
+
+    fn site_b(keys: &Keys) -> Vec<Entry> {
+        vec![
+            record_entry(keys, "a", "a1", 1, &["10.1.0.0/24"], 1),
+            election_entry(keys, "a", "a1", 1, 2),
+            record_entry(keys, "b", "b1", 2, &["10.2.0.0/24"], 3),
+            record_entry(keys, "b", "b2", 3, &["10.2.0.0/24"], 4),
+            election_entry(keys, "b", "b1", 2, 5),
+            election_entry(keys, "b", "b2", 3, 6),
+        ]
+    }
+
+    /// The issue-49 black hole: b1's record gone (deleted by hand, or taken with it by a
+    /// gateway that had claimed b1's name) while b1 still stands first. Before, site B had
+    /// no active gateway until b1 restarted; now the next candidate with its record leads.
+    #[test]
+    fn a_leader_without_its_record_is_passed_over() {
+        let keys = Keys::new("/f");
+        let mut view = View::from_entries(site_b(&keys), 6);
+        view.apply(Change::Delete {
+            key: keys.record("b", "b1"),
+            revision: 7,
+        });
+        let fleet = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
+        assert!(fleet.is_active("b", "b2"), "{:?}", fleet.sites["b"]);
+        assert_eq!(fleet.active_key("b"), Some(key(3)));
+    }
+
+    /// A record of b1's name with another key (written over b1's, as a second gateway named
+    /// b1 did before names were claimed) does not make that gateway active: the election's
+    /// value names b1 by its key.
+    #[test]
+    fn a_record_that_does_not_match_its_candidate_leads_nothing() {
+        let keys = Keys::new("/f");
+        let mut view = View::from_entries(site_b(&keys), 6);
+        view.apply(Change::Put(record_entry(
+            &keys,
+            "b",
+            "b1",
+            9,
+            &["10.2.0.0/24"],
+            7,
+        )));
+        let fleet = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
+        assert_eq!(fleet.active_key("b"), Some(key(3)));
+        assert!(!fleet.wanted_peers("a", true, 25).contains_key(&key(9)));
+        // The same key under another lease (another run of b1) is not the candidate either.
+        let mut view = View::from_entries(site_b(&keys), 6);
+        view.apply(Change::Put(record_under(&keys, "b", "b1", 2, 42, 3)));
+        let fleet = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
+        assert_eq!(fleet.active_key("b"), Some(key(3)));
+        // A candidate written by hand (a bare name, as older tunnelds stood) leads nothing.
+        let mut view = View::from_entries(site_b(&keys), 6);
+        view.apply(Change::Put(Entry {
+            key: keys.candidate("b", 0x77),
+            value: b"b2".to_vec(),
+            create_revision: 0,
+            mod_revision: 7,
+            lease: 0,
+        }));
+        assert!(Fleet::resolve(&view, &keys, ("a", "a1", &key(1))).is_active("b", "b1"));
+    }
+
+    #[test]
+    fn a_refused_claim_is_a_conflict_and_routes_nothing() {
+        let keys = Keys::new("/f");
+        let view = View::from_entries(site_b(&keys), 6);
+        let mut claimed = view.clone();
+        claimed.apply(Change::Put(refused_entry(&keys, "b", "b1", 9, 7)));
+        let before = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
+        let after = Fleet::resolve(&claimed, &keys, ("a", "a1", &key(1)));
+        assert_eq!(after.conflicts.len(), 1);
+        let c = &after.conflicts[0];
+        assert_eq!((c.holder, c.claimant.public_key), (key(2), key(9)));
+        assert_eq!(after.sites, before.sites);
+        assert_eq!(
+            after.wanted_peers("a", true, 25),
+            before.wanted_peers("a", true, 25)
+        );
+        // Once the claimant holds the name (the holder gone), it is no conflict.
+        claimed.apply(Change::Delete {
+            key: keys.record("b", "b1"),
+            revision: 8,
+        });
+        claimed.apply(Change::Put(record_under(&keys, "b", "b1", 9, 9, 9)));
+        assert!(Fleet::resolve(&claimed, &keys, ("a", "a1", &key(1)))
+            .conflicts
+            .is_empty());
+    }
+
+    /// A random store: records, election keys and refused claims of a few sites and
+    /// names, with keys and leases drawn from small sets so that they collide.
+    fn store() -> impl Strategy<Value = Vec<Entry>> {
+        let item = (0u8..3, 0u8..3, 0u8..3, 1u8..6, 1i64..5);
+        prop::collection::vec(item, 0..24).prop_map(|items| {
+            let keys = Keys::new("/f");
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, (kind, site, name, n, lease))| {
+                    let rev = i as i64 + 1;
+                    let (site, name) = (format!("s{site}"), format!("g{name}"));
+                    let subnet = format!("10.{}.0.0/24", &site[1..]);
+                    match kind {
+                        0 => Entry {
+                            lease,
+                            ..record_entry(&keys, &site, &name, n, &[subnet.as_str()], rev)
+                        },
+                        1 => Entry {
+                            key: format!("{}/{rev:x}", keys.election(&site)),
+                            lease,
+                            ..election_entry(&keys, &site, &name, n, rev)
+                        },
+                        _ => refused_entry(&keys, &site, &name, n, rev),
+                    }
+                })
+                .collect()
+        })
+    }
+
+    /// Whether `e` is an election key that names `m` (name and key) under `m`'s lease.
+    fn stands_for(e: &Entry, m: &Member) -> bool {
+        Candidate::parse(&e.value)
+            .is_some_and(|c| c.gateway == m.record.gateway && c.public_key == m.record.public_key)
+            && e.lease == m.lease
     }
 
     fn peer_strategy() -> impl Strategy<Value = (u8, PeerSettings)> {
@@ -464,6 +724,88 @@ mod tests {
             prop_assert!(diff(&wanted, &wanted).is_empty());
         }
 
+        /// Who leads: a site's active gateway is the member named (name, key and lease) by
+        /// its earliest election key that names a member at all; a site with such a key
+        /// always has one; refused claims and candidates that name no member change neither
+        /// who leads nor what is routed.
+        #[test]
+        fn the_active_gateway_is_the_first_candidate_with_its_record(entries in store()) {
+            let keys = Keys::new("/f");
+            let own = ("me", "me", &key(9));
+            let view = View::from_entries(entries.clone(), 100);
+            let fleet = Fleet::resolve(&view, &keys, own);
+            for (name, site) in &fleet.sites {
+                let election = keys.election(name);
+                let mut standing: Vec<&Entry> = entries
+                    .iter()
+                    .filter(|e| view.get(&e.key) == Some(*e))
+                    .filter(|e| e.key.starts_with(&format!("{election}/")))
+                    .filter(|e| site.gateways.iter().any(|m| stands_for(e, m)))
+                    .collect();
+                standing.sort_by_key(|e| e.create_revision);
+                let expected = standing.first().map(|e| {
+                    site.gateways.iter().find(|m| stands_for(e, m)).unwrap().record.gateway.clone()
+                });
+                prop_assert_eq!(&site.active, &expected, "site {}", name);
+                if let Some(m) = site.active_member() {
+                    prop_assert_eq!(fleet.active_key(name), Some(m.record.public_key));
+                }
+            }
+            // Without the refused claims and the candidates that name no member.
+            let members: Vec<&Member> = fleet.sites.values().flat_map(|s| &s.gateways).collect();
+            let kept: Vec<Entry> = entries
+                .iter()
+                .filter(|e| view.get(&e.key) == Some(*e))
+                .filter(|e| match keys.kind(&e.key) {
+                    KeyKind::Refused { .. } => false,
+                    KeyKind::Election { .. } => members.iter().any(|m| stands_for(e, m)),
+                    _ => true,
+                })
+                .cloned()
+                .collect();
+            let bare = Fleet::resolve(&View::from_entries(kept, 100), &keys, own);
+            prop_assert_eq!(&bare.sites, &fleet.sites);
+            prop_assert_eq!(bare.wanted_peers("me", true, 25), fleet.wanted_peers("me", true, 25));
+            // A conflict is a live name held by another key.
+            for c in &fleet.conflicts {
+                prop_assert_ne!(c.holder, c.claimant.public_key);
+                prop_assert!(fleet.sites[&c.site].gateways.iter().any(|m| m.record.gateway == c.gateway && m.record.public_key == c.holder));
+            }
+        }
+
+        /// The bound's part that is the reconcile's: whatever else the store holds, a site
+        /// one of whose gateways has its record and its election key (a gateway alive and
+        /// connected, which `heal` keeps so) has an active gateway, and every gateway of
+        /// the fleet routes that site to the same key.
+        #[test]
+        fn a_site_with_a_standing_gateway_is_never_without_an_active_one(
+            entries in store(),
+            n in 6u8..8,
+            lease in 10i64..12,
+            rev in 0i64..30,
+        ) {
+            let keys = Keys::new("/f");
+            let mut entries = entries;
+            // The standing gateway, with a key no other record has.
+            entries.retain(|e| e.key != keys.record("s0", "live"));
+            entries.push(Entry { lease, ..record_entry(&keys, "s0", "live", n, &["10.0.0.0/24"], rev) });
+            entries.push(Entry {
+                key: keys.candidate("s0", lease),
+                lease,
+                ..election_entry(&keys, "s0", "live", n, rev + 1)
+            });
+            let view = View::from_entries(entries, 100);
+            let mut seen = None;
+            for (site, gateway, k) in [("s1", "g0", key(20)), ("s2", "g1", key(21)), ("s0", "live", key(n))] {
+                let fleet = Fleet::resolve(&view, &keys, (site, gateway, &k));
+                prop_assert!(fleet.sites["s0"].gateways.iter().any(|m| m.record.gateway == "live"));
+                let active = fleet.active_key("s0");
+                prop_assert!(active.is_some());
+                prop_assert!(seen.is_none() || seen == active);
+                seen = active;
+            }
+        }
+
         #[test]
         fn accepted_sites_never_share_a_subnet_and_the_first_claim_stands(
             claims in prop::collection::vec((0u8..5, 0u8..4, 20u8..26), 1..12),
@@ -477,7 +819,7 @@ mod tests {
                     record_entry(&keys, &format!("s{site}"), &format!("g{i}"), i as u8 + 2, &[subnet.as_str()], i as i64 + 1)
                 })
                 .collect();
-            let fleet = Fleet::resolve(&View::from_entries(entries), &keys, ("me", "me", &key(1)));
+            let fleet = Fleet::resolve(&View::from_entries(entries, 100), &keys, ("me", "me", &key(1)));
             let accepted: Vec<&Member> = fleet.sites.values().flat_map(|s| &s.gateways).collect();
             prop_assert_eq!(accepted.len() + fleet.rejected.len(), claims.len());
             for a in &accepted {

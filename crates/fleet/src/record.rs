@@ -1,12 +1,19 @@
 //! What the fleet keeps in etcd, and the one place that reads it back.
 //!
 //! Under the fleet's prefix:
-//! - `gateways/<site>/<gateway>`: a gateway's [`Record`] (JSON), under its lease;
+//! - `gateways/<site>/<gateway>`: a gateway's [`Record`] (JSON), under its lease. The name is
+//!   claimed, not taken: a gateway writes it only where no other lease holds it (a
+//!   transaction), so a second gateway given the same name cannot overwrite the first;
+//! - `gateways/<site>/<gateway>/refused/<lease id, hex>`: a gateway that claimed that name
+//!   and was refused, its record as it would have written it, under its lease: how the
+//!   holder (and everyone) learns of the duplicate;
 //! - `elections/<site>/<lease id, hex>`: the site's election (etcd's election service
-//!   writes these keys under each candidate's lease; the key created first leads).
+//!   writes these keys under each candidate's lease); the value is a [`Candidate`]: the
+//!   gateway's name and public key.
 //!
-//! Records hold public keys, endpoints, subnets and roles only: private keys never leave a
-//! gateway.
+//! A gateway is its public key: a name is bound to a key by the record, and a candidate leads
+//! only with the record of its name, key and lease. Records hold public keys, endpoints,
+//! subnets and roles only: private keys never leave a gateway.
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -122,6 +129,40 @@ impl Record {
     }
 }
 
+/// A gateway standing in its site's election: the election's value, which names the
+/// gateway unambiguously (a name alone may be claimed by two gateways).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub gateway: String,
+    pub public_key: PublicKey,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CandidateJson {
+    gateway: String,
+    public_key: String,
+}
+
+impl Candidate {
+    pub fn to_value(&self) -> String {
+        serde_json::to_string(&CandidateJson {
+            gateway: self.gateway.clone(),
+            public_key: self.public_key.to_base64(),
+        })
+        .unwrap_or_default()
+    }
+
+    /// `None` for anything else (a value written by hand, or by an older tunneld, which
+    /// stood as its name alone): such a candidate never leads.
+    pub fn parse(value: &[u8]) -> Option<Candidate> {
+        let json: CandidateJson = serde_json::from_slice(value).ok()?;
+        Some(Candidate {
+            public_key: PublicKey::from_base64(&json.public_key).ok()?,
+            gateway: json.gateway,
+        })
+    }
+}
+
 /// The keys of one fleet, all under its prefix.
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -132,6 +173,11 @@ pub struct Keys {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyKind<'a> {
     Record {
+        site: &'a str,
+        gateway: &'a str,
+    },
+    /// A gateway refused the name `gateway` (another lease holds it).
+    Refused {
         site: &'a str,
         gateway: &'a str,
     },
@@ -159,9 +205,19 @@ impl Keys {
         format!("{}gateways/{site}/{gateway}", self.prefix)
     }
 
+    /// Where a gateway refused the name `gateway` says so, under its `lease`.
+    pub fn refused(&self, site: &str, gateway: &str, lease: i64) -> String {
+        format!("{}/refused/{lease:x}", self.record(site, gateway))
+    }
+
     /// The name of a site's election (etcd's election service adds `/<lease>`).
     pub fn election(&self, site: &str) -> String {
         format!("{}elections/{site}", self.prefix)
+    }
+
+    /// The key etcd's election service writes for the candidate under `lease`.
+    pub fn candidate(&self, site: &str, lease: i64) -> String {
+        format!("{}/{lease:x}", self.election(site))
     }
 
     pub fn kind<'a>(&self, key: &'a str) -> KeyKind<'a> {
@@ -171,6 +227,7 @@ impl Keys {
         let parts: Vec<&str> = rest.split('/').collect();
         match parts.as_slice() {
             ["gateways", site, gateway] => KeyKind::Record { site, gateway },
+            ["gateways", site, gateway, "refused", _lease] => KeyKind::Refused { site, gateway },
             ["elections", site, _lease] => KeyKind::Election { site },
             _ => KeyKind::Other,
         }
@@ -244,6 +301,16 @@ mod tests {
     }
 
     #[test]
+    fn a_candidate_reads_back_and_a_bare_name_is_none() {
+        let c = Candidate {
+            gateway: "b1".into(),
+            public_key: record().public_key,
+        };
+        assert_eq!(Candidate::parse(c.to_value().as_bytes()), Some(c));
+        assert_eq!(Candidate::parse(b"b1"), None);
+    }
+
+    #[test]
     fn keys_name_their_kind() {
         let keys = Keys::new("/tunneld/corp");
         assert_eq!(
@@ -256,6 +323,17 @@ mod tests {
         assert_eq!(
             keys.kind(&format!("{}/694d7a", keys.election("b"))),
             KeyKind::Election { site: "b" }
+        );
+        assert_eq!(
+            keys.kind(&keys.refused("b", "b1", 0x694d7a)),
+            KeyKind::Refused {
+                site: "b",
+                gateway: "b1"
+            }
+        );
+        assert_eq!(
+            keys.candidate("b", 0x694d7a),
+            format!("{}/694d7a", keys.election("b"))
         );
         assert_eq!(keys.kind("/tunneld/corpx/gateways/b/b1"), KeyKind::Other);
         assert_eq!(keys.kind("/tunneld/corp/gateways/b"), KeyKind::Other);

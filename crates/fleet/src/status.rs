@@ -23,6 +23,29 @@ pub struct GatewayStatus {
     pub seen_for_secs: u64,
 }
 
+/// This gateway's name is held by another gateway's record (another lease): the claim was
+/// refused, and this gateway stays out of the fleet until the name is free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Refusal {
+    /// The holder's public key (`None`: its record does not parse).
+    pub holder: Option<tunneld_crypto::PublicKey>,
+    pub endpoint: Option<std::net::SocketAddr>,
+}
+
+/// A gateway name claimed by two gateways, as the store shows it (to every gateway).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NameConflict {
+    pub site: String,
+    pub gateway: String,
+    /// The key of the gateway whose record holds the name.
+    pub holder: tunneld_crypto::PublicKey,
+    /// The gateway refused it.
+    pub claimant: tunneld_crypto::PublicKey,
+    pub claimant_endpoint: Option<std::net::SocketAddr>,
+}
+
 /// The fleet as this gateway sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -31,6 +54,12 @@ pub struct FleetStatus {
     pub gateway: String,
     /// Whether this gateway leads its site.
     pub active: bool,
+    /// Whether the store has answered since start (until then the gateway is in no fleet).
+    pub joined: bool,
+    /// `Some` while another gateway holds this gateway's name.
+    pub refused: Option<Refusal>,
+    /// Names claimed twice in the fleet.
+    pub name_conflicts: Vec<NameConflict>,
     /// `None` while the store answers; else why it does not.
     pub store_error: Option<String>,
     /// Milliseconds since this gateway's lease was last renewed.
@@ -50,6 +79,9 @@ pub struct Counters {
     /// A site's active gateway replaced by another one, as this gateway saw it.
     pub failovers: u64,
     pub rejected_records: u64,
+    /// Name conflicts this gateway is party to: its name refused, or another gateway
+    /// refused its name.
+    pub name_conflicts: u64,
 }
 
 #[derive(Default)]
@@ -58,6 +90,7 @@ pub(crate) struct AtomicCounters {
     pub store_errors: AtomicU64,
     pub failovers: AtomicU64,
     pub rejected_records: AtomicU64,
+    pub name_conflicts: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -67,6 +100,7 @@ impl AtomicCounters {
             store_errors: self.store_errors.load(Ordering::Relaxed),
             failovers: self.failovers.load(Ordering::Relaxed),
             rejected_records: self.rejected_records.load(Ordering::Relaxed),
+            name_conflicts: self.name_conflicts.load(Ordering::Relaxed),
         }
     }
 }
@@ -86,6 +120,9 @@ pub(crate) struct State {
     /// `Some` once the store has answered or failed; `Some(false)` while it fails.
     pub store_up: Option<bool>,
     pub store_error: Option<String>,
+    /// The store has answered since start.
+    pub joined: bool,
+    pub refused: Option<Refusal>,
     pub lease_renewed: Option<Instant>,
     pub last_reconcile: Option<SystemTime>,
     /// When each record (by site/gateway) was first seen.
@@ -132,14 +169,33 @@ impl Shared {
                 });
             }
         }
+        let name_conflicts = state
+            .fleet
+            .conflicts
+            .iter()
+            .map(|c| NameConflict {
+                site: c.site.clone(),
+                gateway: c.gateway.clone(),
+                holder: c.holder,
+                claimant: c.claimant.public_key,
+                claimant_endpoint: c.claimant.endpoints.first().copied(),
+            })
+            .collect();
         FleetStatus {
             site: self.site.clone(),
             gateway: self.gateway.clone(),
             active: state.active,
-            store_error: match state.store_up {
-                Some(true) => None,
-                Some(false) => state.store_error.clone(),
-                None => Some("not reached yet".into()),
+            joined: state.joined,
+            refused: state.refused.clone(),
+            name_conflicts,
+            store_error: match (state.store_up, state.joined) {
+                (Some(true), _) => None,
+                (Some(false), true) => state.store_error.clone(),
+                (Some(false), false) => Some(format!(
+                    "not reached since start: {}",
+                    state.store_error.as_deref().unwrap_or("")
+                )),
+                (None, _) => Some("not reached yet".into()),
             },
             lease_renewed_ms_ago: state
                 .lease_renewed
@@ -158,14 +214,23 @@ impl tunneld::FrontEnd for Shared {
     fn uapi_status(&self) -> String {
         let s = self.status();
         let mut out = String::new();
-        let role = if s.active {
-            Role::Active
+        let role = if s.refused.is_some() {
+            "refused".to_string()
+        } else if !s.joined {
+            "not joined".to_string()
+        } else if s.active {
+            Role::Active.to_string()
         } else {
-            Role::Standby
+            Role::Standby.to_string()
         };
         let _ = writeln!(out, "fleet_site={}", s.site);
         let _ = writeln!(out, "fleet_gateway={}", s.gateway);
         let _ = writeln!(out, "fleet_role={role}");
+        if let Some(r) = &s.refused {
+            let holder = r.holder.map_or("unreadable".into(), |k| k.to_base64());
+            let at = r.endpoint.map_or(String::new(), |e| format!(" at {e}"));
+            let _ = writeln!(out, "fleet_name_held_by={holder}{at}");
+        }
         let store = match &s.store_error {
             None => "up".to_string(),
             Some(e) => format!("down: {}", e.replace('\n', " ")),
@@ -182,6 +247,7 @@ impl tunneld::FrontEnd for Shared {
         let _ = writeln!(out, "fleet_failovers={}", c.failovers);
         let _ = writeln!(out, "fleet_store_errors={}", c.store_errors);
         let _ = writeln!(out, "fleet_rejected_records={}", c.rejected_records);
+        let _ = writeln!(out, "fleet_name_conflicts={}", c.name_conflicts);
         for g in &s.gateways {
             let _ = writeln!(out, "gateway={}/{}", g.site, g.gateway);
             let _ = writeln!(out, "role={}", if g.active { "active" } else { "standby" });
@@ -192,6 +258,19 @@ impl tunneld::FrontEnd for Shared {
             let subnets: Vec<String> = g.subnets.iter().map(ToString::to_string).collect();
             let _ = writeln!(out, "subnets={}", subnets.join(","));
             let _ = writeln!(out, "seen_for={}", g.seen_for_secs);
+        }
+        for c in &s.name_conflicts {
+            let at = c
+                .claimant_endpoint
+                .map_or(String::new(), |e| format!(" at {e}"));
+            let _ = writeln!(
+                out,
+                "name_conflict={}/{} held by {}, refused to {}{at}",
+                c.site,
+                c.gateway,
+                c.holder.to_base64(),
+                c.claimant.to_base64()
+            );
         }
         out
     }
@@ -216,6 +295,18 @@ impl tunneld::FrontEnd for Shared {
             "gauge",
             "1 while this gateway leads its site.",
             u64::from(s.active),
+        );
+        metric(
+            "joined",
+            "gauge",
+            "1 once the store has answered since start; 0 until then (no peers from the fleet).",
+            u64::from(s.joined),
+        );
+        metric(
+            "name_refused",
+            "gauge",
+            "1 while another gateway holds this gateway's name (it stays out of the fleet).",
+            u64::from(s.refused.is_some()),
         );
         metric(
             "store_up",
@@ -247,6 +338,12 @@ impl tunneld::FrontEnd for Shared {
             "counter",
             "Records refused (invalid, or claiming another site's subnet or key).",
             c.rejected_records,
+        );
+        metric(
+            "name_conflicts_total",
+            "counter",
+            "Times this gateway's name was refused to it, or to another gateway claiming it.",
+            c.name_conflicts,
         );
         out
     }

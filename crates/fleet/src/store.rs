@@ -4,9 +4,9 @@
 
 use crate::reconcile::{Change, Entry};
 use etcd_client::{
-    Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, LeaderKey,
-    LeaseKeepAliveStream, LeaseKeeper, PutOptions, ResignOptions, TlsOptions, WatchOptions,
-    WatchStream,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    LeaderKey, LeaseKeepAliveStream, LeaseKeeper, PutOptions, ResignOptions, TlsOptions, Txn,
+    TxnOp, TxnOpResponse, WatchOptions, WatchStream,
 };
 use std::time::Duration;
 
@@ -37,6 +37,15 @@ pub enum Watched {
     Compacted,
 }
 
+/// What came of claiming a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Written, at this revision.
+    Written { revision: i64 },
+    /// Another lease holds the key: it is left as it is (here as it stood at `revision`).
+    Held { entry: Entry, revision: i64 },
+}
+
 /// A campaign won: the key that says so, for resigning.
 #[derive(Debug, Clone)]
 pub struct Leadership(LeaderKey);
@@ -53,6 +62,9 @@ pub trait Store: Clone {
     /// Ends a lease now, and with it every key under it.
     async fn revoke(&mut self, lease: i64) -> Result<(), StoreError>;
     async fn put(&mut self, key: &str, value: Vec<u8>, lease: i64) -> Result<(), StoreError>;
+    /// Writes `key` under `lease` only if it is free (absent, or under no lease: written by
+    /// hand) or already under `lease`; else leaves it to the lease that holds it. One request.
+    async fn claim(&mut self, key: &str, value: Vec<u8>, lease: i64) -> Result<Claim, StoreError>;
     async fn list(&mut self, prefix: &str) -> Result<Listing, StoreError>;
     /// Changes under `prefix` from `revision` on.
     async fn watch(&mut self, prefix: &str, revision: i64) -> Result<Self::Watch, StoreError>;
@@ -183,6 +195,8 @@ fn entry(kv: &etcd_client::KeyValue) -> Option<Entry> {
         key: kv.key_str().ok()?.to_string(),
         value: kv.value().to_vec(),
         create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        lease: kv.lease(),
     })
 }
 
@@ -251,6 +265,56 @@ impl Store for Etcd {
         self.timed("writing the record", client.put(key, value, Some(options)))
             .await
             .map(drop)
+    }
+
+    async fn claim(&mut self, key: &str, value: Vec<u8>, lease: i64) -> Result<Claim, StoreError> {
+        let put = || {
+            TxnOp::put(
+                key,
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        };
+        // Ours already, else free (a missing key compares as lease 0), else who holds it.
+        let free = Txn::new()
+            .when([Compare::lease(key, CompareOp::Equal, 0)])
+            .and_then([put()])
+            .or_else([TxnOp::get(key, None)]);
+        let txn = Txn::new()
+            .when([Compare::lease(key, CompareOp::Equal, lease)])
+            .and_then([put()])
+            .or_else([TxnOp::txn(free)]);
+        let mut client = self.client.clone();
+        let answer = self
+            .timed("claiming the gateway's name", client.txn(txn))
+            .await?;
+        let revision = answer.header().map_or(0, |h| h.revision());
+        if answer.succeeded() {
+            return Ok(Claim::Written { revision });
+        }
+        let inner = answer.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Txn(t) => Some(t),
+            _ => None,
+        });
+        let Some(inner) = inner else {
+            return Err(StoreError(
+                "claiming the gateway's name: an answer without its second part".into(),
+            ));
+        };
+        if inner.succeeded() {
+            return Ok(Claim::Written { revision });
+        }
+        let held = inner.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(got) => got.kvs().first().and_then(entry),
+            _ => None,
+        });
+        match held {
+            Some(entry) => Ok(Claim::Held { entry, revision }),
+            // Gone between the comparison and the read cannot be: one transaction.
+            None => Err(StoreError(
+                "claiming the gateway's name: held, but not found".into(),
+            )),
+        }
     }
 
     async fn list(&mut self, prefix: &str) -> Result<Listing, StoreError> {
@@ -399,9 +463,10 @@ impl WatchEvents for EtcdWatch {
                     let kv = event.kv()?;
                     match event.event_type() {
                         EventType::Put => entry(kv).map(Change::Put),
-                        EventType::Delete => {
-                            kv.key_str().ok().map(|k| Change::Delete(k.to_string()))
-                        }
+                        EventType::Delete => kv.key_str().ok().map(|k| Change::Delete {
+                            key: k.to_string(),
+                            revision: kv.mod_revision(),
+                        }),
                     }
                 })
                 .collect();
