@@ -18,6 +18,7 @@ mod one_netlink_parser;
 mod package;
 mod publish;
 mod report;
+mod smoltcp_series;
 mod system;
 mod testbed;
 mod tls_bench;
@@ -90,6 +91,12 @@ commands:
                    systemd unit, man pages, shell completions, an example config; --check
                    installs it, uses it (and systemd-analyze on its unit), removes it
   deps             only install the system tools the tests and demo need
+  smoltcp-series --check | --onto VERSION
+                   the smoltcp fork as upstream's package plus vendor/smoltcp-patches/:
+                   --check applies the series to smoltcp 0.14.0 from crates.io and fails
+                   unless it gives vendor/smoltcp byte for byte; --onto applies it to another
+                   upstream release in target/smoltcp-series/onto-VERSION and reports per
+                   patch: applied cleanly, with offsets or fuzz, or conflicts and where
   publish-check [--allow-dirty]
                    what depending on the library needs: docs with no warning, and
                    `cargo publish --dry-run` of every published crate (about 2 minutes)";
@@ -115,6 +122,7 @@ fn main() -> ExitCode {
         Some("tlsfuzzer") => tlsfuzzer::run(&args[1..]),
         Some("kernel-wg") => system::install_tools().and_then(|()| kernel_wg::run(&args[1..])),
         Some("deps") => system::install_tools(),
+        Some("smoltcp-series") => smoltcp_series::run(&args[1..]),
         Some("publish-check") => system::repo_root().and_then(|root| {
             publish::docs(&root)?;
             publish::dry_run(&root, args.iter().any(|a| a == "--allow-dirty"))
