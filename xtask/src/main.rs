@@ -21,6 +21,7 @@ mod package;
 mod publish;
 mod rehearsal;
 mod report;
+mod smoltcp_series;
 mod system;
 mod testbed;
 mod tls_bench;
@@ -95,6 +96,12 @@ commands:
                    systemd unit, man pages, shell completions, an example config; --check
                    installs it, uses it (and systemd-analyze on its unit), removes it
   deps             only install the system tools the tests and demo need
+  smoltcp-series --check | --onto VERSION
+                   the smoltcp fork as upstream's package plus vendor/smoltcp-patches/:
+                   --check applies the series to smoltcp 0.14.0 from crates.io and fails
+                   unless it gives vendor/smoltcp byte for byte; --onto applies it to another
+                   upstream release in target/smoltcp-series/onto-VERSION and reports per
+                   patch: applied cleanly, with offsets or fuzz, or conflicts and where
   publish-check [--allow-dirty]
                    what depending on the library needs: docs with no warning, and
                    `cargo publish --dry-run` of every published crate (about 2 minutes)
@@ -125,6 +132,7 @@ fn main() -> ExitCode {
         Some("tlsfuzzer") => tlsfuzzer::run(&args[1..]),
         Some("kernel-wg") => system::install_tools().and_then(|()| kernel_wg::run(&args[1..])),
         Some("deps") => system::install_tools(),
+        Some("smoltcp-series") => smoltcp_series::run(&args[1..]),
         Some("publish-check") => system::repo_root().and_then(|root| {
             publish::docs(&root)?;
             publish::dry_run(&root, args.iter().any(|a| a == "--allow-dirty"))
@@ -229,6 +237,15 @@ fn test() -> ExitCode {
     // The user-space tunnel's optional integrations, whose examples and tests need them.
     const USERSPACE_FEATURES: &str =
         "tunneld-userspace/axum,tunneld-userspace/hyper,tunneld-userspace/dns";
+    const SMOLTCP_FORK: &str = "vendor/smoltcp/Cargo.toml";
+    // crates/userspace/Cargo.toml's smoltcp features but segmentation-offload, whose upstream
+    // tests assume medium-ethernet (they do not build without it, in 0.14.0 as published
+    // too); the workspace builds that code and tunneld-userspace's tests run it.
+    const SMOLTCP_USERSPACE_FEATURES: &str = "std,medium-ip,proto-ipv4,proto-ipv6,socket-tcp,\
+        socket-udp,socket-tcp-cubic,assembler-max-segment-count-32";
+    // ci.sh's set without std: the patches build and pass on alloc alone (seconds).
+    const SMOLTCP_ALLOC_FEATURES: &str = "alloc,medium-ethernet,proto-ipv4,proto-ipv6,\
+        socket-raw,socket-udp,socket-tcp,socket-icmp,proto-ipv6-slaac";
     let steps: &[(&str, &[&str])] = &[
         ("fmt", &["fmt", "--all", "--", "--check"]),
         (
@@ -279,17 +296,59 @@ fn test() -> ExitCode {
             "fuzz targets, replayed on stable",
             &["test", "--manifest-path", "fuzz/Cargo.toml"],
         ),
-        // The vendored smoltcp builds apart from the workspace (as upstream does): its own
-        // tests, with those of tunneld's TCP patches, on the features tunneld-userspace uses.
+        // The smoltcp fork (vendor/smoltcp, published as tunneld-smoltcp) builds apart from
+        // the workspace, as upstream does, and runs upstream's whole suite the way its ci.sh
+        // does (`cargo test` per feature set, the netsim tests), with the patches' own tests:
+        // default features (unit, integration and doc tests, examples built); the
+        // congestion controllers; what tunneld-userspace enables; no std; netsim's
+        // loss/throughput tables (release, as ci.sh runs them). About 4 minutes cold.
         (
-            "smoltcp fork's tests",
+            "smoltcp fork: default features",
+            &["test", "--manifest-path", SMOLTCP_FORK],
+        ),
+        (
+            "smoltcp fork: Reno and Cubic",
             &[
                 "test",
                 "--manifest-path",
-                "vendor/smoltcp/Cargo.toml",
-                "--lib",
+                SMOLTCP_FORK,
+                "--no-default-features",
                 "--features",
-                "std,medium-ip,proto-ipv4,proto-ipv6,socket-tcp,socket-tcp-cubic",
+                "default,socket-tcp-reno,socket-tcp-cubic",
+            ],
+        ),
+        (
+            "smoltcp fork: tunneld-userspace's features",
+            &[
+                "test",
+                "--manifest-path",
+                SMOLTCP_FORK,
+                "--no-default-features",
+                "--features",
+                SMOLTCP_USERSPACE_FEATURES,
+            ],
+        ),
+        (
+            "smoltcp fork: alloc without std",
+            &[
+                "test",
+                "--manifest-path",
+                SMOLTCP_FORK,
+                "--no-default-features",
+                "--features",
+                SMOLTCP_ALLOC_FEATURES,
+            ],
+        ),
+        (
+            "smoltcp fork: netsim",
+            &[
+                "test",
+                "--manifest-path",
+                SMOLTCP_FORK,
+                "--release",
+                "--features",
+                "_netsim",
+                "netsim",
             ],
         ),
         // Licences, bans and sources of every dependency against deny.toml.
@@ -311,13 +370,15 @@ fn test() -> ExitCode {
         }
     }
     elapsed(started);
-    // The library's docs with no warning, and its API against the latest version tag.
+    // The library's docs with no warning, and its API against the latest version tag; the
+    // smoltcp fork is its patch series applied to the pristine upstream release.
     for (name, step) in [
         (
             "docs",
             publish::docs as fn(&std::path::Path) -> Result<(), String>,
         ),
         ("semver check", publish::semver),
+        ("smoltcp series --check", smoltcp_series::check),
     ] {
         if let Err(e) = step(&root) {
             eprintln!("{name}: {e}");

@@ -36,6 +36,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("protoc", "protobuf-compiler"),
     ("etcd", "etcd-server"),
     ("etcdctl", "etcd-client"),
+    // `cargo xtask smoltcp-series` applies the smoltcp fork's patch files with it.
+    ("patch", "patch"),
 ];
 
 /// (file to look for, Debian package providing it): what no command shows.
