@@ -226,6 +226,8 @@ impl Workspaces {
                 let mut wanted: Vec<(&str, &str)> = Vec::new();
                 // `cargo test`'s name filters, before or after `--`.
                 let mut filters: Vec<&str> = Vec::new();
+                // The package a `--manifest-path` names, whose workspace may be bigger.
+                let mut manifest_dir: Option<PathBuf> = None;
                 let mut rest = rest.iter();
                 while let Some(arg) = rest.next() {
                     let (flag, inline) = match arg.split_once('=') {
@@ -245,6 +247,7 @@ impl Workspaces {
                                 return Some(format!("no manifest {}", path.display()));
                             }
                             dir = path.parent()?.to_path_buf();
+                            manifest_dir = Some(dir.clone());
                         }
                         "--test" => wanted.extend(value().map(|v| ("test", v))),
                         "--example" => wanted.extend(value().map(|v| ("example", v))),
@@ -264,7 +267,21 @@ impl Workspaces {
                         return Some(format!("no package `{p}` in {}", dir.display()));
                     }
                 }
-                let searched: Vec<&String> = if packages.is_empty() {
+                let searched: Vec<&String> = if let (true, Some(at)) =
+                    (packages.is_empty(), &manifest_dir)
+                {
+                    let at = at.canonicalize().unwrap_or_else(|_| at.clone());
+                    known
+                        .iter()
+                        .filter(|(_, targets)| {
+                            targets.get("dir").is_some_and(|d| {
+                                d.iter()
+                                    .any(|d| Path::new(d).canonicalize().ok() == Some(at.clone()))
+                            })
+                        })
+                        .map(|(name, _)| name)
+                        .collect()
+                } else if packages.is_empty() {
                     defaults.iter().collect()
                 } else {
                     known
@@ -400,6 +417,9 @@ fn the_checker_finds_a_missing_test_and_accepts_a_present_one() {
     )
     .is_some());
     assert!(check(&mut ws, "cargo test -p no-such-crate").is_some());
+    let fork = "cargo test --manifest-path vendor/smoltcp/Cargo.toml --features _netsim";
+    assert_eq!(check(&mut ws, &format!("{fork} netsim")), None);
+    assert!(check(&mut ws, &format!("{fork} --test no_such_test")).is_some());
     assert!(check(&mut ws, "cargo xtask no-such-command").is_some());
     assert_eq!(
         check(&mut ws, "cargo xtask bench --rounds 3 --only \"a, b\""),

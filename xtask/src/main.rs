@@ -253,6 +253,8 @@ fn test() -> ExitCode {
             &[
                 "clippy",
                 "--workspace",
+                "--exclude",
+                "tunneld-smoltcp",
                 "--all-targets",
                 "--features",
                 USERSPACE_FEATURES,
@@ -266,6 +268,8 @@ fn test() -> ExitCode {
             &[
                 "test",
                 "--workspace",
+                "--exclude",
+                "tunneld-smoltcp",
                 "--features",
                 USERSPACE_FEATURES,
                 "--no-fail-fast",
@@ -273,7 +277,16 @@ fn test() -> ExitCode {
         ),
         // Built, not optimised: `cargo bench`'s profile (release without panic=abort) would
         // rebuild every dependency with thin LTO, minutes for no extra check.
-        ("benches build", &["build", "--workspace", "--benches"]),
+        (
+            "benches build",
+            &[
+                "build",
+                "--workspace",
+                "--exclude",
+                "tunneld-smoltcp",
+                "--benches",
+            ],
+        ),
         // The fuzz crate lives outside the workspace: its own fmt, lint, and the stable
         // replay of its targets over the seeds.
         (
@@ -296,9 +309,8 @@ fn test() -> ExitCode {
             "fuzz targets, replayed on stable",
             &["test", "--manifest-path", "fuzz/Cargo.toml"],
         ),
-        // The smoltcp fork (vendor/smoltcp, published as tunneld-smoltcp) builds apart from
-        // the workspace, as upstream does, and runs upstream's whole suite the way its ci.sh
-        // does (`cargo test` per feature set, the netsim tests), with the patches' own tests:
+        // The smoltcp fork (vendor/smoltcp, published as tunneld-smoltcp) is not linted or
+        // tested as ours above: it runs upstream's whole suite the way its ci.sh does (`cargo test` per feature set, the netsim tests), with the patches' own tests:
         // default features (unit, integration and doc tests, examples built); the
         // congestion controllers; what tunneld-userspace enables; no std; netsim's
         // loss/throughput tables (release, as ci.sh runs them). About 4 minutes cold.
@@ -371,7 +383,8 @@ fn test() -> ExitCode {
     }
     elapsed(started);
     // The library's docs with no warning, and its API against the latest version tag; the
-    // smoltcp fork is its patch series applied to the pristine upstream release.
+    // smoltcp fork is its patch series applied to the pristine upstream release; what is
+    // published builds and runs as a user gets it.
     for (name, step) in [
         (
             "docs",
@@ -379,6 +392,8 @@ fn test() -> ExitCode {
         ),
         ("semver check", publish::semver),
         ("smoltcp series --check", smoltcp_series::check),
+        // The published crates built from their packages by a consumer, with no [patch].
+        ("packaged-crates rehearsal", rehearsal::run_rehearsal),
     ] {
         if let Err(e) = step(&root) {
             eprintln!("{name}: {e}");

@@ -14,9 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-/// Published crates outside the workspace's members, packaged on their own: none yet.
-const PUBLISHED_OUTSIDE_THE_WORKSPACE: &[&str] = &[];
-
 /// The consumer's source, kept in the repository and copied into an empty directory.
 const CONSUMER: &str = include_str!("../rehearsal/consumer.rs");
 
@@ -33,7 +30,8 @@ pub fn run_rehearsal(root: &Path) -> Result<(), String> {
     fs::create_dir_all(&registry)
         .map_err(|e| format!("cannot create {}: {e}", registry.display()))?;
 
-    // 1. The packages, as uploaded (not verified here: building them is the consumer's job).
+    // 1. The packages, as uploaded (not verified here: building them is the consumer's
+    // job). The smoltcp fork is a member, so it is packaged with the crates that need it.
     let mut package: Vec<String> = ["package", "--workspace", "--no-verify", "--allow-dirty"]
         .map(String::from)
         .into();
@@ -42,16 +40,8 @@ pub fn run_rehearsal(root: &Path) -> Result<(), String> {
     }
     eprintln!("==> rehearsal: cargo {}", package.join(" "));
     run(Command::new(cargo()).args(&package).current_dir(root))?;
-    for manifest in PUBLISHED_OUTSIDE_THE_WORKSPACE {
-        run(Command::new(cargo())
-            .args(["package", "--no-verify", "--allow-dirty", "--manifest-path"])
-            .arg(root.join(manifest))
-            .arg("--target-dir")
-            .arg(&target)
-            .current_dir(root))?;
-    }
 
-    // 2. crates.io's crates at the locked versions, beside the packages.
+    // 2. crates.io's crates at the workspace's locked versions, and the packages beside them.
     eprintln!("==> rehearsal: cargo vendor (the locked third-party crates)");
     let vendored = Command::new(cargo())
         .args(["vendor", "--versioned-dirs", "--quiet"])
@@ -65,15 +55,33 @@ pub fn run_rehearsal(root: &Path) -> Result<(), String> {
             String::from_utf8_lossy(&vendored.stderr).trim()
         ));
     }
+    let unpacked = unpack_packages(&packages, &registry)?;
+    eprintln!("==> rehearsal: packaged {}", unpacked.join(", "));
+
+    // 3. The consumer, in an empty directory outside the repository.
+    let home = std::env::temp_dir().join(format!("tunneld-rehearsal-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&home);
+    let result = build_and_run(root, &home, &registry, &target);
+    let _ = fs::remove_dir_all(&home);
+    if result.is_ok() {
+        // Half a gigabyte of sources, made again on every run; kept only to look into a failure.
+        let _ = fs::remove_dir_all(&work);
+    }
+    result
+}
+
+/// Unpacks every `.crate` in `packages` into the directory source `registry`, and returns
+/// their names.
+fn unpack_packages(packages: &Path, registry: &Path) -> Result<Vec<String>, String> {
     let mut unpacked = Vec::new();
-    for entry in fs::read_dir(&packages).map_err(|e| format!("{}: {e}", packages.display()))? {
+    for entry in fs::read_dir(packages).map_err(|e| format!("{}: {e}", packages.display()))? {
         let path = entry.map_err(|e| e.to_string())?.path();
         if path.extension().is_some_and(|e| e == "crate") {
             run(Command::new("tar")
                 .arg("-xzf")
                 .arg(&path)
                 .arg("-C")
-                .arg(&registry))?;
+                .arg(registry))?;
             let dir = path.file_stem().map(PathBuf::from).unwrap_or_default();
             // A directory source checks the files its checksum file lists: none, for a
             // package just made here.
@@ -86,14 +94,7 @@ pub fn run_rehearsal(root: &Path) -> Result<(), String> {
         }
     }
     unpacked.sort();
-    eprintln!("==> rehearsal: packaged {}", unpacked.join(", "));
-
-    // 3. The consumer, in an empty directory outside the repository.
-    let home = std::env::temp_dir().join(format!("tunneld-rehearsal-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&home);
-    let result = build_and_run(root, &home, &registry, &target);
-    let _ = fs::remove_dir_all(&home);
-    result
+    Ok(unpacked)
 }
 
 fn build_and_run(root: &Path, home: &Path, registry: &Path, target: &Path) -> Result<(), String> {
