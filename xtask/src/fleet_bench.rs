@@ -3,8 +3,11 @@
 //! one routed underlay.
 //!
 //! - Failover: site B has two gateways and a LAN host; site A pings that host every 50 ms
-//!   while B's active gateway is killed (-9) or stopped (SIGTERM), again and again, the
-//!   dead one brought back as the standby each time. Time until replies flow again: p50/p99.
+//!   while B's active gateway is killed (-9) or stopped (SIGTERM), the dead one brought back
+//!   as the standby each time, or while its host dies: its links cut, so that nothing of it
+//!   forwards (a killed process's kernel still does, through the LAN's fallback route), its
+//!   tunneld left running to come back as the standby when the links do. Time until replies
+//!   flow again: p50/p99.
 //! - Joining: N sites (N = 10, 50) form a mesh; then one more starts, and every one of the N
 //!   pings it until it answers: time until the last does, from the new tunneld's start.
 //! - At rest, with the N + 1 gateways: etcd requests per gateway per minute (gRPC messages
@@ -336,7 +339,7 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
         dir,
         cluster: &cluster,
     };
-    let (kill, term) = failovers(&fleet, &wan, options)?;
+    let Failovers { kill, term, host } = failovers(&fleet, &wan, options)?;
     let mut table = Table::new(&[
         "measure",
         "p50 (median)",
@@ -349,6 +352,10 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
             &kill,
         ),
         ("traffic resumes after SIGTERM of the active gateway", &term),
+        (
+            "traffic resumes after the active gateway's host dies (links cut)",
+            &host,
+        ),
     ] {
         table.row(&[
             name.into(),
@@ -368,21 +375,31 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
         ]);
     }
     Ok(format!(
-        "Failover: site B's two gateways, the active one stopped {} times each way, brought \
-         back as the standby each time; a ping every 50 ms from site A to a host on B's LAN \
-         tells when traffic flows again (lease TTL 3 s, the default). Joining: N sites in a \
+        "Failover: site B's two gateways, the active one killed (-9), stopped (SIGTERM) and \
+         cut off with its host (its underlay and LAN links taken down, its tunneld left \
+         running), {} times each, back as the standby each time; a ping every 50 ms from site \
+         A to a host on B's LAN tells when traffic flows again (lease TTL 3 s, the default). \
+         A killed gateway's kernel still forwards what its LAN sends it to the other gateway; \
+         a dead host forwards nothing, so there the LAN host's route is moved to the survivor \
+         at the moment of death (the LAN's own failover, VRRP or the like, is the operator's \
+         and adds its time if slower): the figure is the fleet's part. Joining: N sites in a \
          mesh, then one more started; the time from its start until each of the N reaches it.\n\n{}\n{rest}",
         options.kills,
         table.render()
     ))
 }
 
-/// Site A and site B (two gateways, a LAN host): the failover samples, kill -9 then SIGTERM.
-fn failovers(
-    fleet: &Fleet,
-    wan: &Underlay,
-    options: &Options,
-) -> Result<(Vec<f64>, Vec<f64>), String> {
+/// Seconds until traffic resumed, per way of losing the active gateway.
+#[derive(Default)]
+struct Failovers {
+    kill: Vec<f64>,
+    term: Vec<f64>,
+    host: Vec<f64>,
+}
+
+/// Site A and site B (two gateways, a LAN host): the failover samples, kill -9, SIGTERM,
+/// then host death.
+fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failovers, String> {
     eprintln!("==> failover: {} kills each way", options.kills);
     let prefix = "/tunneld/bench-failover";
     let na = wan.host("192.0.2.21/24");
@@ -394,6 +411,8 @@ fn failovers(
     lan.run(&["ip", "link", "add", "brb", "type", "bridge"]);
     lan.run(&["ip", "addr", "add", "10.2.0.10/24", "dev", "brb"]);
     lan.run(&["ip", "link", "set", "brb", "up"]);
+    // The bridge's end of each B gateway's LAN link, to cut its host off.
+    let mut lan_ports = Vec::new();
     for (i, ns) in nb.iter().enumerate() {
         let (own, other) = (2 + i, 3 - i);
         let (inside, outside) = link(ns, &lan);
@@ -407,6 +426,7 @@ fn failovers(
         ]);
         ns.run(&["ip", "link", "set", &inside, "up"]);
         lan.run(&["ip", "link", "set", &outside, "master", "brb", "up"]);
+        lan_ports.push(outside);
         ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         ns.run(&[
             "ip",
@@ -462,8 +482,14 @@ fn failovers(
             .success()
     })?;
     let mut active = 0;
-    let mut samples = (Vec::new(), Vec::new());
-    for (signal, into) in [("KILL", &mut samples.0), ("TERM", &mut samples.1)] {
+    let mut samples = Failovers::default();
+    let underlay = |i: usize| format!("192.0.2.{}", 22 + i);
+    let lan_address = |i: usize| format!("10.2.0.{}", 2 + i);
+    for (signal, into) in [
+        ("KILL", &mut samples.kill),
+        ("TERM", &mut samples.term),
+        ("HOST", &mut samples.host),
+    ] {
         for round in 0..options.kills {
             system::check_interrupted()?;
             let standby = 1 - active;
@@ -473,10 +499,34 @@ fn failovers(
                     .show(fleet.tunneld)
                     .contains(&format!("{}standby)", name(standby)))
             })?;
+            if signal == "HOST" {
+                // The LAN host's route to the other sites goes to the active gateway.
+                lan.run(&[
+                    "ip",
+                    "route",
+                    "replace",
+                    "10.0.0.0/8",
+                    "via",
+                    &lan_address(active),
+                ]);
+            }
             let probe = Probe::start(&na, "10.2.0.10", fleet.dir.join("probe.out"))?;
             std::thread::sleep(Duration::from_millis(500));
             let event = unix_now();
-            b[active].stop(signal);
+            if signal == "HOST" {
+                wan.disconnect(&underlay(active));
+                lan.run(&["ip", "link", "set", &lan_ports[active], "down"]);
+                lan.run(&[
+                    "ip",
+                    "route",
+                    "replace",
+                    "10.0.0.0/8",
+                    "via",
+                    &lan_address(standby),
+                ]);
+            } else {
+                b[active].stop(signal);
+            }
             let resumed = probe.resumed_after(event)?;
             drop(probe);
             let new_name = format!("b{}", standby + 1);
@@ -493,7 +543,26 @@ fn failovers(
                 );
             }
             into.push(resumed);
-            b[active].start(fleet.tunneld)?;
+            if signal == "HOST" {
+                // The host comes back; its tunneld, whose lease expired meanwhile, joins
+                // again and stands by.
+                wan.reconnect(&underlay(active));
+                lan.run(&["ip", "link", "set", &lan_ports[active], "up"]);
+                let back = Instant::now();
+                wait_for("the gateway whose host came back stands by", || {
+                    b[active]
+                        .show(fleet.tunneld)
+                        .contains(&format!("{}standby)", name(active)))
+                })
+                .map_err(|e| format!("{e}\n{}", b[active].log_text()))?;
+                eprintln!(
+                    "    its host back, b{} stands by after {:.2} s",
+                    active + 1,
+                    back.elapsed().as_secs_f64()
+                );
+            } else {
+                b[active].start(fleet.tunneld)?;
+            }
             active = standby;
         }
     }

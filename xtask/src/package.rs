@@ -119,7 +119,7 @@ fn checks() -> Result<(), String> {
             "/etc/tunneld is {etc}, not root:{SERVICE_USER} 750 (the configs' directory, readable by the service's group)"
         ));
     }
-    // The example, with the key file it names made as its comment says, checked as the
+    // The examples, with the files they name made as their comments say, checked as the
     // unit runs tunneld: as its user, with CAP_NET_ADMIN alone.
     let dir = std::env::temp_dir().join(format!("tunneld-deb-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
@@ -130,6 +130,33 @@ fn checks() -> Result<(), String> {
             .map_err(|e| format!("the example config is not installed: {e}"))?;
         let key = output_of(Command::new("tunneld").arg("genkey"))?;
         write_private(&dir.join("site-a.key"), &key)?;
+        let fleet = dir.join("fleet-gateway.toml");
+        fs::copy("/usr/share/doc/tunneld/examples/fleet-gateway.toml", &fleet)
+            .map_err(|e| format!("the fleet example config is not installed: {e}"))?;
+        let key = output_of(Command::new("tunneld").arg("genkey"))?;
+        write_private(&dir.join("corp.key"), &key)?;
+        // Its etcd client certificate and key; self-signed, so it is its own CA.
+        output_of(Command::new("openssl").current_dir(&dir).args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-subj",
+            "/CN=paris-gw1",
+            "-keyout",
+            "paris-gw1.key",
+            "-out",
+            "paris-gw1.pem",
+        ]))?;
+        fs::copy(dir.join("paris-gw1.pem"), dir.join("ca.pem")).map_err(|e| e.to_string())?;
+        output_of(
+            Command::new("chmod")
+                .arg("600")
+                .arg(dir.join("paris-gw1.key")),
+        )?;
         output_of(Command::new("chown").arg("-R").arg(SERVICE_USER).arg(&dir))?;
         output_of(
             Command::new("setpriv")
@@ -143,7 +170,8 @@ fn checks() -> Result<(), String> {
                     "tunneld",
                     "check",
                 ])
-                .arg(&example),
+                .arg(&example)
+                .arg(&fleet),
         )?;
         let page = output_of(Command::new("man").args(["-w", "tunneld"]))?;
         eprintln!("man page: {page}");

@@ -29,11 +29,21 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Bring up the interface a config describes and carry its traffic until SIGINT/SIGTERM.
+    ///
+    /// A config with a `[fleet]` section also joins a fleet of gateways on etcd: every other
+    /// site's active gateway becomes a peer (no `[[peer]]` needed), the gateways of one site
+    /// elect the one that forwards, and `tunneld show` prints the fleet's state. `up` does not
+    /// wait for etcd: it reports ready once the interface is up and joins when the store
+    /// answers. The operator's guide, etcd's setup included: docs/fleet.md (in the Debian
+    /// package /usr/share/doc/tunneld/docs/fleet.md, with the example config
+    /// /usr/share/doc/tunneld/examples/fleet-gateway.toml).
     Up { config: PathBuf },
     /// Validate config files as `up` does, without touching the system; print every error.
     ///
     /// Everything `up` would refuse is refused, the dataplane's checks on this machine
-    /// included (workers, sub-tunnels, AF_XDP's limits, io_uring, the AEAD).
+    /// included (workers, sub-tunnels, AF_XDP's limits, io_uring, the AEAD). A `[fleet]`
+    /// section's files are read (readable PEM; the client key the certificate's, and
+    /// readable by its owner alone); etcd is not contacted.
     #[command(after_long_help = tunneld::Settings::NOT_CHECKED)]
     Check {
         #[arg(required = true)]

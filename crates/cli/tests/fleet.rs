@@ -9,8 +9,10 @@
 //! transfer and a standby takes over; then stopped (SIGTERM); an etcd member dies; the
 //! whole store stops for 60 s; records written by hand are refused; a second gateway given
 //! a live gateway's name is refused on both sides and never routed to (issue 49); the active
-//! gateway's record and election key, deleted by hand, come back; a client without a
-//! certificate is refused. Failover and join times are printed (measured, not asserted beyond a
+//! gateway's record and election key, deleted by hand, come back; site B's active
+//! gateway's host dies (its links cut, nothing of it forwards) and the standby takes over,
+//! and when the host comes back its gateway stands by; a client without a certificate is
+//! refused. Failover and join times are printed (measured, not asserted beyond a
 //! generous bound: `cargo xtask bench-fleet` measures them).
 
 mod common;
@@ -270,10 +272,10 @@ fn paced_transfer(
     })
 }
 
-/// Seconds from `event` (Unix time) to the first log line with `needle`.
+/// Seconds from `event` (Unix time) to the last log line with `needle`.
 fn logged_after(log: &str, needle: &str, event: f64) -> f64 {
     log.lines()
-        .find(|l| l.contains(needle))
+        .rfind(|l| l.contains(needle))
         .map_or(f64::NAN, |l| etcd::logged_after(l, event))
 }
 
@@ -321,6 +323,8 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         "nodad",
     ]);
     lan.run(&["ip", "link", "set", "brb", "up"]);
+    // The LAN bridge's end of each B gateway's link, to cut a host off.
+    let mut lan_ports = Vec::new();
     for (ns, own, other) in [(&nb1, "2", "3"), (&nb2, "3", "2")] {
         let (inside, outside) = link(ns, &lan);
         ns.run(&[
@@ -343,6 +347,7 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         ]);
         ns.run(&["ip", "link", "set", &inside, "up"]);
         lan.run(&["ip", "link", "set", &outside, "master", "brb", "up"]);
+        lan_ports.push(outside);
         ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         // What this gateway cannot carry (stopped, or standing by) goes to the other one.
@@ -743,6 +748,75 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     reachable(&na, "10.2.0.10");
     ping(&lan, "10.1.0.1");
 
+    step("site B's active host dies (its links cut, its tunneld left running): B2 takes over");
+    let gb2 = b2.start(&nb2);
+    wait_until("b2 stands by", || {
+        show(&nb2, &b2.ifname).contains("gateway b2 (standby)")
+    });
+    wait_peers(&nb2, &b2.ifname, &[&a, &c, &d], "B2 (standby)");
+    let probe = Probe::start(&na, "10.2.0.10", 40);
+    std::thread::sleep(Duration::from_millis(500));
+    let died = unix_now();
+    // Nothing of B1's host forwards now: not its tunneld, not its kernel (the fallback route
+    // of the kill -9 step is gone with it), and nobody hears a reset or an ICMP error.
+    wan.disconnect("192.0.2.22");
+    lan.run(&["ip", "link", "set", &lan_ports[0], "down"]);
+    // The LAN's own failover (the operator's VRRP or the like) moves its route to B2; the
+    // fleet moves the other sites.
+    lan.run(&["ip", "route", "replace", "10.0.0.0/8", "via", "10.2.0.3"]);
+    lan.run(&[
+        "ip",
+        "-6",
+        "route",
+        "replace",
+        "fd00::/16",
+        "via",
+        "fd00:2::3",
+    ]);
+    let resumed = probe.resumed_after(died);
+    eprintln!(
+        "fleet: traffic from A to B resumed {resumed:.2} s after the death of B's active host \
+         (A repointed site B after {:.2} s)",
+        logged_after(&ga.log_text(), "site b is served by b2 now", died)
+    );
+    wait_peers(&na, &a.ifname, &[&b2, &c, &d], "A after B1's host died");
+    wait_peers(&nc, &c.ifname, &[&a, &b2, &d], "C after B1's host died");
+    assert!(show(&nb2, &b2.ifname).contains("gateway b2 (active)"));
+    for (from, to) in [
+        (&nc, "10.2.0.10"),
+        (&nc, "fd00:2::10"),
+        (&lan, "10.1.0.1"),
+        (&lan, "fd00:1::1"),
+    ] {
+        reachable(from, to);
+    }
+    drop(probe);
+
+    step("B1's host comes back, its tunneld unaware of the lease it lost: it stands by");
+    wan.reconnect("192.0.2.22");
+    lan.run(&["ip", "link", "set", &lan_ports[0], "up"]);
+    wait_until("b1 stands by again", || {
+        show(&nb1, &b1.ifname).contains("gateway b1 (standby)")
+    });
+    assert!(
+        gb1.log_text()
+            .contains("the lease expired in the store; joining again"),
+        "{}",
+        gb1.log_text()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(show(&nb2, &b2.ifname).contains("gateway b2 (active)"));
+    assert_eq!(
+        peers(&na, &a.ifname),
+        [&b2, &c, &d]
+            .iter()
+            .map(|s| s.public.clone())
+            .collect::<BTreeSet<_>>(),
+        "site B stays on B2"
+    );
+    ping(&na, "10.2.0.10");
+    ping(&lan, "10.1.0.1");
+
     step("a gateway without a client certificate is refused by etcd");
     let mut e = Site::new(&members, "e", "e1", 5, 26, true);
     e.body = e
@@ -771,5 +845,5 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
 
     step("stop everything; the gateways leave the fleet");
     gb1.stop_with("TERM");
-    drop((ga, gc, gd, ge, gdup));
+    drop((ga, gb2, gc, gd, ge, gdup));
 }

@@ -214,9 +214,25 @@ impl Store for Etcd {
     async fn keep_alive(&mut self, lease: i64) -> Result<bool, StoreError> {
         if self.keeper.as_ref().map(|(id, _)| *id) != Some(lease) {
             let mut client = self.client.clone();
-            let pair = self
-                .timed("keeping the lease alive", client.lease_keep_alive(lease))
-                .await?;
+            let opened = tokio::time::timeout(self.timeout, client.lease_keep_alive(lease)).await;
+            let pair = match opened {
+                Ok(Ok(pair)) => pair,
+                // etcd answered the stream's first renewal with no time left: the lease
+                // expired (a gateway cut off for longer than its TTL). An answer, not a
+                // failure: the gateway must take a new lease, not wait for the store.
+                Ok(Err(etcd_client::Error::LeaseKeepAliveError(why)))
+                    if why == "lease not found" =>
+                {
+                    return Ok(false)
+                }
+                Ok(Err(e)) => return Err(StoreError::from_etcd("keeping the lease alive", e)),
+                Err(_) => {
+                    return Err(StoreError(format!(
+                        "keeping the lease alive: no answer within {} ms",
+                        self.timeout.as_millis()
+                    )))
+                }
+            };
             self.keeper = Some((lease, Box::new(pair)));
         }
         let timeout = self.timeout;

@@ -3,9 +3,11 @@
 //! `openssl` command) or plain HTTP. Everything goes when dropped.
 
 use crate::{run_ok, stop_process, unique_name, NetNs, WAIT};
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The underlay: a router in a namespace of its own (with the address given, so that tools
@@ -21,6 +23,8 @@ pub struct Underlay {
     /// The router's address and the subnet's prefix length.
     router: String,
     prefix: String,
+    /// Each host's address and the router's end of its link.
+    ports: Mutex<HashMap<String, String>>,
 }
 
 impl Underlay {
@@ -35,6 +39,7 @@ impl Underlay {
             ns,
             router: router.to_string(),
             prefix: prefix.to_string(),
+            ports: Mutex::new(HashMap::new()),
         }
     }
 
@@ -75,7 +80,34 @@ impl Underlay {
         self.ns.run(&["ip", "link", "set", &outside, "up"]);
         self.ns
             .run(&["ip", "route", "add", &format!("{ip}/32"), "dev", &outside]);
+        self.ports.lock().unwrap().insert(ip.to_string(), outside);
         inside
+    }
+
+    /// Takes the router's end of the link of the host at `ip` down, as if the host had died:
+    /// nothing it sends leaves its namespace and nothing reaches it, with no error or reset
+    /// said to anyone, while its own interfaces, addresses and routes stay (without a
+    /// carrier) and its processes run on. Undone by [`Underlay::reconnect`].
+    pub fn disconnect(&self, ip: &str) {
+        let port = self.port(ip);
+        self.ns.run(&["ip", "link", "set", &port, "down"]);
+    }
+
+    /// Brings the link of the host at `ip` back, with the router's route to it (which taking
+    /// the link down removed).
+    pub fn reconnect(&self, ip: &str) {
+        let port = self.port(ip);
+        self.ns.run(&["ip", "link", "set", &port, "up"]);
+        self.ns
+            .run(&["ip", "route", "replace", &format!("{ip}/32"), "dev", &port]);
+    }
+
+    fn port(&self, ip: &str) -> String {
+        let ports = self.ports.lock().unwrap();
+        ports
+            .get(ip)
+            .unwrap_or_else(|| panic!("no host {ip} on the underlay"))
+            .clone()
     }
 }
 
