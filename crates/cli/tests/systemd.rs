@@ -304,15 +304,11 @@ fn up_runs_as_an_unprivileged_user_with_cap_net_admin_alone() {
         !out.status.success(),
         "started without the device:\n{stderr}"
     );
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("tunneld:") || l.contains("ERROR"))
-        .collect();
-    assert_eq!(errors.len(), 1, "one line with the reason:\n{stderr}");
+    let error = the_one_error_line(&stderr);
     assert!(
-        errors[0].contains("/dev/net/tun is mode 0600")
-            && errors[0].contains("uid 65534")
-            && errors[0].contains("make it 0666"),
+        error.contains("/dev/net/tun is mode 0600")
+            && error.contains("uid 65534")
+            && error.contains("make it 0666"),
         "{stderr}"
     );
 

@@ -483,13 +483,9 @@ fn xdp_without_cap_bpf_is_refused_with_the_reason() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "started without CAP_BPF:\n{stderr}");
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("tunneld:") || l.contains("ERROR"))
-        .collect();
-    assert_eq!(errors.len(), 1, "one line with the reason:\n{stderr}");
+    let error = the_one_error_line(&stderr);
     assert!(
-        errors[0].contains("xdp") && errors[0].contains("CAP_BPF"),
+        error.contains("xdp") && error.contains("CAP_BPF"),
         "{stderr}"
     );
     assert!(!has_xdp(&a, &va));

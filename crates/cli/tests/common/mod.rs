@@ -449,3 +449,14 @@ pub fn latest_handshake(ns: &NetNs, ifname: &str, peer: &str) -> u64 {
         .map(|f| f[4].parse().unwrap())
         .unwrap_or(0)
 }
+
+/// The one line of `stderr` that says why tunneld stopped (`tunneld: …` or an `ERROR` log
+/// line); fails unless there is exactly one.
+pub fn the_one_error_line(stderr: &str) -> &str {
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("tunneld:") || l.contains("ERROR"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one line with the reason:\n{stderr}");
+    errors[0]
+}
