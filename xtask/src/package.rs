@@ -5,7 +5,7 @@
 //! verify` and `security --offline=yes`, which must rate the unit's exposure 2.0 or
 //! lower), purge it.
 
-use crate::system::{self, run};
+use crate::system::{self, output_of, run};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -214,21 +214,6 @@ fn write_private(path: &Path, text: &str) -> Result<(), String> {
 }
 
 /// A command's standard output, trimmed; an error with both streams if it fails.
-fn output_of(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed ({}):\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
 /// The number in "Overall exposure level for tunneld@.service: 1.9 OK".
 fn exposure_level(report: &str) -> Option<f64> {
     let line = report

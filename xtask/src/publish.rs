@@ -3,7 +3,7 @@
 //! version is tagged, the public API keeps semver against the latest tag
 //! (cargo-semver-checks).
 
-use crate::system::{cargo, run};
+use crate::system::{cargo, output_of, run};
 use std::path::Path;
 use std::process::Command;
 
@@ -63,21 +63,12 @@ pub fn dry_run(root: &Path, allow_dirty: bool) -> Result<(), String> {
 
 /// The latest version tag (`v1.2.3`), if any.
 fn latest_version_tag(root: &Path) -> Result<Option<String>, String> {
-    let out = Command::new("git")
-        .args(["tag", "--list", "v[0-9]*", "--sort=-v:refname"])
-        .current_dir(root)
-        .output()
-        .map_err(|e| format!("cannot run git: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "git tag failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .map(str::to_string))
+    let tags = output_of(
+        Command::new("git")
+            .args(["tag", "--list", "v[0-9]*", "--sort=-v:refname"])
+            .current_dir(root),
+    )?;
+    Ok(tags.lines().next().map(str::to_string))
 }
 
 /// cargo-semver-checks against the latest version tag (installed with `cargo install`

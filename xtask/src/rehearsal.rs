@@ -8,7 +8,7 @@
 //! connected to it move 1 MiB and back. A crate that builds only thanks to the workspace (a
 //! `[patch]`, a file outside its package, an API of a patched dependency) fails here.
 
-use crate::system::{cargo, output_within, run, target_dir};
+use crate::system::{cargo, output_of, output_within, run, target_dir};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -43,18 +43,13 @@ pub fn run_rehearsal(root: &Path) -> Result<(), String> {
 
     // 2. crates.io's crates at the workspace's locked versions, and the packages beside them.
     eprintln!("==> rehearsal: cargo vendor (the locked third-party crates)");
-    let vendored = Command::new(cargo())
-        .args(["vendor", "--versioned-dirs", "--quiet"])
-        .arg(&registry)
-        .current_dir(root)
-        .output()
-        .map_err(|e| format!("cannot run cargo vendor: {e}"))?;
-    if !vendored.status.success() {
-        return Err(format!(
-            "cargo vendor failed: {}",
-            String::from_utf8_lossy(&vendored.stderr).trim()
-        ));
-    }
+    // Its standard output is the source-replacement snippet, not needed here.
+    output_of(
+        Command::new(cargo())
+            .args(["vendor", "--versioned-dirs", "--quiet"])
+            .arg(&registry)
+            .current_dir(root),
+    )?;
     let unpacked = unpack_packages(&packages, &registry)?;
     eprintln!("==> rehearsal: packaged {}", unpacked.join(", "));
 

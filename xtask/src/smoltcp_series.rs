@@ -392,30 +392,22 @@ fn apply_series(root: &Path, tree: &Path, exact: bool) -> Result<Vec<Outcome>, S
 /// (tracked and untracked files, not ignored ones like `target/`): missing on either side,
 /// other contents, or another executable bit.
 fn compare_trees(root: &Path, tree: &Path) -> Result<Vec<String>, String> {
-    let listed = Command::new("git")
-        .args([
-            "ls-files",
-            "-z",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-            "--",
-        ])
-        .arg(FORK_DIR)
-        .current_dir(root)
-        .output()
-        .map_err(|e| format!("cannot run git ls-files: {e}"))?;
-    if !listed.status.success() {
-        return Err(format!(
-            "git ls-files {FORK_DIR} failed: {}",
-            String::from_utf8_lossy(&listed.stderr).trim()
-        ));
-    }
+    let listed = system::output_of(
+        Command::new("git")
+            .args([
+                "ls-files",
+                "-z",
+                "--cached",
+                "--others",
+                "--exclude-standard",
+                "--",
+            ])
+            .arg(FORK_DIR)
+            .current_dir(root),
+    )?;
     let prefix = format!("{FORK_DIR}/");
     let fork: BTreeSet<String> = listed
-        .stdout
-        .split(|&b| b == 0)
-        .filter_map(|p| std::str::from_utf8(p).ok())
+        .split('\0')
         .filter_map(|p| p.strip_prefix(&prefix))
         .filter(|p| root.join(FORK_DIR).join(p).is_file())
         .map(str::to_string)

@@ -351,6 +351,23 @@ pub fn install_cargo_deny() -> Result<(), String> {
     run(Command::new("cargo").args(["install", "--locked", "cargo-deny"]))
 }
 
+/// Runs `cmd` to completion and returns its standard output, trimmed; an error with both its
+/// outputs when it fails.
+pub fn output_of(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 pub fn run(cmd: &mut Command) -> Result<(), String> {
     let status = cmd
         .status()

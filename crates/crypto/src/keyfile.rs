@@ -18,9 +18,37 @@ pub enum KeyFileError {
     TooLarge { path: String },
 }
 
+impl KeyFileError {
+    /// What is wrong, without the file's name, for a message that names the file (and its
+    /// field) itself.
+    pub fn reason(&self) -> String {
+        match self {
+            KeyFileError::Read { source, .. } => source.to_string(),
+            KeyFileError::WorldReadable { mode, .. } => {
+                format!("readable by group or others (mode {mode:03o}); chmod 600 it")
+            }
+            KeyFileError::TooLarge { .. } => "larger than a key file can be".into(),
+        }
+    }
+}
+
 /// Reads a key file's text (trimmed), refusing files that group or others may read or write,
 /// as `wg` warns about. The content stays in zeroizing memory.
 pub fn read_key_file(path: &Path) -> Result<Zeroizing<String>, KeyFileError> {
+    // A key is 44 characters; allow a newline and some whitespace but refuse anything huge.
+    let bytes = read_secret_file(path, 256)?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| KeyFileError::Read {
+        path: path.display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    Ok(Zeroizing::new(text.trim().to_string()))
+}
+
+/// Reads a file that holds a secret (a WireGuard key, a private key in PEM) of fewer than
+/// `limit` bytes, refusing it when group or others may read or write it: the mode is that
+/// of the file opened, so it cannot change between the check and the read. The content
+/// stays in zeroizing memory.
+pub fn read_secret_file(path: &Path, limit: u64) -> Result<Zeroizing<Vec<u8>>, KeyFileError> {
     let shown = path.display().to_string();
     let read_err = |source| KeyFileError::Read {
         path: shown.clone(),
@@ -31,16 +59,15 @@ pub fn read_key_file(path: &Path) -> Result<Zeroizing<String>, KeyFileError> {
     if mode & 0o077 != 0 {
         return Err(KeyFileError::WorldReadable { path: shown, mode });
     }
-    let mut text = Zeroizing::new(String::new());
-    // A key is 44 characters; allow a newline and some whitespace but refuse anything huge.
+    let mut bytes = Zeroizing::new(Vec::new());
     file.by_ref()
-        .take(256)
-        .read_to_string(&mut text)
+        .take(limit)
+        .read_to_end(&mut bytes)
         .map_err(read_err)?;
-    if text.len() >= 256 {
+    if bytes.len() as u64 >= limit {
         return Err(KeyFileError::TooLarge { path: shown });
     }
-    Ok(Zeroizing::new(text.trim().to_string()))
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -19,5 +19,5 @@ mod keys;
 
 pub use keys::{hex, parse_hex_key};
 
-pub use keyfile::{read_key_file, KeyFileError};
+pub use keyfile::{read_key_file, read_secret_file, KeyFileError};
 pub use keys::{KeyError, PresharedKey, PrivateKey, PublicKey, KEY_LEN};

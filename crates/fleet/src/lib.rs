@@ -84,22 +84,16 @@ impl FleetSettings {
                 let key_path = base_dir.join(&c.key_file);
                 // The key lets whoever reads it write the fleet: refused when others may,
                 // as WireGuard key files are.
-                let mode = std::fs::metadata(&key_path)
-                    .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+                let key = tunneld_crypto::read_secret_file(&key_path, MAX_KEY_FILE)
                     .map_err(|e| {
                         Error::Settings(format!(
-                            "fleet.key_file: cannot read {}: {e}",
-                            key_path.display()
+                            "fleet.key_file: {}: {}",
+                            key_path.display(),
+                            e.reason()
                         ))
-                    })?;
-                if mode & 0o077 != 0 {
-                    return Err(Error::Settings(format!(
-                        "fleet.key_file: {} is readable by group or others (mode {mode:03o}); chmod 600 it",
-                        key_path.display()
-                    )));
-                }
+                    })?
+                    .to_vec();
                 let cert = read(&c.cert_file, "cert_file")?;
-                let key = read(&c.key_file, "key_file")?;
                 certificate_matches_key(&cert, &key).map_err(|why| {
                     Error::Settings(format!(
                         "fleet.cert_file/key_file: {} and {}: {why}",
@@ -129,6 +123,9 @@ impl FleetSettings {
         })
     }
 }
+
+/// The largest client key file read: a PEM key is a few KiB at most.
+const MAX_KEY_FILE: u64 = 64 * 1024;
 
 /// The certificates of a PEM file, at least one, or why not.
 fn certificates(pem: &[u8]) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {

@@ -214,24 +214,26 @@ impl Store for Etcd {
     async fn keep_alive(&mut self, lease: i64) -> Result<bool, StoreError> {
         if self.keeper.as_ref().map(|(id, _)| *id) != Some(lease) {
             let mut client = self.client.clone();
-            let opened = tokio::time::timeout(self.timeout, client.lease_keep_alive(lease)).await;
-            let pair = match opened {
-                Ok(Ok(pair)) => pair,
-                // etcd answered the stream's first renewal with no time left: the lease
-                // expired (a gateway cut off for longer than its TTL). An answer, not a
-                // failure: the gateway must take a new lease, not wait for the store.
-                Ok(Err(etcd_client::Error::LeaseKeepAliveError(why)))
-                    if why == "lease not found" =>
-                {
-                    return Ok(false)
-                }
-                Ok(Err(e)) => return Err(StoreError::from_etcd("keeping the lease alive", e)),
-                Err(_) => {
-                    return Err(StoreError(format!(
-                        "keeping the lease alive: no answer within {} ms",
-                        self.timeout.as_millis()
-                    )))
-                }
+            let what = "keeping the lease alive";
+            let opened = self
+                .timed_store(what, async {
+                    match client.lease_keep_alive(lease).await {
+                        Ok(pair) => Ok(Some(pair)),
+                        // etcd answered the stream's first renewal with no time left: the
+                        // lease expired (a gateway cut off for longer than its TTL). An
+                        // answer, not a failure: the gateway must take a new lease, not
+                        // wait for the store.
+                        Err(etcd_client::Error::LeaseKeepAliveError(why))
+                            if why == "lease not found" =>
+                        {
+                            Ok(None)
+                        }
+                        Err(e) => Err(StoreError::from_etcd(what, e)),
+                    }
+                })
+                .await?;
+            let Some(pair) = opened else {
+                return Ok(false);
             };
             self.keeper = Some((lease, Box::new(pair)));
         }

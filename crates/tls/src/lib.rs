@@ -34,9 +34,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -293,23 +291,8 @@ fn roots(base: &Path, file: &Path, field: &str) -> anyhow::Result<RootCertStore>
 fn private_key(base: &Path, file: &Path) -> anyhow::Result<PrivateKeyDer<'static>> {
     let path = base.join(file);
     let shown = path.display();
-    let mut f =
-        std::fs::File::open(&path).map_err(|e| anyhow::anyhow!("key_file: {shown}: {e}"))?;
-    let mode = f
-        .metadata()
-        .map_err(|e| anyhow::anyhow!("key_file: {shown}: {e}"))?
-        .mode()
-        & 0o777;
-    if mode & 0o077 != 0 {
-        anyhow::bail!(
-            "key_file: {shown}: readable by group or others (mode {mode:03o}); chmod 600 it"
-        );
-    }
-    let mut pem = zeroize::Zeroizing::new(Vec::new());
-    f.by_ref()
-        .take(MAX_KEY_FILE)
-        .read_to_end(&mut pem)
-        .map_err(|e| anyhow::anyhow!("key_file: {shown}: {e}"))?;
+    let pem = tunneld_crypto::read_secret_file(&path, MAX_KEY_FILE)
+        .map_err(|e| anyhow::anyhow!("key_file: {shown}: {}", e.reason()))?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
         anyhow::anyhow!(
             "key_file: {shown}: no private key (PEM) in it ({})",
