@@ -22,6 +22,8 @@ use tunneld_wireguard::{PeerChange, PeerSettings};
 ///
 /// ```no_run
 /// let settings = tunneld::Settings::from_file("site-a.toml")?;
+/// let gateway = tunneld::Gateway::builder(settings).start()?;
+/// # drop(gateway);
 /// # Ok::<(), tunneld::Error>(())
 /// ```
 #[derive(Debug)]
