@@ -701,6 +701,25 @@ fn tunneld_proxy_serves_without_privileges() {
         );
         assert!(shown.contains(&pubkey(&site_key)), "{shown}");
     }
+    step("wg set: peers change through the tunnel; the port is refused while it runs");
+    let extra = pubkey(&genkey());
+    laptop.run(&[
+        "wg",
+        "set",
+        &open.name,
+        "peer",
+        &extra,
+        "allowed-ips",
+        "10.99.0.0/24",
+    ]);
+    let ips = laptop.run(&["wg", "show", &open.name, "allowed-ips"]);
+    assert!(ips.contains(&format!("{extra}\t10.99.0.0/24")), "{ips}");
+    let port = laptop.output(&["wg", "set", &open.name, "listen-port", "1"]);
+    assert!(!port.status.success(), "a new listen port was taken");
+    laptop.run(&["wg", "set", &open.name, "peer", &extra, "remove"]);
+    assert!(!laptop
+        .run(&["wg", "show", &open.name, "peers"])
+        .contains(&extra));
     fs::remove_file(&link).unwrap();
 
     step("malformed SOCKS5 and HTTP: a reply where the RFC has one, then closed");
