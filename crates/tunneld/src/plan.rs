@@ -26,7 +26,9 @@ pub struct Plan {
     pub wireguard: Option<WireGuard>,
     /// Where relative file names in the config are taken from (the config's directory).
     pub base: PathBuf,
-    /// `[proxy] users_file`'s accounts, read (a proxy config's; empty otherwise).
+    /// `[proxy] users_file`'s accounts, read (a proxy config's; empty otherwise). Read for
+    /// `check` in every build; used by the `proxy` feature.
+    #[cfg_attr(not(feature = "proxy"), allow(dead_code))]
     pub proxy_users: ProxyUsers,
 }
 
