@@ -60,6 +60,8 @@ mod metrics;
 mod netlink;
 mod plan;
 mod privileges;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 mod reload;
 mod reresolve;
 mod tls_peers;
