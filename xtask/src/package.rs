@@ -1,6 +1,7 @@
 //! `cargo xtask deb`: the Debian package (cargo-deb, installed when missing), and the check
 //! `cargo xtask test` runs on it: install it with dpkg, use what it installed (the binary,
-//! the example config checked as the unit's user with CAP_NET_ADMIN alone, the user and
+//! the example configs checked as the units run them: the gateway's as its user with
+//! CAP_NET_ADMIN alone, the proxy's as a user of no account with no capability; the user and
 //! /etc/tunneld its postinst makes, the man page, the systemd units: `systemd-analyze
 //! verify` and `security --offline=yes`, which must rate each unit's exposure 2.0 or
 //! lower), purge it.
@@ -176,6 +177,35 @@ fn checks() -> Result<(), String> {
                 ])
                 .arg(&example)
                 .arg(&fleet),
+        )?;
+        // The proxy's example, as tunneld-proxy@corp.service runs it: a user of no account,
+        // no capability at all, its files that user's own.
+        let proxy_dir = dir.join("proxy");
+        fs::create_dir_all(&proxy_dir).map_err(|e| e.to_string())?;
+        let proxy = proxy_dir.join("corp.toml");
+        fs::copy("/usr/share/doc/tunneld/examples/proxy.toml", &proxy)
+            .map_err(|e| format!("the proxy example config is not installed: {e}"))?;
+        let key = output_of(Command::new("tunneld").arg("genkey"))?;
+        write_private(&proxy_dir.join("corp.key"), &key)?;
+        write_private(&proxy_dir.join("proxy-users"), "alice:correct horse\n")?;
+        output_of(
+            Command::new("chown")
+                .arg("-R")
+                .arg("65534:65534")
+                .arg(&proxy_dir),
+        )?;
+        output_of(
+            Command::new("setpriv")
+                .args([
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "--bounding-set=-all",
+                    "--inh-caps=-all",
+                    "tunneld",
+                    "check",
+                ])
+                .arg(&proxy),
         )?;
         let page = output_of(Command::new("man").args(["-w", "tunneld"]))?;
         eprintln!("man page: {page}");

@@ -437,6 +437,14 @@ fn tunneld_proxy_serves_without_privileges() {
         (socks, http)
     });
 
+    step("ping from the site: the proxy's tunnel address answers, as a kernel peer would");
+    let ping = site.output(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "10.77.0.2"]);
+    assert!(
+        ping.status.success(),
+        "ping 10.77.0.2: {}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
+
     step("curl --socks5-hostname: a name only the tunnel's DNS knows");
     let deadline = Instant::now() + Duration::from_secs(15);
     let body = loop {

@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use subtle::ConstantTimeEq;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tunneld_config::{Config, Endpoint, ProxyProtocol, ResolveWith};
@@ -304,19 +305,12 @@ impl Shared {
         self.users
             .0
             .iter()
-            .any(|(u, p)| u.as_bytes() == user && constant_time_eq(p.as_bytes(), password))
+            .any(|(u, p)| u.as_bytes() == user && bool::from(p.as_bytes().ct_eq(password)))
     }
 
     fn needs_auth(&self) -> bool {
         !self.users.0.is_empty()
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A task that stops when its handle is dropped.
