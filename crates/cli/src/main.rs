@@ -48,7 +48,7 @@ enum Command {
     /// `[[tls.*]]`, `[fleet]` or fwmark (`tunneld check` checks it by these rules). The UAPI
     /// socket (`wg show NAME`, `tunneld show NAME`) is in $RUNTIME_DIRECTORY, else
     /// /var/run/wireguard if writable, else $XDG_RUNTIME_DIR/tunneld; the log says where.
-    /// SIGHUP does not reload the file (change peers with `wg set`, or restart). Example:
+    /// SIGHUP reads the file again and applies its peers and users file. Example:
     /// /usr/share/doc/tunneld/examples/proxy.toml; README.md, "No root: tunneld proxy".
     Proxy { config: PathBuf },
     /// Validate config files as `up` does, without touching the system; print every error.
@@ -591,7 +591,7 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
 }
 
 /// `tunneld proxy`: starts the proxy the file describes on a runtime of its own, then waits
-/// for SIGINT or SIGTERM (SIGHUP is only logged: the proxy does not reload its file).
+/// for SIGINT or SIGTERM; SIGHUP reads the file again and applies its peers and users.
 fn proxy(path: &std::path::Path) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let in_file = |e: tunneld::Error| {
@@ -610,10 +610,12 @@ fn proxy(path: &std::path::Path) -> anyhow::Result<()> {
         .build()
         .context("cannot start the proxy's runtime")?;
     runtime.block_on(async {
-        let mut interrupt = signal(SignalKind::interrupt()).context("cannot install signal handlers")?;
-        let mut terminate = signal(SignalKind::terminate()).context("cannot install signal handlers")?;
+        let mut interrupt =
+            signal(SignalKind::interrupt()).context("cannot install signal handlers")?;
+        let mut terminate =
+            signal(SignalKind::terminate()).context("cannot install signal handlers")?;
         let mut hangup = signal(SignalKind::hangup()).context("cannot install signal handlers")?;
-        let proxy = tunneld::proxy::Proxy::start(settings)
+        let mut proxy = tunneld::proxy::Proxy::start(settings)
             .await
             .map_err(|e| match e {
                 tunneld::Error::Invalid(_) => in_file(e),
@@ -625,9 +627,20 @@ fn proxy(path: &std::path::Path) -> anyhow::Result<()> {
             tokio::select! {
                 _ = interrupt.recv() => break "SIGINT",
                 _ = terminate.recv() => break "SIGTERM",
-                _ = hangup.recv() => tracing::info!(
-                    "SIGHUP: tunneld proxy does not reload its file; change peers with `wg set` or restart it"
-                ),
+                _ = hangup.recv() => {
+                    let mut reloading = vec![NotifyState::Reloading];
+                    reloading.extend(NotifyState::monotonic_usec_now().ok());
+                    tell_systemd(&reloading);
+                    match tunneld::proxy::ProxySettings::from_file(path) {
+                        Ok(settings) => match proxy.reload(settings).await {
+                            Ok(_) => {}
+                            Err(tunneld::Error::Stopped) => break "the tunnel's stop",
+                            Err(e) => tracing::error!("SIGHUP: reload: {e}; nothing changed"),
+                        },
+                        Err(e) => tracing::error!("SIGHUP: {}; nothing changed", in_file(e)),
+                    }
+                    tell_systemd(&[NotifyState::Ready, NotifyState::Status(&status)]);
+                }
             }
         };
         tell_systemd(&[NotifyState::Stopping]);

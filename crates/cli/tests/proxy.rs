@@ -646,6 +646,58 @@ fn tunneld_proxy_serves_without_privileges() {
     );
     assert_eq!(String::from_utf8_lossy(&code.stdout), "407");
 
+    step("SIGHUP: a new password and a new peer apply; a moved listener waits for a restart");
+    let extra = pubkey(&genkey());
+    fs::write(auth.dir.path().join("users"), "alice:new horse\n").unwrap();
+    let config = auth.dir.path().join("proxy.toml");
+    let text = fs::read_to_string(&config)
+        .unwrap()
+        .replace("127.0.0.1:1081", "127.0.0.1:1091")
+        + &format!("\n[[peer]]\npublic_key = \"{extra}\"\nallowed_ips = [\"10.99.0.0/24\"]\n");
+    fs::write(&config, text).unwrap();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &auth.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    wait_until("the reload is logged", || {
+        auth.log_text()
+            .contains("reload: 1 peer(s) added, 0 removed, 0 changed")
+    });
+    assert!(
+        auth.log_text()
+            .contains("[proxy] (but users_file, which reloads) changed"),
+        "{}",
+        auth.log_text()
+    );
+    let old = curl(
+        &laptop,
+        &[
+            "--socks5-hostname",
+            "alice:right%20horse@127.0.0.1:1081",
+            &url,
+        ],
+    );
+    assert!(!old.status.success(), "the old password no longer works");
+    let body = curl_ok(
+        &laptop,
+        &[
+            "--socks5-hostname",
+            "alice:new%20horse@127.0.0.1:1081",
+            &url,
+        ],
+    );
+    assert!(body.starts_with("hello from the site: /authed"), "{body}");
+    let shown = laptop.run(&[TUNNELD, "show", auth.socket().to_str().unwrap()]);
+    assert!(
+        shown.contains(&extra),
+        "tunneld show lists the new peer: {shown}"
+    );
+    assert!(
+        !auth.status_field("State").starts_with('Z'),
+        "still running"
+    );
+
     step("forwards: local TCP and UDP into the tunnel, and ports inside the tunnel to local ones");
     laptop.in_ns(|| {
         let mut s = TcpStream::connect("127.0.0.1:2222").unwrap();

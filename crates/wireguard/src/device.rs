@@ -196,6 +196,37 @@ impl PeerChange {
         self.preshared_key = Some(key);
         self
     }
+
+    /// The change that makes a peer set as `have` into one set as `want` (the same key),
+    /// naming only what differs; `None` when nothing does. `parallel` is not a change, and
+    /// neither is an endpoint `want` lacks (a peer's endpoint is kept, as WireGuard does).
+    ///
+    /// ```
+    /// # use tunneld_wireguard::{PeerChange, PeerSettings};
+    /// # let key = tunneld_crypto::PrivateKey::generate().public_key();
+    /// let have = PeerSettings::new(key).persistent_keepalive(25);
+    /// let want = have.clone().endpoint("192.0.2.9:51820".parse().unwrap());
+    /// let change = PeerChange::between(&have, &want).unwrap();
+    /// assert_eq!(change.endpoint, want.endpoint);
+    /// assert_eq!(change.persistent_keepalive, None);
+    /// assert!(PeerChange::between(&want, &want).is_none());
+    /// ```
+    pub fn between(have: &PeerSettings, want: &PeerSettings) -> Option<PeerChange> {
+        let mut change = PeerChange::new(want.public_key);
+        if have.endpoint != want.endpoint {
+            change.endpoint = want.endpoint;
+        }
+        if have.allowed_ips != want.allowed_ips {
+            change.allowed_ips = Some(want.allowed_ips.clone());
+        }
+        if have.persistent_keepalive != want.persistent_keepalive {
+            change.persistent_keepalive = Some(want.persistent_keepalive);
+        }
+        if have.preshared_key != want.preshared_key {
+            change.preshared_key = Some(want.preshared_key.clone());
+        }
+        (change != PeerChange::new(want.public_key)).then_some(change)
+    }
 }
 
 impl From<PeerChange> for PeerUpdate {

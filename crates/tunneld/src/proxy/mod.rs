@@ -170,7 +170,8 @@ impl Counters {
 struct Shared {
     tunnel: Tunnel,
     resolve: ResolveWith,
-    users: plan::ProxyUsers,
+    /// The users file's accounts; a reload replaces them.
+    users: std::sync::RwLock<plan::ProxyUsers>,
     handshake_timeout: Duration,
     slots: Arc<Semaphore>,
     max_connections: usize,
@@ -302,15 +303,35 @@ impl Shared {
     /// Whether `user`/`password` is an account of the users file (compared in constant
     /// time for the password).
     fn authenticates(&self, user: &[u8], password: &[u8]) -> bool {
-        self.users
+        self.accounts()
             .0
             .iter()
             .any(|(u, p)| u.as_bytes() == user && bool::from(p.as_bytes().ct_eq(password)))
     }
 
     fn needs_auth(&self) -> bool {
-        !self.users.0.is_empty()
+        !self.accounts().0.is_empty()
     }
+
+    fn accounts(&self) -> std::sync::RwLockReadGuard<'_, plan::ProxyUsers> {
+        self.users
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// What [`Proxy::reload`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProxyReload {
+    /// Peers added.
+    pub added: usize,
+    /// Peers removed.
+    pub removed: usize,
+    /// Peers changed in place.
+    pub changed: usize,
+    /// Settings that differ from the running ones and take a restart: left as they run.
+    pub needs_restart: Vec<&'static str>,
 }
 
 /// A task that stops when its handle is dropped.
@@ -334,6 +355,10 @@ pub struct Proxy {
     reverses: Vec<SocketAddr>,
     uapi: Option<(PathBuf, Serving)>,
     metrics: Option<(SocketAddr, MetricsServing)>,
+    /// The config it runs, and its peers as the file last gave them: what a reload
+    /// compares the file with.
+    config: Config,
+    file_peers: Vec<tunneld_userspace::PeerSettings>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -431,7 +456,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             tunnel: tunnel.clone(),
             resolve: proxy.resolve,
-            users: plan.proxy_users,
+            users: std::sync::RwLock::new(plan.proxy_users),
             handshake_timeout,
             slots: Arc::new(Semaphore::new(max_connections)),
             max_connections,
@@ -448,6 +473,8 @@ impl Proxy {
             reverses: Vec::new(),
             uapi: None,
             metrics: None,
+            config: plan.config.clone(),
+            file_peers: wireguard.peers.clone(),
         };
         // From here, dropping `running` on an error stops what was started.
         for (kind, listener, to) in tcp_listeners {
@@ -617,6 +644,116 @@ impl Proxy {
             .iter()
             .map(|k| self.shared.counters.of(*k).active.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// Applies the file read again (SIGHUP): its peers and users file, with no listener or
+    /// connection disturbed. Peers gone from the file are removed, new ones added, changed
+    /// ones changed in place (their sessions kept, but for a new preshared key); a peer
+    /// added through `wg set` stays unless the file names its key, which makes it the
+    /// file's. The users file's accounts replace the old ones for new clients. What a
+    /// running proxy cannot change (the interface's key, addresses, port, MTU; `[proxy]`'s
+    /// listeners, DNS servers and forwards; `[metrics]`) stays as it runs, named in
+    /// [`ProxyReload::needs_restart`] and logged.
+    ///
+    /// Errors: the file's problems ([`Error::Invalid`], nothing changed), or the tunnel
+    /// stopped; a peer operation the tunnel refuses is logged and skipped.
+    pub async fn reload(&mut self, settings: ProxySettings) -> Result<ProxyReload, Error> {
+        let ProxySettings { plan, .. } = settings;
+        let (Some(proxy), Some(wireguard)) = (plan.config.proxy.as_ref(), plan.wireguard) else {
+            return Err(Error::invalid("proxy", "missing [proxy] section"));
+        };
+        let mut needs_restart = crate::reload::fixed_changes(&self.config, &plan.config);
+        if let (Some(old), Some(new)) = (&self.config.interface, &plan.config.interface) {
+            if old.private_key != new.private_key {
+                needs_restart.push("interface.private_key");
+            }
+            if old.addresses != new.addresses {
+                needs_restart.push("interface.address");
+            }
+        }
+        let mut served = proxy.clone();
+        served.users_file = None;
+        let mut running = self.config.proxy.clone();
+        if let Some(running) = running.as_mut() {
+            running.users_file = None;
+        }
+        if running.as_ref() != Some(&served) {
+            needs_restart.push("[proxy] (but users_file, which reloads)");
+        }
+        for field in &needs_restart {
+            tracing::warn!(interface = %self.name, "reload: {field} changed; that takes a restart, left as it runs");
+        }
+
+        let tunnel = &self.shared.tunnel;
+        let mut report = ProxyReload {
+            needs_restart,
+            ..ProxyReload::default()
+        };
+        for gone in &self.file_peers {
+            if wireguard
+                .peers
+                .iter()
+                .any(|p| p.public_key == gone.public_key)
+            {
+                continue;
+            }
+            match tunnel.remove_peer(&gone.public_key).await {
+                Ok(()) | Err(tunneld_userspace::Error::UnknownPeer(_)) => report.removed += 1,
+                Err(tunneld_userspace::Error::Stopped) => return Err(Error::Stopped),
+                Err(e) => tracing::warn!(peer = %gone.public_key, "reload: {e}"),
+            }
+        }
+        let running_peers = tunnel.peers().await.map_err(|_| Error::Stopped)?;
+        for want in &wireguard.peers {
+            let runs = running_peers
+                .iter()
+                .find(|p| p.public_key == want.public_key);
+            let result = match runs {
+                None => tunnel
+                    .add_peer(want.clone())
+                    .await
+                    .map(|()| report.added += 1),
+                Some(snapshot) => {
+                    let mut have = tunneld_userspace::PeerSettings::new(snapshot.public_key)
+                        .allowed_ips(snapshot.allowed_ips.iter().copied())
+                        .persistent_keepalive(snapshot.persistent_keepalive);
+                    have.endpoint = snapshot.endpoint;
+                    // The tunnel never shows a preshared key: the file's last one is it.
+                    have.preshared_key = self
+                        .file_peers
+                        .iter()
+                        .find(|p| p.public_key == want.public_key)
+                        .and_then(|p| p.preshared_key.clone());
+                    match tunneld_userspace::PeerChange::between(&have, want) {
+                        Some(change) => tunnel
+                            .update_peer(change)
+                            .await
+                            .map(|()| report.changed += 1),
+                        None => Ok(()),
+                    }
+                }
+            };
+            match result {
+                Ok(()) => {}
+                Err(tunneld_userspace::Error::Stopped) => return Err(Error::Stopped),
+                Err(e) => tracing::warn!(peer = %want.public_key, "reload: {e}"),
+            }
+        }
+        *self
+            .shared
+            .users
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = plan.proxy_users;
+        // `self.config` stays the one started with: what cannot change is compared with it.
+        self.file_peers = wireguard.peers;
+        tracing::info!(
+            interface = %self.name,
+            "reload: {} peer(s) added, {} removed, {} changed",
+            report.added,
+            report.removed,
+            report.changed
+        );
+        Ok(report)
     }
 
     /// Stops the listeners and every connection (closed, not drained), the tunnel, the
