@@ -1031,7 +1031,7 @@ fn markdown(contenders: &[Contender], o: &Options, sizes: Sizes, measured: &str)
         sizes.keep_rounds,
         sizes.new_requests,
         sizes.udp_probes,
-        crate::bench::congestion_control_note(&o.tcp_cc),
+        congestion_control_note(&o.tcp_cc),
     );
     let mut table = Table::new(&[
         "proxy (side A)",
@@ -1167,6 +1167,22 @@ fn markdown(contenders: &[Contender], o: &Options, sizes: Sizes, measured: &str)
         );
     }
     out
+}
+
+/// Which congestion control the kernel's TCP ran here: B's servers' sockets (the far end of
+/// every proxied connection) take the namespaces' default; the proxies' stacks run their own,
+/// and the clients' connections to them stay on loopback.
+fn congestion_control_note(cc: &str) -> String {
+    let used = match report::namespaces_congestion_control(cc) {
+        Ok(()) => cc.to_string(),
+        Err((host, allowed)) => {
+            format!("{host} (the host's: it lets a namespace default only to {allowed})")
+        }
+    };
+    format!(
+        "TCP congestion control of B's sockets: {used}, the namespaces' default; the proxies' \
+         stacks run their own."
+    )
 }
 
 #[cfg(test)]
