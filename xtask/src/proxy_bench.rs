@@ -1037,7 +1037,7 @@ fn markdown(contenders: &[Contender], o: &Options, sizes: Sizes, measured: &str)
         "proxy (side A)",
         "rounds measured",
         "TCP 1 stream",
-        "proxy CPU-s",
+        "proxy CPU-s (stream)",
         "Gbit per proxy CPU-s",
         "keep-alive requests/s",
         "per proxy CPU-s",
