@@ -252,12 +252,13 @@ fn test() -> ExitCode {
     };
     // The user-space tunnel's optional integrations, whose examples and tests need them.
     const USERSPACE_FEATURES: &str =
-        "tunneld-userspace/axum,tunneld-userspace/hyper,tunneld-userspace/dns";
+        "tunneld-userspace/axum,tunneld-userspace/hyper,tunneld-userspace/dns,tunneld-userspace/tonic";
     const SMOLTCP_FORK: &str = "vendor/smoltcp/Cargo.toml";
     // crates/userspace/Cargo.toml's smoltcp features but segmentation-offload, whose upstream
     // tests assume medium-ethernet (they do not build without it, in 0.14.0 as published
     // too); the workspace builds that code and tunneld-userspace's tests run it.
-    const SMOLTCP_USERSPACE_FEATURES: &str = "std,medium-ip,proto-ipv4,proto-ipv6,socket-tcp,\
+    const SMOLTCP_USERSPACE_FEATURES: &str =
+        "std,medium-ip,proto-ipv4,proto-ipv6,socket-tcp,auto-icmp-echo-reply,\
         socket-udp,socket-tcp-cubic,assembler-max-segment-count-32";
     // ci.sh's set without std: the patches build and pass on alloc alone (seconds).
     const SMOLTCP_ALLOC_FEATURES: &str = "alloc,medium-ethernet,proto-ipv4,proto-ipv6,\

@@ -1,8 +1,8 @@
 //! `cargo xtask deb`: the Debian package (cargo-deb, installed when missing), and the check
 //! `cargo xtask test` runs on it: install it with dpkg, use what it installed (the binary,
 //! the example config checked as the unit's user with CAP_NET_ADMIN alone, the user and
-//! /etc/tunneld its postinst makes, the man page, the systemd unit: `systemd-analyze
-//! verify` and `security --offline=yes`, which must rate the unit's exposure 2.0 or
+//! /etc/tunneld its postinst makes, the man page, the systemd units: `systemd-analyze
+//! verify` and `security --offline=yes`, which must rate each unit's exposure 2.0 or
 //! lower), purge it.
 
 use crate::system::{self, output_of, run};
@@ -10,8 +10,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The exposure `systemd-analyze security` may give the unit at most ("OK").
+/// The exposure `systemd-analyze security` may give a unit at most ("OK").
 const MAX_EXPOSURE: f64 = 2.0;
+
+/// The package's systemd units: the gateway's, and the proxy's (a dynamic user, no
+/// capability).
+const UNITS: &[&str] = &["tunneld@.service", "tunneld-proxy@.service"];
 
 /// Builds the package and returns its path.
 pub fn build() -> Result<PathBuf, String> {
@@ -175,25 +179,26 @@ fn checks() -> Result<(), String> {
         )?;
         let page = output_of(Command::new("man").args(["-w", "tunneld"]))?;
         eprintln!("man page: {page}");
-        let unit = "/lib/systemd/system/tunneld@.service";
-        if system::have("systemd-analyze") {
-            output_of(Command::new("systemd-analyze").args(["verify", unit]))?;
+        if !system::have("systemd-analyze") {
+            return Err("systemd-analyze is missing (package systemd)".into());
+        }
+        for unit in UNITS {
+            let unit = format!("/lib/systemd/system/{unit}");
+            output_of(Command::new("systemd-analyze").args(["verify", &unit]))?;
             let report = Command::new("systemd-analyze")
-                .args(["security", "--offline=yes", unit])
+                .args(["security", "--offline=yes", &unit])
                 .output()
                 .map_err(|e| format!("cannot run systemd-analyze security: {e}"))?;
             let text = String::from_utf8_lossy(&report.stdout).into_owned()
                 + &String::from_utf8_lossy(&report.stderr);
             let exposure = exposure_level(&text)
                 .ok_or_else(|| format!("no exposure level in systemd-analyze's report:\n{text}"))?;
-            eprintln!("systemd-analyze security: exposure {exposure}");
+            eprintln!("systemd-analyze security {unit}: exposure {exposure}");
             if exposure > MAX_EXPOSURE {
                 return Err(format!(
-                    "the unit's exposure is {exposure}, above {MAX_EXPOSURE}:\n{text}"
+                    "{unit}'s exposure is {exposure}, above {MAX_EXPOSURE}:\n{text}"
                 ));
             }
-        } else {
-            return Err("systemd-analyze is missing (package systemd)".into());
         }
         Ok(())
     })();

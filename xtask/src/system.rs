@@ -31,6 +31,9 @@ const TOOLS: &[(&str, &str)] = &[
     // A DNS server inside a far site, for names resolved through a user-space tunnel
     // (crates/userspace/tests/ecosystem.rs); the -base package has no service.
     ("dnsmasq", "dnsmasq-base"),
+    // `ssh -o ProxyCommand='nc -X 5 -x …'` through `tunneld proxy` (crates/cli/tests/proxy.rs):
+    // the OpenBSD netcat is the one with -X/-x.
+    ("nc", "netcat-openbsd"),
     // The fleet (crates/fleet): etcd-client's build compiles etcd's protobuf definitions,
     // and the fleet tests run their own etcd cluster.
     ("protoc", "protobuf-compiler"),

@@ -38,9 +38,23 @@ enum Command {
     /// package /usr/share/doc/tunneld/docs/fleet.md, with the example config
     /// /usr/share/doc/tunneld/examples/fleet-gateway.toml).
     Up { config: PathBuf },
+    /// Run a WireGuard interface in user space (no TUN, no root, no capability) and serve
+    /// the proxies its config's `[proxy]` section names, until SIGINT/SIGTERM.
+    ///
+    /// SOCKS5 (CONNECT and UDP ASSOCIATE, optional username/password), an HTTP proxy
+    /// (CONNECT and `GET http://…`), and port forwards both ways (`[[proxy.forward]]`: a local
+    /// port to an address in the tunnel; `[[proxy.reverse]]`: a port inside the tunnel to a
+    /// local address). The config is `up`'s format plus `[proxy]`, without `[dataplane]`,
+    /// `[[tls.*]]`, `[fleet]` or fwmark (`tunneld check` checks it by these rules). The UAPI
+    /// socket (`wg show NAME`, `tunneld show NAME`) is in $RUNTIME_DIRECTORY, else
+    /// /var/run/wireguard if writable, else $XDG_RUNTIME_DIR/tunneld; the log says where.
+    /// SIGHUP does not reload the file (change peers with `wg set`, or restart). Example:
+    /// /usr/share/doc/tunneld/examples/proxy.toml; README.md, "No root: tunneld proxy".
+    Proxy { config: PathBuf },
     /// Validate config files as `up` does, without touching the system; print every error.
     ///
-    /// Everything `up` would refuse is refused, the dataplane's checks on this machine
+    /// A config with a `[proxy]` section is checked by `tunneld proxy`'s rules. Everything
+    /// `up` would refuse is refused, the dataplane's checks on this machine
     /// included (workers, sub-tunnels, AF_XDP's limits, io_uring, the AEAD). A `[fleet]`
     /// section's files are read (readable PEM; the client key the certificate's, and
     /// readable by its owner alone); etcd is not contacted.
@@ -57,7 +71,8 @@ enum Command {
     Pubkey,
     /// Show running interfaces: peers, handshakes, transfer, and per-worker counters.
     Show {
-        /// One interface (default: every running one).
+        /// One interface: its name, or its UAPI socket's path (default: every one in
+        /// /var/run/wireguard).
         interface: Option<String>,
     },
     /// Convert a wg-quick .conf file to a tunneld TOML config on stdout.
@@ -340,6 +355,11 @@ fn run(command: Command, foreground: bool) -> anyhow::Result<ExitCode> {
             up(&config)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Proxy { config } => {
+            init_logging();
+            proxy(&config)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Check { configs } => {
             let mut ok = true;
             for path in &configs {
@@ -568,6 +588,54 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `tunneld proxy`: starts the proxy the file describes on a runtime of its own, then waits
+/// for SIGINT or SIGTERM (SIGHUP is only logged: the proxy does not reload its file).
+fn proxy(path: &std::path::Path) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let in_file = |e: tunneld::Error| {
+        let shown = path.display().to_string();
+        let lines: Vec<String> = e
+            .to_string()
+            .lines()
+            .map(|l| format!("{shown}: {l}"))
+            .collect();
+        anyhow::anyhow!(lines.join("\n"))
+    };
+    let settings = tunneld::proxy::ProxySettings::from_file(path).map_err(in_file)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("tunneld-proxy")
+        .build()
+        .context("cannot start the proxy's runtime")?;
+    runtime.block_on(async {
+        let mut interrupt = signal(SignalKind::interrupt()).context("cannot install signal handlers")?;
+        let mut terminate = signal(SignalKind::terminate()).context("cannot install signal handlers")?;
+        let mut hangup = signal(SignalKind::hangup()).context("cannot install signal handlers")?;
+        let proxy = tunneld::proxy::Proxy::start(settings)
+            .await
+            .map_err(|e| match e {
+                tunneld::Error::Invalid(_) => in_file(e),
+                other => anyhow::anyhow!(other),
+            })?;
+        let status = format!("proxy {} up", proxy.interface_name());
+        tell_systemd(&[NotifyState::Ready, NotifyState::Status(&status)]);
+        let signal = loop {
+            tokio::select! {
+                _ = interrupt.recv() => break "SIGINT",
+                _ = terminate.recv() => break "SIGTERM",
+                _ = hangup.recv() => tracing::info!(
+                    "SIGHUP: tunneld proxy does not reload its file; change peers with `wg set` or restart it"
+                ),
+            }
+        };
+        tell_systemd(&[NotifyState::Stopping]);
+        let name = proxy.interface_name().to_string();
+        proxy.shutdown().await;
+        tracing::info!(interface = %name, "{signal}: proxy stopped, exiting");
+        Ok(())
+    })
 }
 
 /// The fleet's state in a few words, for systemd's STATUS=.

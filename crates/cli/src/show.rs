@@ -40,15 +40,39 @@ pub fn run(interface: Option<&str>) -> anyhow::Result<()> {
         }
     };
     for (i, name) in names.iter().enumerate() {
-        let text = show_one(name)?;
+        let (name, path) = locate(name);
+        let text = show_one(&name, &path)?;
         crate::print_stdout(&[if i > 0 { "\n" } else { "" }, &text])?;
     }
     Ok(())
 }
 
-fn request(interface: &str, message: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let path = format!("{SOCKET_DIR}/{interface}.sock");
-    let mut stream = UnixStream::connect(&path)
+/// An interface's name and its UAPI socket: `NAME` in /var/run/wireguard, else in
+/// `$XDG_RUNTIME_DIR/tunneld` (where an unprivileged `tunneld proxy` puts it); or a socket's
+/// path (`PATH.sock`, or any name with a `/`).
+fn locate(given: &str) -> (String, String) {
+    if given.contains('/') || given.ends_with(".sock") {
+        let name = std::path::Path::new(given)
+            .file_stem()
+            .map_or_else(|| given.to_string(), |s| s.to_string_lossy().into_owned());
+        return (name, given.to_string());
+    }
+    let system = format!("{SOCKET_DIR}/{given}.sock");
+    let user = std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| !d.is_empty())
+        .map(|d| format!("{}/tunneld/{given}.sock", d.to_string_lossy()));
+    match user {
+        Some(user)
+            if !std::path::Path::new(&system).exists() && std::path::Path::new(&user).exists() =>
+        {
+            (given.to_string(), user)
+        }
+        _ => (given.to_string(), system),
+    }
+}
+
+fn request(interface: &str, path: &str, message: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let mut stream = UnixStream::connect(path)
         .with_context(|| format!("interface {interface} is not running ({path})"))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.write_all(message.as_bytes())?;
@@ -74,9 +98,9 @@ fn request(interface: &str, message: &str) -> anyhow::Result<Vec<(String, String
 }
 
 /// One interface's state as text, written out whole so a failed request prints nothing half.
-fn show_one(interface: &str) -> anyhow::Result<String> {
+fn show_one(interface: &str, path: &str) -> anyhow::Result<String> {
     let mut out = String::new();
-    let device = request(interface, "get=1\n\n")?;
+    let device = request(interface, path, "get=1\n\n")?;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
@@ -142,7 +166,7 @@ fn show_one(interface: &str) -> anyhow::Result<String> {
     }
 
     // Counters are tunneld's own; another implementation's socket does not have them.
-    if let Ok(stats) = request(interface, "stats=1\n\n") {
+    if let Ok(stats) = request(interface, path, "stats=1\n\n") {
         let mut line = String::new();
         let mut drops = Vec::new();
         let mut carries = Vec::new();
@@ -216,7 +240,7 @@ fn show_one(interface: &str) -> anyhow::Result<String> {
         flush(&mut out, &mut line, &mut drops, &mut carries);
     }
     // Only for an interface in a fleet (errno 2 otherwise).
-    if let Ok(fleet) = request(interface, "fleet=1\n\n") {
+    if let Ok(fleet) = request(interface, path, "fleet=1\n\n") {
         show_fleet(&mut out, &fleet);
     }
     Ok(out)

@@ -70,10 +70,15 @@ const PEER_FIELDS: &[&str] = &[
 ];
 
 mod fleet;
+mod proxy;
 mod tls;
 pub use fleet::{
     name_problem as fleet_name_problem, FleetConfig, DEFAULT_FLEET_KEEPALIVE, DEFAULT_LEASE_TTL,
     MAX_LEASE_TTL, MIN_LEASE_TTL,
+};
+pub use proxy::{
+    Forward as ProxyForward, Protocol as ProxyProtocol, ProxyConfig, ResolveWith,
+    Reverse as ProxyReverse,
 };
 pub use tls::{
     CertKey, PeerTls, TlsConfig, TlsForward, TlsListen, TlsTarget, DEFAULT_LISTEN_GROUPS,
@@ -91,6 +96,8 @@ pub struct Config {
     pub metrics: Option<MetricsConfig>,
     /// `[fleet]`: peers found through etcd, beside the file's own.
     pub fleet: Option<FleetConfig>,
+    /// `[proxy]`: a config for `tunneld proxy` (user space, no TUN), not for `tunneld up`.
+    pub proxy: Option<ProxyConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -795,6 +802,14 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         }
         None => None,
     };
+    let proxy = root.get("proxy").and_then(|section| {
+        proxy::check_proxy_rules(&mut c, &root);
+        let addresses = interface.as_ref().map(|i| i.addresses.as_slice());
+        if let Some(addresses) = addresses {
+            proxy::check_proxy_addresses(&mut c, addresses);
+        }
+        proxy::check_proxy(&mut c, section, addresses)
+    });
     // Indexed like the file, so that cross-peer errors name the right `peer[i]` even when
     // an earlier peer has errors of its own.
     let peers: Vec<Option<PeerParts>> = match root.get("peer") {
@@ -880,6 +895,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
             tls,
             metrics,
             fleet,
+            proxy,
         }),
         (None, Some(peers)) if wireguard_absent => Ok(Config {
             interface: None,
@@ -888,6 +904,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
             tls,
             metrics,
             fleet,
+            proxy,
         }),
         _ => Err(ConfigErrors(vec![ConfigError {
             field: "config".into(),
@@ -929,14 +946,22 @@ fn line_column(text: &str, offset: usize) -> String {
 }
 
 fn check_sections(c: &mut Checker, root: &Table) {
-    const SECTIONS: &[&str] = &["interface", "dataplane", "peer", "tls", "metrics", "fleet"];
+    const SECTIONS: &[&str] = &[
+        "interface",
+        "dataplane",
+        "peer",
+        "tls",
+        "metrics",
+        "fleet",
+        "proxy",
+    ];
     for (key, value) in root {
         if SECTIONS.contains(&key.as_str()) {
             continue;
         }
         let hint = closest(key, SECTIONS).map_or_else(
             || {
-                "expected [interface], [dataplane], [[peer]], [[tls.…]], [metrics] and [fleet]"
+                "expected [interface], [dataplane], [[peer]], [[tls.…]], [metrics], [fleet] and [proxy]"
                     .to_string()
             },
             |k| match k {

@@ -430,7 +430,13 @@ pub(super) fn listen_addr(c: &mut Checker, t: &Table, path: &str) -> Option<Sock
     }
 }
 
-fn endpoint(c: &mut Checker, t: &Table, path: &str, key: &str, what: &str) -> Option<Endpoint> {
+pub(super) fn endpoint(
+    c: &mut Checker,
+    t: &Table,
+    path: &str,
+    key: &str,
+    what: &str,
+) -> Option<Endpoint> {
     let field = format!("{path}.{key}");
     let Some(text) = c.string(t, path, key) else {
         if !t.contains_key(key) {

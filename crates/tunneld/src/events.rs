@@ -23,11 +23,11 @@ const LOOK_EVERY: Duration = Duration::from_millis(250);
 /// `Iterator` (blocking).
 ///
 /// ```no_run
-/// # fn run(gateway: tunneld::Gateway) {
-/// for event in gateway.events() {
+/// # fn run(gateway: tunneld::Gateway) -> Result<(), tunneld::Error> {
+/// for event in gateway.events()? {
 ///     println!("{event:?}");
 /// }
-/// # }
+/// # Ok(()) }
 /// ```
 #[derive(Debug)]
 pub struct GatewayEvents {

@@ -22,6 +22,8 @@ use tunneld_wireguard::{PeerChange, PeerSettings};
 ///
 /// ```no_run
 /// let settings = tunneld::Settings::from_file("site-a.toml")?;
+/// let gateway = tunneld::Gateway::builder(settings).start()?;
+/// # drop(gateway);
 /// # Ok::<(), tunneld::Error>(())
 /// ```
 #[derive(Debug)]
@@ -39,7 +41,7 @@ impl Settings {
         let path = path.as_ref();
         let plan = plan::load(path, Resolve::Everything).map_err(Error::invalid_lines)?;
         Ok(Settings {
-            plan,
+            plan: not_a_proxy(plan)?,
             file: Some(path.to_path_buf()),
         })
     }
@@ -75,7 +77,10 @@ impl Settings {
     pub fn from_toml(text: &str, base_dir: impl AsRef<Path>) -> Result<Settings, Error> {
         let plan = plan::load_text(text, base_dir.as_ref(), Resolve::Everything)
             .map_err(Error::invalid_lines)?;
-        Ok(Settings { plan, file: None })
+        Ok(Settings {
+            plan: not_a_proxy(plan)?,
+            file: None,
+        })
     }
 
     /// A builder of settings from typed values: the interface `name` and its
@@ -106,6 +111,16 @@ impl Settings {
     pub fn config(&self) -> &Config {
         &self.plan.config
     }
+}
+
+/// A gateway runs no `[proxy]`: that config is `tunneld proxy`'s (`tunneld::proxy`).
+fn not_a_proxy(plan: Plan) -> Result<Plan, Error> {
+    if plan.config.proxy.is_some() {
+        return Err(Error::invalid_lines(vec![
+            "[proxy]: this is a proxy config; run `tunneld proxy FILE`".to_string(),
+        ]));
+    }
+    Ok(plan)
 }
 
 /// Builds [`Settings`] from typed values, for a program that has its keys and peers as

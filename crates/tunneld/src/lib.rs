@@ -33,7 +33,9 @@
 //!
 //! With the `tokio` feature, `tunneld::userspace` gives a tokio program its own TCP/IP stack inside
 //! a WireGuard tunnel (`Tunnel::tcp_connect`, `tcp_listen`, `udp_bind`), with no TUN and no
-//! root.
+//! root. Its integrations are features here too, each turning on `tokio`: `axum`, `hyper`
+//! (`Connector` for hyper-util's and tonic's clients), `tonic` (a tonic server inside a
+//! tunnel) and `dns` (names resolved inside the tunnel).
 //!
 //! The crates below it are usable on their own: `tunneld-wireguard` (the sans-IO WireGuard
 //! core), `tunneld-dataplane` (batches, backends, workers), `tunneld-config` (the file),
@@ -43,6 +45,9 @@
 // expect outside tests.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(missing_docs)]
+// Doc examples are code users copy: a `for` over a `Result` or an ignored `Result` there
+// compiles and does nothing, a bug in the docs.
+#![doc(test(attr(deny(for_loops_over_fallibles, unused_must_use))))]
 
 mod bare;
 mod bring_up;
@@ -55,6 +60,8 @@ mod metrics;
 mod netlink;
 mod plan;
 mod privileges;
+#[cfg(feature = "proxy")]
+pub mod proxy;
 mod reload;
 mod reresolve;
 mod tls_peers;

@@ -32,6 +32,12 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
+    /// The address it listens on.
+    #[cfg(feature = "proxy")]
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
     pub fn bind(addr: SocketAddr) -> anyhow::Result<MetricsServer> {
         let listener = TcpListener::bind(addr)
             .with_context(|| format!("metrics.listen: cannot listen on {addr}"))?;
@@ -47,16 +53,35 @@ impl MetricsServer {
         tls: Option<TlsStats>,
         front_end: Option<FrontEndSlot>,
     ) -> anyhow::Result<MetricsServing> {
+        self.spawn(Sources {
+            wireguard,
+            tls,
+            front_end,
+            body: None,
+        })
+    }
+
+    /// Serves `GET /metrics` with what `body` renders (`None`: 503, e.g. once stopping), on
+    /// a thread of its own, until the returned guard is dropped.
+    #[cfg(feature = "proxy")]
+    pub fn serve_with(
+        self,
+        body: impl Fn() -> Option<String> + Send + 'static,
+    ) -> anyhow::Result<MetricsServing> {
+        self.spawn(Sources {
+            wireguard: None,
+            tls: None,
+            front_end: None,
+            body: Some(Box::new(body)),
+        })
+    }
+
+    fn spawn(self, sources: Sources) -> anyhow::Result<MetricsServing> {
         let listener = self.listener;
         let addr = listener
             .local_addr()
             .context("metrics.listen: no local address")?;
         tracing::info!(%addr, "metrics: serving GET /metrics");
-        let sources = Sources {
-            wireguard,
-            tls,
-            front_end,
-        };
         let stopping = Arc::new(AtomicBool::new(false));
         let serving = MetricsServing {
             addr,
@@ -104,6 +129,8 @@ struct Sources {
     tls: Option<TlsStats>,
     /// The fleet's counters, once one is attached.
     front_end: Option<FrontEndSlot>,
+    /// Another source's whole text (the proxy's).
+    body: Option<Box<dyn Fn() -> Option<String> + Send>>,
 }
 
 /// Reads one request and answers it; the connection then closes.
@@ -177,6 +204,12 @@ fn answer(mut stream: TcpStream, sources: &Sources) -> io::Result<()> {
         .and_then(|slot| crate::control::lock(slot).clone());
     if let Some(front_end) = front_end {
         body.push_str(&front_end.metrics());
+    }
+    if let Some(render) = &sources.body {
+        match render() {
+            Some(text) => body.push_str(&text),
+            None => return reply(&mut stream, "503 Service Unavailable", "", with_body),
+        }
     }
     reply(&mut stream, "200 OK", &body, with_body)
 }

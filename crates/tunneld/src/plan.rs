@@ -26,6 +26,73 @@ pub struct Plan {
     pub wireguard: Option<WireGuard>,
     /// Where relative file names in the config are taken from (the config's directory).
     pub base: PathBuf,
+    /// `[proxy] users_file`'s accounts, read (a proxy config's; empty otherwise). Read for
+    /// `check` in every build; used by the `proxy` feature.
+    #[cfg_attr(not(feature = "proxy"), allow(dead_code))]
+    pub proxy_users: ProxyUsers,
+}
+
+/// The accounts of a proxy's `users_file` (`user:password` lines); never printed.
+#[derive(Default)]
+pub struct ProxyUsers(pub Vec<(String, zeroize::Zeroizing<String>)>);
+
+impl std::fmt::Debug for ProxyUsers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ProxyUsers({} accounts)", self.0.len())
+    }
+}
+
+/// The most a users file may hold (a few thousand accounts).
+const MAX_USERS_FILE: u64 = 1 << 20;
+
+/// Reads a proxy's users file: one `user:password` a line (blank lines and `#` comments
+/// skipped), each name and password 1-255 bytes (RFC 1929's limits), no name twice; the file
+/// is a secret (mode 600, like key files). Problems name the line, never a password.
+fn read_proxy_users(base: &Path, file: &Path, errors: &mut Vec<String>) -> ProxyUsers {
+    let field = "proxy.users_file";
+    let path = base.join(file);
+    let bytes = match tunneld_crypto::read_secret_file(&path, MAX_USERS_FILE) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            errors.push(format!("{field}: {e}{}", unreadable_hint(&e)));
+            return ProxyUsers::default();
+        }
+    };
+    let Ok(text) = std::str::from_utf8(&bytes) else {
+        errors.push(format!("{field}: {} is not UTF-8 text", path.display()));
+        return ProxyUsers::default();
+    };
+    let mut users: Vec<(String, zeroize::Zeroizing<String>)> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        let at = format!("{field}: {} line {}", path.display(), i + 1);
+        let Some((user, password)) = line.split_once(':') else {
+            errors.push(format!("{at}: expected user:password"));
+            continue;
+        };
+        if user.is_empty() || user.len() > 255 || password.is_empty() || password.len() > 255 {
+            errors.push(format!(
+                "{at}: the user name and the password must each be 1-255 bytes"
+            ));
+        } else if users.iter().any(|(u, _)| u == user) {
+            errors.push(format!("{at}: user {user:?} is listed twice"));
+        } else {
+            users.push((
+                user.to_string(),
+                zeroize::Zeroizing::new(password.to_string()),
+            ));
+        }
+    }
+    if users.is_empty() {
+        errors.push(format!(
+            "{field}: {} lists no user (lines user:password)",
+            path.display()
+        ));
+    }
+    ProxyUsers(users)
 }
 
 #[derive(Debug)]
@@ -156,6 +223,10 @@ pub fn load_text(text: &str, base: &Path, resolve: Resolve) -> Result<Plan, Vec<
     }
 
     errors.extend(tunneld_tls::check_files(&config, base));
+    let proxy_users = match config.proxy.as_ref().and_then(|p| p.users_file.as_ref()) {
+        Some(file) => read_proxy_users(base, file, &mut errors),
+        None => ProxyUsers::default(),
+    };
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -179,6 +250,7 @@ pub fn load_text(text: &str, base: &Path, resolve: Resolve) -> Result<Plan, Vec<
         config,
         wireguard,
         base: base.to_path_buf(),
+        proxy_users,
     })
 }
 

@@ -92,6 +92,62 @@ fn run(control: &ControlHandle, events: GatewayEvents) {
     }
 }
 
+/// The same rule for a proxy's user-space tunnel: `hosts` are the peers whose endpoint was
+/// given as a name. The thread ends when the tunnel stops.
+#[cfg(feature = "proxy")]
+pub(crate) fn start_for_tunnel(
+    tunnel: tunneld_userspace::Tunnel,
+    hosts: HashMap<tunneld_crypto::PublicKey, (String, u16)>,
+) -> std::io::Result<()> {
+    let mut events = tunnel.events();
+    std::thread::Builder::new()
+        .name("tunneld-dns".into())
+        .spawn(move || {
+            let mut names = match Names::new() {
+                Ok(names) => names,
+                Err(e) => {
+                    tracing::error!("dns: cannot start the resolver ({e}); host-name endpoints are not looked up again");
+                    return;
+                }
+            };
+            while let Some(event) = names.runtime.block_on(events.recv()) {
+                let Event::HandshakeFailed { peer, waited } = event else {
+                    continue;
+                };
+                let Some((host, port)) = hosts.get(&peer) else {
+                    continue;
+                };
+                let current = names
+                    .runtime
+                    .block_on(tunnel.peers())
+                    .ok()
+                    .and_then(|peers| peers.into_iter().find(|p| p.public_key == peer))
+                    .and_then(|p| p.endpoint);
+                let addrs = match names.lookup(host) {
+                    Ok(addrs) => {
+                        names.failing.remove(host);
+                        addrs
+                    }
+                    Err(e) => {
+                        if names.failing.insert(host.clone()) {
+                            tracing::warn!(peer = %peer, "dns: cannot look {host} up again: {e}; the peer's endpoint stays {}", shown(current));
+                        }
+                        continue;
+                    }
+                };
+                let Some(ip) = moved_to(&addrs, current) else {
+                    continue;
+                };
+                let endpoint = SocketAddr::new(ip, *port);
+                let change = tunneld_userspace::PeerChange::new(peer).endpoint(endpoint);
+                if names.runtime.block_on(tunnel.update_peer(change)).is_ok() {
+                    tracing::info!(peer = %peer, "dns: no handshake for {waited:?} and {host} now resolves to {ip} (was {}); handshaking with {endpoint}", shown(current));
+                }
+            }
+        })?;
+    Ok(())
+}
+
 fn shown(endpoint: Option<SocketAddr>) -> String {
     endpoint.map_or_else(|| "none".into(), |e| e.to_string())
 }

@@ -55,7 +55,15 @@ impl UapiServer {
     pub fn bind(interface: &str) -> anyhow::Result<Self> {
         std::fs::create_dir_all(SOCKET_DIR)
             .with_context(|| format!("cannot create {SOCKET_DIR}"))?;
-        let path = PathBuf::from(format!("{SOCKET_DIR}/{interface}.sock"));
+        Self::bind_at(PathBuf::from(format!("{SOCKET_DIR}/{interface}.sock")))
+    }
+
+    /// The socket at `path` (`<dir>/<interface>.sock`, its directory made already).
+    pub fn bind_at(path: PathBuf) -> anyhow::Result<Self> {
+        let interface = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if path.exists() {
             if UnixStream::connect(&path).is_ok() {
                 bail!(

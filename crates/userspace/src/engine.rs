@@ -12,7 +12,7 @@
 
 use crate::peers::{self, Hub};
 use crate::rings::{self, DatagramShared, StreamShared, DATAGRAM_RING, ERR_RESET, STREAM_RING};
-use crate::settings::{invalid, Error, TunnelSettings};
+use crate::settings::{invalid, Error, HandshakeFailed, TunnelSettings};
 use crate::TunnelStats;
 use ipnet::IpNet;
 use rtrb::{Consumer, Producer, RingBuffer};
@@ -31,7 +31,7 @@ use tunneld_crypto::PublicKey;
 use tunneld_dataplane::offload::{self, VnetHdr};
 use tunneld_dataplane::udp::UdpSocket;
 use tunneld_dataplane::{Batch, DatagramIo, BATCH_SIZE};
-use tunneld_wireguard::event::Tracker;
+use tunneld_wireguard::event::{Event, Tracker};
 use tunneld_wireguard::uapi::{PeerSnapshot, PeerUpdate, SetRequest};
 use tunneld_wireguard::{Device, DeviceSettings, PeerChange, PeerSettings};
 
@@ -476,6 +476,7 @@ enum ConnState {
         reply: oneshot::Sender<io::Result<StreamParts>>,
         parts: Option<StreamParts>,
         started: Instant,
+        remote: SocketAddr,
     },
     /// The application has its handles.
     Open,
@@ -745,8 +746,41 @@ impl Engine {
         let events = self
             .tracker
             .observe(self.phy.tx.device.observe_peers(now), now);
+        for event in &events {
+            match event {
+                // Before the event is published: whoever `ready()` returned to sees it in
+                // `stats()` (the tick's look would be up to 250 ms later).
+                Event::HandshakeCompleted { .. } => {
+                    self.shared.handshake_done.store(true, Ordering::Relaxed);
+                }
+                Event::HandshakeFailed { peer, waited } => self.fail_connects(*peer, *waited),
+                _ => {}
+            }
+        }
         if !events.is_empty() {
             peers::lock(&self.shared.hub).publish(&events);
+        }
+    }
+
+    /// Fails the connects waiting on `peer`, whose handshake went unanswered: they could
+    /// not complete before it answers, and the reason is the handshake, not the far host.
+    fn fail_connects(&mut self, peer: PublicKey, waited: Duration) {
+        let device = &self.phy.tx.device;
+        for conn in &mut self.conns {
+            let ConnState::Connecting { remote, .. } = conn.state else {
+                continue;
+            };
+            if device.peer_for(remote.ip()) != Some(peer) {
+                continue;
+            }
+            if let ConnState::Connecting { reply, .. } =
+                std::mem::replace(&mut conn.state, ConnState::Open)
+            {
+                let _ = reply.send(Err(HandshakeFailed { peer, waited }.into()));
+            }
+            // Nobody holds the stream: the socket goes at the connection's next turn.
+            let socket = self.sockets.get_mut::<tcp::Socket>(conn.handle);
+            socket.abort();
         }
     }
 
@@ -1103,6 +1137,7 @@ impl Engine {
                         reply,
                         parts: Some(parts),
                         started: Instant::now(),
+                        remote,
                     },
                     fin_queued: false,
                     got_fin: false,

@@ -34,8 +34,10 @@
 //! [`TcpStream`] is tokio's `AsyncRead + AsyncWrite`; [`TcpListener`] is a
 //! `futures_core::Stream` of connections with [`TcpListener::poll_accept`] and, with the
 //! `axum` feature, an `axum::serve::Listener`; with the `hyper` feature, `Connector` is a
-//! `tower::Service<Uri>` for hyper-util's pooled client and tonic's channels;
-//! [`UdpSocket`] has connected and `poll_*` forms. With the `dns` feature,
+//! `tower::Service<Uri>` for hyper-util's pooled client and tonic's channels; with the
+//! `tonic` feature, [`TcpStream`] is tonic's `server::Connected`, so a tonic server runs
+//! inside the tunnel (`Server::builder()...serve_with_incoming(listener)`, see the
+//! `grpc_server` example); [`UdpSocket`] has connected and `poll_*` forms. With the `dns` feature,
 //! [`Tunnel::tcp_connect`] and [`Tunnel::resolve`] take names, resolved by DNS servers
 //! inside the tunnel ([`TunnelSettings::dns_servers`]) with hickory's resolver over the
 //! tunnel's own sockets.
@@ -55,6 +57,9 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(missing_docs)]
+// Doc examples are code users copy: a `for` over a `Result` or an ignored `Result` there
+// compiles and does nothing, a bug in the docs.
+#![doc(test(attr(deny(for_loops_over_fallibles, unused_must_use))))]
 
 mod addr;
 #[cfg(feature = "hyper")]
@@ -73,7 +78,7 @@ pub use addr::ToTunnelAddr;
 pub use connector::Connector;
 pub use ipnet::IpNet;
 pub use peers::Events;
-pub use settings::{Error, TunnelSettings, DEFAULT_MTU};
+pub use settings::{Error, HandshakeFailed, TunnelSettings, DEFAULT_MTU};
 pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream};
 pub use tunneld_crypto::{KeyError, PresharedKey, PrivateKey, PublicKey};
 pub use tunneld_wireguard::event::{Event, HANDSHAKE_FAILED_AFTER};
@@ -195,7 +200,9 @@ impl Tunnel {
     /// ([`TunnelSettings::dns_servers`]), each address tried in turn. IPv4 or IPv6, routed
     /// to a peer by its allowed IPs. Fails with `TimedOut` when no answer comes within 60 s
     /// (the stack's retransmission timeout, the same that aborts an established connection
-    /// whose peer stays silent), with `ConnectionRefused` when the far side resets, at once
+    /// whose peer stays silent), or sooner when the WireGuard handshake with the peer goes
+    /// unanswered for 5 s (its inner error is a [`HandshakeFailed`] naming the peer), with
+    /// `ConnectionRefused` when the far side resets, at once
     /// with `HostUnreachable` when no peer is allowed the address, and with `Unsupported`
     /// for a name without the `dns` feature or DNS servers.
     ///
@@ -465,13 +472,13 @@ impl Tunnel {
 
     /// Waits until a handshake with `peer` has completed since it was added (at once if
     /// one has), asking for one now if it has no session: once this returns, traffic to
-    /// the peer flows. It waits as long as WireGuard keeps trying (a peer that never
-    /// answers makes it wait until the peer is removed or the tunnel stops): bound it
-    /// with `tokio::time::timeout`, and watch [`Tunnel::events`] for
-    /// [`Event::HandshakeFailed`].
+    /// the peer flows, and [`Tunnel::stats`] says `handshake_done`.
     ///
-    /// Errors: [`Error::UnknownPeer`] (also when the peer is removed meanwhile),
-    /// [`Error::Stopped`]. Cancel safe.
+    /// Errors: [`Error::HandshakeFailed`] when the handshake goes unanswered for
+    /// [`HANDSHAKE_FAILED_AFTER`](crate::HANDSHAKE_FAILED_AFTER) (5 s:
+    /// a wrong key or endpoint, or a peer that is down; WireGuard keeps trying, so calling
+    /// again waits for the next attempt), [`Error::UnknownPeer`] (also when the peer is
+    /// removed meanwhile), [`Error::Stopped`]. Cancel safe.
     ///
     /// ```no_run
     /// # async fn run(tunnel: tunneld_userspace::Tunnel, peer: tunneld_userspace::PublicKey) -> Result<(), Box<dyn std::error::Error>> {
@@ -490,6 +497,9 @@ impl Tunnel {
         while let Some(event) = events.recv().await {
             match event {
                 Event::HandshakeCompleted { peer: p, .. } if p == *peer => return Ok(()),
+                Event::HandshakeFailed { peer: p, waited } if p == *peer => {
+                    return Err(Error::HandshakeFailed(HandshakeFailed { peer: p, waited }))
+                }
                 Event::PeerRemoved { peer: p } if p == *peer => {
                     return Err(Error::UnknownPeer(*peer))
                 }

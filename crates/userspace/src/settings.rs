@@ -1,7 +1,7 @@
 //! The tunnel's typed settings and the errors that name what is wrong with them.
 
 use ipnet::IpNet;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use tunneld_crypto::{PrivateKey, PublicKey};
@@ -47,7 +47,8 @@ pub struct TunnelSettings {
     pub addresses: Vec<IpNet>,
     /// The tunnel's MTU: the largest IP packet sent through it. Default [`DEFAULT_MTU`].
     pub mtu: u16,
-    /// The peers, as for a tunneld gateway (`parallel` must be 1). Default none (add them
+    /// The peers, as for a tunneld gateway (`parallel` must be 1; no prefix claimed by two
+    /// peers, as `tunneld check` refuses it). Default none (add them
     /// later with [`Tunnel::add_peer`](crate::Tunnel::add_peer)).
     pub peers: Vec<PeerSettings>,
     /// DNS servers inside the tunnel (port 53), asked in order for the names given to
@@ -143,6 +144,46 @@ pub enum Error {
     /// handle dropped).
     #[error("engine: the tunnel has stopped")]
     Stopped,
+    /// [`Tunnel::ready`](crate::Tunnel::ready) gave up: the handshake with the peer went
+    /// unanswered.
+    #[error("peer: {0}")]
+    HandshakeFailed(HandshakeFailed),
+}
+
+/// A handshake with a peer went unanswered for
+/// [`HANDSHAKE_FAILED_AFTER`](crate::HANDSHAKE_FAILED_AFTER): what
+/// [`Tunnel::ready`](crate::Tunnel::ready) fails with, and the inner error of a
+/// [`Tunnel::tcp_connect`](crate::Tunnel::tcp_connect) that waited on it (kind
+/// `TimedOut`), so a wrong key or endpoint shows in seconds and by name.
+///
+/// ```no_run
+/// # async fn run(tunnel: tunneld_userspace::Tunnel) {
+/// use tunneld_userspace::HandshakeFailed;
+/// if let Err(e) = tunnel.tcp_connect("10.77.0.2:80").await {
+///     if let Some(failed) = e.get_ref().and_then(|e| e.downcast_ref::<HandshakeFailed>()) {
+///         eprintln!("check peer {}: {failed}", failed.peer);
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no handshake with {peer}: unanswered for {} s (check that peer's public key and \
+     endpoint, and that it has this tunnel's public key as a peer)",
+    waited.as_secs()
+)]
+#[non_exhaustive]
+pub struct HandshakeFailed {
+    /// The peer that did not answer.
+    pub peer: PublicKey,
+    /// How long the handshake went unanswered.
+    pub waited: std::time::Duration,
+}
+
+impl From<HandshakeFailed> for io::Error {
+    fn from(failed: HandshakeFailed) -> io::Error {
+        io::Error::new(io::ErrorKind::TimedOut, failed)
+    }
 }
 
 impl Error {
@@ -179,7 +220,7 @@ impl Error {
             Error::Invalid { field, .. } => field,
             Error::Bind { .. } => "listen",
             Error::Engine(_) | Error::Stopped => "engine",
-            Error::UnknownPeer(_) | Error::PeerExists(_) => "peer",
+            Error::UnknownPeer(_) | Error::PeerExists(_) | Error::HandshakeFailed(_) => "peer",
         }
     }
 }
@@ -226,7 +267,24 @@ impl TunnelSettings {
         }
         let own = self.private_key.public_key();
         let mut seen = HashSet::new();
+        // A prefix has one owner, as `tunneld check` and a gateway's settings require: two
+        // peers claiming it would leave which one gets its traffic to the order given.
+        let mut owners: HashMap<IpNet, usize> = HashMap::new();
         for (i, peer) in self.peers.iter().enumerate() {
+            for net in &peer.allowed_ips {
+                let net = net.trunc();
+                match owners.get(&net) {
+                    Some(&first) if first != i => {
+                        return Err(invalid(
+                            "peers",
+                            format!("peer {i}: allowed IP {net} is also claimed by peer {first}"),
+                        ))
+                    }
+                    _ => {
+                        owners.insert(net, i);
+                    }
+                }
+            }
             if peer.public_key == own {
                 return Err(invalid(
                     "peers",

@@ -328,7 +328,8 @@ impl AsyncWrite for TcpStream {
 ///
 /// Besides [`TcpListener::accept`], it is a [`Stream`](futures_core::Stream) of
 /// connections and has [`TcpListener::poll_accept`], so servers that take a stream of
-/// connections (tonic's `serve_with_incoming`, hyper-util's) use it directly; with the
+/// connections (hyper-util's; tonic's `serve_with_incoming` with the `tonic` feature) use
+/// it directly; with the
 /// `axum` feature it is an `axum::serve::Listener`, so `axum::serve(listener, router)`
 /// serves inside the tunnel.
 ///
@@ -436,5 +437,19 @@ impl axum::serve::Listener for TcpListener {
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(self.local)
+    }
+}
+
+/// A tonic server takes the tunnel's connections (`serve_with_incoming(listener)`), and its
+/// handlers see the peer's tunnel address in `Request::remote_addr`.
+#[cfg(feature = "tonic")]
+impl tonic::transport::server::Connected for TcpStream {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        tonic::transport::server::TcpConnectInfo {
+            local_addr: self.local_addr().ok(),
+            remote_addr: self.peer_addr().ok(),
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The tokio ecosystem's traits over a tunnel: axum serving on the tunnel's `TcpListener`,
-//! hyper-util's pooled client through its `Connector`, the listener as a `Stream`, and
+//! hyper-util's pooled client through its `Connector`, a tonic server inside a tunnel, the
+//! listener as a `Stream`, and
 //! connected UDP sockets, names resolved through a DNS server (dnsmasq) in the far site.
 //! In process over loopback (two tunnels, no privileges), against a tunneld gateway and
 //! wireguard-go in another namespace, and the `axum_server` and `pooled_client` examples
@@ -496,6 +497,61 @@ fn names_resolve_through_a_dns_server_in_wireguard_gos_site() {
         &sites.far_public(),
     ));
     tunnel.shutdown();
+}
+
+/// A tonic server inside one tunnel (the `tonic` feature: the tunnel's `TcpStream` is
+/// tonic's `Connected`), asked through another: its handlers see the caller's address
+/// inside the tunnel.
+#[test]
+fn a_tonic_server_inside_a_tunnel_sees_its_callers_tunnel_address() {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    runtime().block_on(async {
+        let (a, b) = pair().await;
+        let (reporter, health) = tonic_health::server::health_reporter();
+        reporter
+            .set_service_status("tunneld.Demo", tonic_health::ServingStatus::Serving)
+            .await;
+        let listener = b
+            .tcp_listen("10.88.0.2:50051".parse().unwrap())
+            .await
+            .unwrap();
+        let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .layer(tonic::service::InterceptorLayer::new(
+                    move |request: tonic::Request<()>| -> Result<_, tonic::Status> {
+                        let _ = seen_tx.send(request.remote_addr());
+                        Ok(request)
+                    },
+                ))
+                .add_service(health)
+                .serve_with_incoming(listener),
+        );
+        let channel = tonic::transport::Endpoint::from_static("http://10.88.0.2:50051")
+            .connect_with_connector(Connector::new(a.clone()))
+            .await
+            .unwrap();
+        let status = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: "tunneld.Demo".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status();
+        assert_eq!(
+            status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving
+        );
+        let caller = seen_rx.recv().await.unwrap().expect("the caller's address");
+        assert_eq!(
+            caller.ip(),
+            "10.88.0.1".parse::<std::net::IpAddr>().unwrap()
+        );
+        server.abort();
+        a.shutdown();
+        b.shutdown();
+    });
 }
 
 #[test]

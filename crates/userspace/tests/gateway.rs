@@ -52,6 +52,7 @@ fn user_space_tunnel_against_a_tunneld_gateway() {
             echo_streams(&tunnel, 64, 8 << 20).await;
             listen_reached_from_far(&tunnel, &sites.far).await;
             udp_both_ways(&tunnel, &sites.far).await;
+            ping_answered_from_far(&sites.far);
         })
         .await
         .expect("the checks finish in time");

@@ -420,8 +420,8 @@ fn peers_change_under_open_streams_against_wireguard_go() {
 }
 
 /// Two user-space tunnels on loopback (no privileges): a peer unknown to the other side
-/// reports failed handshakes; once the other side adds it, `ready` returns and traffic
-/// flows; removing it on the far side ends nothing on ours but the handshakes.
+/// reports failed handshakes, and `ready` and a connect waiting on it fail naming it; once
+/// the other side adds it, `ready` returns (with `stats` agreeing) and traffic flows.
 #[test]
 fn two_tunnels_on_loopback_report_failure_then_readiness() {
     let _serial = one_at_a_time();
@@ -445,10 +445,14 @@ fn two_tunnels_on_loopback_report_failure_then_readiness() {
             .await
             .unwrap();
         let b_pub = b_key.public_key();
-        // B does not know A yet: A's attempt goes unanswered.
+        // B does not know A yet: A's attempt goes unanswered, and what waits on it says so.
         let waiting = tokio::spawn({
             let a = a.clone();
             async move { a.ready(&b_pub).await }
+        });
+        let connecting = tokio::spawn({
+            let a = a.clone();
+            async move { a.tcp_connect("10.88.0.2:7").await }
         });
         let failed = wait_event(
             &mut events,
@@ -461,17 +465,40 @@ fn two_tunnels_on_loopback_report_failure_then_readiness() {
             unreachable!()
         };
         assert!(waited >= tunneld_userspace::HANDSHAKE_FAILED_AFTER);
-        assert!(!waiting.is_finished(), "not ready while unanswered");
+        let not_ready = tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .expect("ready gives up with the failed handshake")
+            .unwrap();
+        match not_ready {
+            Err(Error::HandshakeFailed(failed)) => {
+                assert_eq!(failed.peer, b_pub);
+                assert!(failed.to_string().contains(&b_pub.to_base64()), "{failed}");
+            }
+            other => panic!("ready: {other:?}"),
+        }
+        let refused = tokio::time::timeout(Duration::from_secs(2), connecting)
+            .await
+            .expect("a connect through the silent peer gives up with it, not after 60 s")
+            .unwrap()
+            .expect_err("no connection without a handshake");
+        assert_eq!(refused.kind(), std::io::ErrorKind::TimedOut);
+        let inner = refused
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<tunneld_userspace::HandshakeFailed>())
+            .unwrap_or_else(|| panic!("the connect's error names the handshake: {refused}"));
+        assert_eq!(inner.peer, b_pub);
+        assert!(!a.stats().handshake_done);
 
         step("B adds A: the retried handshake completes and ready returns");
         b.add_peer(peer(&a_key.public_key(), a.local_addr(), "10.88.0.1/32"))
             .await
             .unwrap();
-        tokio::time::timeout(Duration::from_secs(15), waiting)
+        tokio::time::timeout(Duration::from_secs(15), a.ready(&b_pub))
             .await
             .expect("ready within a retry")
-            .unwrap()
             .unwrap();
+        // Not 250 ms later: the counters say what ready said.
+        assert!(a.stats().handshake_done, "stats agree with ready at once");
         wait_event(
             &mut events,
             &mut seen,

@@ -80,6 +80,29 @@ fn settings_errors_name_their_field() {
         s.peers = vec![split];
     }));
     assert_eq!(e.field(), "peers");
+    // One owner per prefix, as `tunneld check` rules for a gateway (10.9.0.1/24 is
+    // 10.9.0.0/24, the same prefix written another way).
+    let other = PeerSettings::new(PrivateKey::generate().public_key());
+    let e = start_err(with(|s| {
+        s.peers = vec![
+            peer.clone().allowed_ip("10.9.0.0/24".parse().unwrap()),
+            other.clone().allowed_ip("10.9.0.1/24".parse().unwrap()),
+        ]
+    }));
+    assert_eq!(e.field(), "peers");
+    assert_eq!(
+        e.to_string(),
+        "peers: peer 1: allowed IP 10.9.0.0/24 is also claimed by peer 0"
+    );
+    // A narrower prefix inside another's is a route of its own, allowed.
+    Tunnel::start(with(|s| {
+        s.peers = vec![
+            peer.clone().allowed_ip("10.9.0.0/16".parse().unwrap()),
+            other.clone().allowed_ip("10.9.1.0/24".parse().unwrap()),
+        ]
+    }))
+    .expect("nested prefixes are two routes")
+    .shutdown();
 
     // A port already taken: a bind error, named for `listen`, with the system's kind.
     let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -18,7 +18,7 @@ use crate::wire::{self, Handshake, Message};
 use ipnet::IpNet;
 use rand_core::{CryptoRngCore, SeedableRng};
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
 
@@ -601,6 +601,12 @@ impl Device {
     /// Every prefix some peer is allowed, i.e. the routes the interface needs.
     pub fn routes(&self) -> Vec<IpNet> {
         self.routes.iter().map(|(net, _)| net).collect()
+    }
+
+    /// The peer whose allowed IPs route `ip` (the longest prefix), if any.
+    pub fn peer_for(&self, ip: IpAddr) -> Option<PublicKey> {
+        let slot = *self.routes.lookup(ip)?;
+        Some(self.peers.get(slot)?.as_ref()?.public_key)
     }
 
     /// Encrypts one IP packet read from the overlay and queues the datagram in `out`.

@@ -464,6 +464,20 @@ pub async fn listen_reached_from_far(tunnel: &Tunnel, far: &NetNs) {
 
 /// UDP both ways: our socket to an echo server on the far side (IPv4 and IPv6), and the
 /// far side to a socket bound in our tunnel.
+/// The tunnel's own addresses answer ping from the far side (smoltcp's echo reply: a
+/// user-space peer looks alive to `ping` as a kernel one does), IPv4 and IPv6.
+pub fn ping_answered_from_far(far: &NetNs) {
+    step("ping the tunnel's addresses from the far side");
+    for target in ["10.77.0.1", "fd77::1"] {
+        let out = far.output(&["ping", "-c", "3", "-i", "0.2", "-W", "2", target]);
+        assert!(
+            out.status.success(),
+            "ping {target} through the tunnel: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
 pub async fn udp_both_ways(tunnel: &Tunnel, far: &NetNs) {
     step("UDP: to the far side and back, IPv4 and IPv6");
     let stop = Arc::new(AtomicBool::new(false));
