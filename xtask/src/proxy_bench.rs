@@ -547,6 +547,8 @@ fn measure(
             received.bytes
         ));
     }
+    // Where the peak memory comes from: VmHWM after each phase, on the progress line.
+    let hwm_after_stream = peak_rss_kib(&[pid]);
     system::check_interrupted()?;
 
     let keep_rounds = sizes.keep_rounds;
@@ -554,6 +556,7 @@ fn measure(
         Ok((bed.a.in_ns(move || keep_alive(access, keep_rounds))?, ()))
     })
     .map_err(|e| format!("keep-alive: {e}{}", log_tail()))?;
+    let hwm_after_keep_alive = peak_rss_kib(&[pid]);
     system::check_interrupted()?;
 
     let new_requests = sizes.new_requests;
@@ -565,6 +568,7 @@ fn measure(
         ))
     })
     .map_err(|e| format!("new connections: {e}{}", log_tail()))?;
+    let hwm_after_new = peak_rss_kib(&[pid]);
     system::check_interrupted()?;
 
     let (udp_p50_us, udp_p99_us, udp_lost) = match kind.udp() {
@@ -579,6 +583,13 @@ fn measure(
         Err(_) => (f64::NAN, f64::NAN, f64::NAN),
     };
     let peak_rss_kib = peak_rss_kib(&[pid]) as f64;
+    eprintln!(
+        "  proxy VmHWM: {:.1} MiB after the stream, {:.1} after keep-alive, {:.1} after new connections, {:.1} at the end",
+        hwm_after_stream as f64 / 1024.0,
+        hwm_after_keep_alive as f64 / 1024.0,
+        hwm_after_new as f64 / 1024.0,
+        peak_rss_kib / 1024.0
+    );
     drop(proxy);
     Ok(Sample {
         round: 0,
