@@ -101,34 +101,34 @@ use tunneld_testnet::relay::RelayConfig;
 use tunneld_testnet::{require_netns, NetNs};
 
 /// Site B's address inside the tunnel, where the sink and the echo server listen.
-const B_TUNNEL: &str = "10.77.0.2";
+pub(crate) const B_TUNNEL: &str = "10.77.0.2";
 pub const SINK_PORT: u16 = 5301;
 pub const ECHO_PORT: u16 = 5302;
 /// Where onetun, in A, accepts what it forwards to the sink and to the echo server.
 const ONETUN_SINK: &str = "127.0.0.1:15301";
 const ONETUN_ECHO: &str = "127.0.0.1:15302";
 /// The tunnel MTU every row runs with (the testbed's).
-const MTU: u32 = 1420;
+pub(crate) const MTU: u32 = 1420;
 /// `rr`: this many connections, this many round trips in all (fewer with `--quick`).
 const RR_CONNS: usize = 64;
 const RR_ROUNDS: usize = 50_000;
 const RR_ROUNDS_QUICK: usize = 5_000;
 /// Longest a connect or one socket operation may block.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest the counted round trips of one `rr` run may take.
-const RR_LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const RR_LIMIT: Duration = Duration::from_secs(60);
 /// How much longer than its work a client program may run before it is killed.
 const CLIENT_GRACE: Duration = Duration::from_secs(30);
 /// How far the std client's bulk writes may run ahead of what the sink has received. TCP's
 /// flow control keeps the kernel path far below it (socket buffers and tunneld's bounded
 /// queues: a few MiB); onetun reads its local connection without limit, and without this
 /// held the whole stream in memory (5.3 GiB after 5 s in a trial).
-const BULK_WINDOW: u64 = 64 << 20;
+pub(crate) const BULK_WINDOW: u64 = 64 << 20;
 /// Longest the sink waits for its stream to end after the client has finished.
 const SINK_WAIT: Duration = Duration::from_secs(15);
 
 /// onetun from crates.io, pinned (the figures name it).
-const ONETUN_VERSION: &str = "0.3.10";
+pub(crate) const ONETUN_VERSION: &str = "0.3.10";
 /// The Go module of the wireguard-go netstack client, in the repository.
 const NETSTACK_SOURCE: &str = "xtask/go/netstack-client";
 /// tunneld-userspace's client, once that crate has it.
@@ -432,10 +432,19 @@ fn build_userspace_client(root: &Path) -> Result<PathBuf, String> {
 /// The wireguard-go netstack client, built with the machine's Go (its modules from the
 /// module proxy, the versions its go.mod pins) into target/bench-tools/bin.
 fn build_netstack_client(root: &Path) -> Result<PathBuf, String> {
+    build_go_program(root, NETSTACK_SOURCE)
+}
+
+/// The Go program in `source` (a module under xtask/go), built with the machine's Go into
+/// target/bench-tools/bin under the module directory's name.
+pub(crate) fn build_go_program(root: &Path, source: &str) -> Result<PathBuf, String> {
     let go = system::which("go").ok_or("no Go toolchain on this machine")?;
-    let bin = system::target_dir(root).join("bench-tools/bin/netstack-client");
+    let name = Path::new(source)
+        .file_name()
+        .ok_or_else(|| format!("{source}: not a directory name"))?;
+    let bin = system::target_dir(root).join("bench-tools/bin").join(name);
     eprintln!(
-        "==> building {NETSTACK_SOURCE} with {} (cached after the first time)",
+        "==> building {source} with {} (cached after the first time)",
         go.display()
     );
     system::run(
@@ -444,7 +453,7 @@ fn build_netstack_client(root: &Path) -> Result<PathBuf, String> {
             .arg("-o")
             .arg(&bin)
             .arg(".")
-            .current_dir(root.join(NETSTACK_SOURCE))
+            .current_dir(root.join(source))
             .env("GOFLAGS", "-mod=mod -buildvcs=false"),
     )?;
     bin.is_file()
@@ -454,7 +463,7 @@ fn build_netstack_client(root: &Path) -> Result<PathBuf, String> {
 
 /// onetun [`ONETUN_VERSION`] from crates.io into target/onetun, once (and again if the
 /// version there is another).
-fn install_onetun(root: &Path) -> Result<PathBuf, String> {
+pub(crate) fn install_onetun(root: &Path) -> Result<PathBuf, String> {
     let dir = system::target_dir(root).join("onetun");
     let bin = dir.join("bin/onetun");
     let installed = Command::new(&bin)
@@ -664,7 +673,7 @@ fn sample(
 }
 
 /// Runs `f` and returns its results with the CPU seconds `pids` used meanwhile.
-fn with_cpu<T, U>(
+pub(crate) fn with_cpu<T, U>(
     pids: &[u32],
     f: impl FnOnce() -> Result<(T, U), String>,
 ) -> Result<(T, U, f64), String> {
@@ -677,14 +686,14 @@ fn socket(host: &str, port: u16) -> Result<SocketAddr, String> {
     socket_text(&format!("{host}:{port}"))
 }
 
-fn socket_text(text: &str) -> Result<SocketAddr, String> {
+pub(crate) fn socket_text(text: &str) -> Result<SocketAddr, String> {
     text.parse()
         .map_err(|e| format!("bad socket address {text}: {e}"))
 }
 
 /// Waits (at most 10 s) until `addr` is on an interface in `ns`: tunneld gives its TUN the
 /// address, and the servers bind to it.
-fn wait_for_address(ns: &NetNs, addr: &str) -> Result<(), String> {
+pub(crate) fn wait_for_address(ns: &NetNs, addr: &str) -> Result<(), String> {
     let needle = format!(" {addr}/");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -701,7 +710,7 @@ fn wait_for_address(ns: &NetNs, addr: &str) -> Result<(), String> {
 }
 
 /// Waits (at most 10 s) until every address in `addrs` has a TCP listener in `ns`.
-fn wait_listening(ns: &NetNs, addrs: &[&str]) -> Result<(), String> {
+pub(crate) fn wait_listening(ns: &NetNs, addrs: &[&str]) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !listening(ns, addrs) {
         if Instant::now() >= deadline {
@@ -717,7 +726,7 @@ fn wait_listening(ns: &NetNs, addrs: &[&str]) -> Result<(), String> {
 }
 
 /// The last lines of a log file, for error messages.
-fn tail(path: &Path) -> String {
+pub(crate) fn tail(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     let tail = &lines[lines.len().saturating_sub(10)..];
@@ -1331,7 +1340,22 @@ fn reference_bulk(
     cc: &str,
     received: &AtomicU64,
 ) -> Result<Report, String> {
-    let mut stream = connect(sink, cc)?;
+    let stream = connect(sink, cc)?;
+    let (bytes, seconds) = bulk_on(stream, length, received)?;
+    Ok(Report::Bulk {
+        bytes: bytes as f64,
+        seconds,
+    })
+}
+
+/// The bulk half of the contract on a connected `stream`: writes for `length`, within
+/// [`BULK_WINDOW`] of `received` (the sink's running count), then shuts the sending side and
+/// waits for the sink to close. Returns the bytes written and the seconds of writing.
+pub(crate) fn bulk_on(
+    mut stream: TcpStream,
+    length: Duration,
+    received: &AtomicU64,
+) -> Result<(u64, f64), String> {
     let buf = vec![0x5au8; 128 * 1024];
     let base = received.load(Ordering::Relaxed);
     let start = Instant::now();
@@ -1360,10 +1384,7 @@ fn reference_bulk(
         .map_err(|e| format!("shutdown: {e}"))?;
     std::io::copy(&mut stream, &mut std::io::sink())
         .map_err(|e| format!("waiting for the sink to close: {e}"))?;
-    Ok(Report::Bulk {
-        bytes: bytes as f64,
-        seconds,
-    })
+    Ok((bytes, seconds))
 }
 
 /// `conns` connections to `echo`, one uncounted round trip on each, then one request in
@@ -1418,16 +1439,16 @@ fn echo_check(addr: SocketAddr) -> Result<(), String> {
 
 /// What the sink received on one connection.
 #[derive(Clone, Copy, Debug)]
-struct Received {
-    bytes: u64,
+pub(crate) struct Received {
+    pub bytes: u64,
     /// From the first byte to the end of the stream.
-    seconds: f64,
+    pub seconds: f64,
 }
 
 /// A TCP sink on a thread that entered a namespace: each connection read to its end on a
 /// thread of its own, and what it carried reported on a channel. Stops accepting when
 /// dropped.
-struct Sink {
+pub(crate) struct Sink {
     stop: Arc<AtomicBool>,
     /// Bytes received on all connections so far, counted as they arrive.
     counted: Arc<AtomicU64>,
@@ -1436,7 +1457,7 @@ struct Sink {
 }
 
 impl Sink {
-    fn start(ns: &NetNs, addr: SocketAddr) -> Result<Sink, String> {
+    pub(crate) fn start(ns: &NetNs, addr: SocketAddr) -> Result<Sink, String> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let (tx, received) = mpsc::channel();
@@ -1480,12 +1501,12 @@ impl Sink {
     }
 
     /// The running count of bytes received, for a client to keep within a window of it.
-    fn counted(&self) -> Arc<AtomicU64> {
+    pub(crate) fn counted(&self) -> Arc<AtomicU64> {
         self.counted.clone()
     }
 
     /// What the next connection to end carried (waits at most [`SINK_WAIT`]).
-    fn next(&self) -> Result<Received, String> {
+    pub(crate) fn next(&self) -> Result<Received, String> {
         self.received.recv_timeout(SINK_WAIT).map_err(|_| {
             format!(
                 "the sink saw no stream end within {} s",

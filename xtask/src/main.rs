@@ -18,6 +18,7 @@ mod module_cycles;
 #[cfg(test)]
 mod one_netlink_parser;
 mod package;
+mod proxy_bench;
 mod publish;
 mod rehearsal;
 mod report;
@@ -59,6 +60,12 @@ commands:
                    tunneld's TUN path: 1 stream, 64 connections' requests, CPU, memory;
                    --local keeps the rows built from this repository (no downloads);
                    report in target/bench-report/embedded-report.md
+  bench-proxy [--quick] [--rounds N] [--seconds S] [--only NAME,...] [--update-docs]
+                   proxies into a WireGuard tunnel without root or TUN: `tunneld proxy`
+                   (HTTP CONNECT, SOCKS5, forwards) beside wireproxy's engine (wireguard-go's
+                   netstack behind net/http, built with Go) and onetun: 1 stream, 64
+                   connections kept alive, a new connection per request, UDP round trips,
+                   proxy CPU, memory; report in target/bench-report/proxy-report.md
   bench-fleet [--quick] [--kills N] [--sizes N,...] [--update-docs]
                    the fleet on a three-member etcd cluster in namespaces: failover time
                    after kill -9 and SIGTERM of a site's active gateway (p50/p99 over N
@@ -116,7 +123,15 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if matches!(
         args.first().map(String::as_str),
-        Some("demo" | "bench" | "bench-tls" | "bench-embedded" | "bench-fleet" | "bench-hub")
+        Some(
+            "demo"
+                | "bench"
+                | "bench-tls"
+                | "bench-embedded"
+                | "bench-proxy"
+                | "bench-fleet"
+                | "bench-hub"
+        )
     ) {
         system::catch_interrupts();
     }
@@ -126,6 +141,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&args[1..]),
         Some("bench-tls") => tls_bench::run(&args[1..]),
         Some("bench-embedded") => embedded_bench::run(&args[1..]),
+        Some("bench-proxy") => proxy_bench::run(&args[1..]),
         Some("bench-fleet") => fleet_bench::run(&args[1..]),
         Some("bench-hub") => hub_bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
