@@ -102,6 +102,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    keep_large_buffers_mapped();
     let cli = Cli::parse();
     match run(cli.command, cli.foreground) {
         Ok(code) => code,
@@ -110,6 +111,17 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Makes glibc map every allocation of 128 KiB or more on its own and unmap it when freed,
+/// as it does at first. By default it raises that threshold to the size of the largest such
+/// block freed, after which a user-space connection's 2 MiB TCP buffers (and its rings) come
+/// from the heap: zeroed by hand (a memset of megabytes per connection) and kept by the
+/// process after the connection ends. Mapped, they cost only the pages a connection touches.
+fn keep_large_buffers_mapped() {
+    const THRESHOLD: libc::c_int = 128 * 1024;
+    // SAFETY: mallopt only changes the allocator's parameters; called before any thread.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, THRESHOLD) };
 }
 
 /// The `[fleet]` section's files (its CA, certificate and key) are there and readable; etcd
