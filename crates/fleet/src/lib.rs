@@ -915,6 +915,7 @@ mod tests {
             subnets: vec!["10.2.0.0/24".parse().unwrap()],
             lease_ttl: 3,
             persistent_keepalive: 25,
+            lan: None,
         }
     }
 
