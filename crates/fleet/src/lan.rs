@@ -235,10 +235,11 @@ impl Holder {
                 }
             } else if active && !leaving && !stop {
                 match fence {
-                    Some(f) if f.saturating_duration_since(now) >= MIN_LIFETIME => {
-                        if self.retry_at.is_none_or(|at| now >= at) {
-                            self.take(f, now);
-                        }
+                    Some(f)
+                        if f.saturating_duration_since(now) >= MIN_LIFETIME
+                            && self.retry_at.is_none_or(|at| now >= at) =>
+                    {
+                        self.take(f, now);
                     }
                     _ => {}
                 }
@@ -447,7 +448,7 @@ impl Holder {
             self.announce_at.clear();
             return;
         };
-        if !self.announce_at.last().is_some_and(|t| *t <= now) {
+        if self.announce_at.last().is_none_or(|t| *t > now) {
             return;
         }
         while self.announce_at.last().is_some_and(|t| *t <= now) {
