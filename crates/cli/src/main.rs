@@ -511,7 +511,17 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
     };
     let settings = tunneld::Settings::from_file(path).map_err(in_file)?;
     let name = settings.interface_name().map(str::to_string);
-    let fleet_config = settings.config().fleet.clone();
+    // The fleet's files are read, and what of it takes a privilege opened, before the
+    // gateway drops its privileges.
+    let fleet_settings = match &settings.config().fleet {
+        Some(config) => {
+            let base = path.parent().unwrap_or(std::path::Path::new("."));
+            let prepared = tunneld_fleet::FleetSettings::from_config(config, base)
+                .and_then(|mut settings| settings.open_privileged().map(|()| settings));
+            Some(prepared.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?)
+        }
+        None => None,
+    };
     let gateway = tunneld::Gateway::builder(settings)
         .drop_privileges(true)
         .start()
@@ -519,11 +529,9 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
             tunneld::Error::Invalid(_) => in_file(e),
             other => anyhow::anyhow!(other),
         })?;
-    let mut fleet = match &fleet_config {
-        Some(config) => {
-            let base = path.parent().unwrap_or(std::path::Path::new("."));
-            let joined = tunneld_fleet::FleetSettings::from_config(config, base)
-                .and_then(|settings| tunneld_fleet::Fleet::start(&gateway, settings));
+    let mut fleet = match fleet_settings {
+        Some(settings) => {
+            let joined = tunneld_fleet::Fleet::start(&gateway, settings);
             match joined {
                 Ok(fleet) => Some(fleet),
                 Err(e) => {

@@ -288,6 +288,18 @@ fn show_fleet(out: &mut String, fleet: &[(String, String)]) {
             get("fleet_reconciles")
         );
     }
+    // `held 10.2.0.1/24,fd00:2::1/64 on eth1`, or `released …`.
+    if let Some((state, rest)) = get("fleet_lan").split_once(' ') {
+        let (addresses, interface) = rest.rsplit_once(" on ").unwrap_or((rest, "?"));
+        let addresses = addresses.replace(',', ", ");
+        let state = if state == "held" { "held" } else { "not held" };
+        say!(
+            out,
+            "  LAN addresses: {state} ({addresses} on {interface}); taken {} times, fenced {}",
+            get("fleet_lan_takes"),
+            get("fleet_lan_fenced")
+        );
+    }
     say!(
         out,
         "  failovers seen: {}, records rejected: {}, name conflicts: {}, store errors: {}",

@@ -3,6 +3,10 @@
 //! theirs, all on one routed underlay (192.0.2.0/24). Site B's gateways share a LAN with a
 //! host (10.2.0.10) whose traffic to other sites goes to B1, or to B2 when B1's link is
 //! gone; each B gateway sends what it cannot carry (stopped, or standing by) to the other.
+//! A second LAN host (10.2.0.20) routes the other sites through site B's LAN addresses
+//! (10.2.0.1, fd00:2::1) alone, which B's active gateway holds: through every failover
+//! below they move (its neighbour entries follow), and no two B gateways ever hold them at
+//! once (sampled every ~50 ms), also when the active one is cut off etcd alone.
 //!
 //! One test, in steps, so that the cluster and the gateways are set up once: the mesh forms
 //! from empty files; a fourth site joins; site B's active gateway is killed (-9) during a
@@ -294,6 +298,111 @@ fn count(text: &str, needle: &str) -> usize {
     text.matches(needle).count()
 }
 
+/// Site B's LAN addresses, held by its active gateway; the LAN host 10.2.0.20 routes the
+/// other sites through them alone.
+const VIP4: &str = "10.2.0.1/24";
+const VIP6: &str = "fd00:2::1/64";
+
+/// A B gateway's LAN interface: its namespace's name and the interface's.
+#[derive(Clone)]
+struct LanPort {
+    ns: String,
+    ifname: String,
+}
+
+impl LanPort {
+    /// Whether it holds either of the LAN addresses now.
+    fn holds_vip(&self) -> bool {
+        let out = std::process::Command::new("ip")
+            .args(["-n", &self.ns, "-o", "addr", "show", "dev", &self.ifname])
+            .output()
+            .expect("ip addr");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.contains(&format!("inet {VIP4} ")) || text.contains(&format!("inet6 {VIP6} "))
+    }
+
+    fn mac(&self) -> String {
+        let out = std::process::Command::new("ip")
+            .args(["-n", &self.ns, "-o", "link", "show", "dev", &self.ifname])
+            .output()
+            .expect("ip link");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split("link/ether ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no MAC in {text}"))
+            .to_string()
+    }
+}
+
+/// The MAC the LAN host's neighbour entry gives `addr` (empty without one).
+fn neighbour_mac(host: &NetNs, addr: &str) -> String {
+    let out = host.run(&["ip", "neigh", "show", addr]);
+    out.split("lladdr ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Samples which of B's gateways hold the LAN addresses every ~50 ms until `stop`: each
+/// sample is (Unix time, B1 holds, B2 holds).
+struct VipWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<(f64, bool, bool)>>>,
+}
+
+impl VipWatch {
+    fn start(ports: &[LanPort; 2]) -> VipWatch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, ports) = (stop.clone(), ports.clone());
+        let thread = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = unix_now();
+                samples.push((t, ports[0].holds_vip(), ports[1].holds_vip()));
+                std::thread::sleep(Duration::from_millis(40));
+            }
+            samples
+        });
+        VipWatch {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The samples, after checking that no two gateways held the addresses at once.
+    fn stop(mut self) -> Vec<(f64, bool, bool)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let samples = self.thread.take().unwrap().join().unwrap();
+        let both: Vec<f64> = samples.iter().filter(|s| s.1 && s.2).map(|s| s.0).collect();
+        assert!(
+            both.is_empty(),
+            "both B gateways held the LAN addresses at {both:?} (of {} samples)",
+            samples.len()
+        );
+        samples
+    }
+}
+
+impl Drop for VipWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Seconds from `event` to the first sample after it in which `holder` (0: B1, 1: B2)
+/// holds the addresses (`holds`) or not.
+fn first_sample(samples: &[(f64, bool, bool)], event: f64, holder: usize, holds: bool) -> f64 {
+    samples
+        .iter()
+        .find(|s| s.0 >= event && [s.1, s.2][holder] == holds)
+        .map_or(f64::NAN, |s| s.0 - event)
+}
+
 #[test]
 fn a_fleet_forms_fails_over_and_outlives_its_store() {
     if !require("a_fleet_forms_fails_over_and_outlives_its_store") {
@@ -325,6 +434,8 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     lan.run(&["ip", "link", "set", "brb", "up"]);
     // The LAN bridge's end of each B gateway's link, to cut a host off.
     let mut lan_ports = Vec::new();
+    // Each B gateway's end, which holds the LAN addresses while it is active.
+    let mut vip_ports = Vec::new();
     for (ns, own, other) in [(&nb1, "2", "3"), (&nb2, "3", "2")] {
         let (inside, outside) = link(ns, &lan);
         ns.run(&[
@@ -348,6 +459,10 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         ns.run(&["ip", "link", "set", &inside, "up"]);
         lan.run(&["ip", "link", "set", &outside, "master", "brb", "up"]);
         lan_ports.push(outside);
+        vip_ports.push(LanPort {
+            ns: ns.name().to_string(),
+            ifname: inside,
+        });
         ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         ns.run(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         // What this gateway cannot carry (stopped, or standing by) goes to the other one.
@@ -375,12 +490,38 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     }
     lan.run(&["ip", "route", "add", "10.0.0.0/8", "via", "10.2.0.2"]);
     lan.run(&["ip", "-6", "route", "add", "fd00::/16", "via", "fd00:2::2"]);
+    let vip_ports: [LanPort; 2] = vip_ports.try_into().ok().unwrap();
+    // A second LAN host whose only way to the other sites is the LAN addresses.
+    let vhost = NetNs::new();
+    let (inside, outside) = link(&vhost, &lan);
+    vhost.run(&["ip", "addr", "add", "10.2.0.20/24", "dev", &inside]);
+    vhost.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        "fd00:2::20/64",
+        "dev",
+        &inside,
+        "nodad",
+    ]);
+    vhost.run(&["ip", "link", "set", &inside, "up"]);
+    lan.run(&["ip", "link", "set", &outside, "master", "brb", "up"]);
+    vhost.run(&["ip", "route", "add", "10.0.0.0/8", "via", "10.2.0.1"]);
+    vhost.run(&["ip", "-6", "route", "add", "fd00::/16", "via", "fd00:2::1"]);
 
     let mut a = Site::new(&cluster, "a", "a1", 1, 21, true);
     a.body
         .push_str("\n[metrics]\nlisten = \"127.0.0.1:9586\"\n");
-    let b1 = Site::new(&cluster, "b", "b1", 2, 22, false);
-    let b2 = Site::new(&cluster, "b", "b2", 2, 23, false);
+    let mut b1 = Site::new(&cluster, "b", "b1", 2, 22, false);
+    let mut b2 = Site::new(&cluster, "b", "b2", 2, 23, false);
+    for (site, port) in [(&mut b1, &vip_ports[0]), (&mut b2, &vip_ports[1])] {
+        site.body.push_str(&format!(
+            "lan_interface = \"{}\"\nlan_addresses = [\"{VIP4}\", \"{VIP6}\"]\n",
+            port.ifname
+        ));
+    }
+
     let c = Site::new(&cluster, "c", "c1", 3, 24, true);
     let d = Site::new(&cluster, "d", "d1", 4, 25, true);
 
@@ -389,7 +530,18 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     wait_until("b1 leads site B", || {
         show(&nb1, &b1.ifname).contains("gateway b1 (active)")
     });
+    // What a run that died holding them would have left on B2: its start removes it.
+    nb2.run(&["ip", "addr", "add", VIP4, "dev", &vip_ports[1].ifname]);
     let mut gb2 = b2.start(&nb2);
+    wait_until("b2 removes the LAN address left over", || {
+        !vip_ports[1].holds_vip()
+    });
+    assert!(
+        gb2.log_text()
+            .contains("removed the LAN address(es) 10.2.0.1/24 from"),
+        "{}",
+        gb2.log_text()
+    );
     let ga = a.start(&na);
     let gc = c.start(&nc);
 
@@ -408,10 +560,29 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         (&nc, "fd00:2::10"),
         (&lan, "10.1.0.1"),
         (&lan, "fd00:1::1"),
+        (&na, "10.2.0.20"),
+        (&na, "fd00:2::20"),
+        (&vhost, "10.1.0.1"),
+        (&vhost, "fd00:1::1"),
     ] {
         reachable(from, to);
         ping(from, to);
     }
+    assert!(vip_ports[0].holds_vip() && !vip_ports[1].holds_vip());
+    assert_eq!(neighbour_mac(&vhost, "10.2.0.1"), vip_ports[0].mac());
+    let shown = show(&nb1, &b1.ifname);
+    assert!(
+        shown.contains(&format!(
+            "LAN addresses: held ({VIP4}, {VIP6} on {}); taken 1 times, fenced 0",
+            vip_ports[0].ifname
+        )),
+        "{shown}"
+    );
+    assert!(
+        show(&nb2, &b2.ifname).contains("LAN addresses: not held"),
+        "{}",
+        show(&nb2, &b2.ifname)
+    );
     tcp_transfer(&na, &lan, "10.2.0.10:7001".parse().unwrap(), 16 << 20);
     tcp_transfer(&na, &nc, "10.3.0.1:7002".parse().unwrap(), 16 << 20);
     tcp_transfer(&lan, &nc, "10.3.0.1:7003".parse().unwrap(), 16 << 20);
@@ -455,12 +626,30 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     wait_peers(&na, &a.ifname, &[&b1, &c, &d], "A after D joined");
 
     step("kill -9 of site B's active gateway during a transfer from A");
-    let probe = Probe::start(&na, "10.2.0.10", 40);
+    // To the host behind the LAN addresses: its replies follow them to B2.
+    let probe = Probe::start(&na, "10.2.0.20", 40);
     let transfer = paced_transfer(&na, &lan, "10.2.0.10:7004".parse().unwrap(), 16 << 20);
+    let watch = VipWatch::start(&vip_ports);
     std::thread::sleep(Duration::from_millis(700));
     let killed = unix_now();
     gb1.stop_with("KILL");
     let resumed = probe.resumed_after(killed);
+    wait_until("b2 holds the LAN addresses", || vip_ports[1].holds_vip());
+    let samples = watch.stop();
+    eprintln!(
+        "fleet: after kill -9 the kernel dropped B1's LAN addresses {:.2} s later (their \
+         lifetime), B2 took them {:.2} s after the kill",
+        first_sample(&samples, killed, 0, false),
+        first_sample(&samples, killed, 1, true)
+    );
+    assert!(
+        !vip_ports[0].holds_vip(),
+        "the killed gateway's addresses expire"
+    );
+    wait_until("the LAN host's neighbour entry moves to B2", || {
+        neighbour_mac(&vhost, "10.2.0.1") == vip_ports[1].mac()
+            && neighbour_mac(&vhost, "fd00:2::1") == vip_ports[1].mac()
+    });
     eprintln!(
         "fleet: traffic from A to B resumed {resumed:.2} s after kill -9 of B's active gateway \
          (A repointed site B after {:.2} s)",
@@ -477,12 +666,25 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     wait_until("b1 stands by", || {
         show(&nb1, &b1.ifname).contains("gateway b1 (standby)")
     });
-    let probe = Probe::start(&na, "10.2.0.10", 30);
+    let probe = Probe::start(&na, "10.2.0.20", 30);
+    let watch = VipWatch::start(&vip_ports);
     std::thread::sleep(Duration::from_millis(500));
     let stopped = unix_now();
     let status = gb2.stop_with("TERM");
     assert!(status.success(), "B2 exits cleanly on SIGTERM");
+    assert!(!vip_ports[1].holds_vip(), "a stopped gateway holds nothing");
     let resumed = probe.resumed_after(stopped);
+    wait_until("b1 holds the LAN addresses", || vip_ports[0].holds_vip());
+    watch.stop();
+    wait_until("the LAN host's neighbour entry moves to B1", || {
+        neighbour_mac(&vhost, "10.2.0.1") == vip_ports[0].mac()
+    });
+    assert!(
+        gb2.log_text().contains("released the LAN addresses")
+            && gb2.log_text().contains(": leaving the fleet"),
+        "{}",
+        gb2.log_text()
+    );
     eprintln!(
         "fleet: traffic from A to B resumed {resumed:.2} s after SIGTERM of B's active gateway \
          (A repointed site B after {:.2} s)",
@@ -545,7 +747,7 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     members.start_member(2);
     members.wait_healthy(&wan.ns);
 
-    step("the whole store stops for 60 s: traffic goes on, no peer is dropped");
+    step("the whole store stops for 60 s: traffic goes on, no peer is dropped, the LAN addresses are fenced until it is back");
     let before_removed = (removed_lines(&ga), removed_lines(&gc), removed_lines(&gd));
     let before_peers = peers(&na, &a.ifname);
     let rx_before = transfers(&na, &a.ifname);
@@ -554,6 +756,18 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     wait_until("A sees the store down", || {
         show(&na, &a.ifname).contains("store: down")
     });
+    // B1 cannot tell an outage from its own partition: it gives the addresses up.
+    wait_until("b1 gives up the LAN addresses", || {
+        !vip_ports[0].holds_vip()
+    });
+    assert!(
+        outage.elapsed() < Duration::from_secs(4),
+        "fenced {:?} after the store stopped",
+        outage.elapsed()
+    );
+    assert!(gb1
+        .log_text()
+        .contains("fenced: no lease keep-alive answered"));
     while outage.elapsed() < Duration::from_secs(60) {
         ping(&na, "10.2.0.10");
         ping(&nc, "10.1.0.1");
@@ -586,6 +800,10 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         "no peer was removed through the outage"
     );
     assert_eq!(peers(&na, &a.ifname), before_peers);
+    wait_until("b1 holds the LAN addresses again", || {
+        vip_ports[0].holds_vip()
+    });
+    assert!(!vip_ports[1].holds_vip());
     // Counters of a peer removed and added again would have started over.
     let rx_after = transfers(&na, &a.ifname);
     assert!(rx_after
@@ -816,6 +1034,65 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     );
     ping(&na, "10.2.0.10");
     ping(&lan, "10.1.0.1");
+
+    step("site B's active gateway is cut off etcd alone: it gives up the LAN addresses in time, B1 takes them");
+    assert!(vip_ports[1].holds_vip() && !vip_ports[0].holds_vip());
+    let probe = Probe::start(&na, "10.2.0.20", 40);
+    let watch = VipWatch::start(&vip_ports);
+    std::thread::sleep(Duration::from_millis(300));
+    // In the underlay's router: B2's packets to and from the members are dropped, silently;
+    // its tunnels to the other sites carry on.
+    let cut: Vec<Vec<String>> = MEMBERS
+        .iter()
+        .flat_map(|m| {
+            [("192.0.2.23", *m), (*m, "192.0.2.23")].map(|(from, to)| {
+                ["from", from, "to", to, "blackhole"]
+                    .map(str::to_string)
+                    .to_vec()
+            })
+        })
+        .collect();
+    let partitioned = unix_now();
+    for rule in &cut {
+        let mut args = vec!["ip", "rule", "add"];
+        args.extend(rule.iter().map(String::as_str));
+        wan.ns.run(&args);
+    }
+    wait_until("b1 holds the LAN addresses", || vip_ports[0].holds_vip());
+    let resumed = probe.resumed_after(partitioned);
+    let samples = watch.stop();
+    let released = first_sample(&samples, partitioned, 1, false);
+    let taken = first_sample(&samples, partitioned, 0, true);
+    eprintln!(
+        "fleet: B2, cut off etcd, gave up the LAN addresses {released:.2} s after the cut; \
+         B1 took them {taken:.2} s after it; traffic resumed {resumed:.2} s after it"
+    );
+    // The bound docs/fleet.md states: within lease_ttl - 0.5 s of the last keep-alive
+    // answered (before the cut), and the samples' own lateness.
+    assert!(
+        released <= 2.5 + 0.3,
+        "released {released:.2} s after the cut"
+    );
+    assert!(
+        taken > released,
+        "taken {taken:.2} s, released {released:.2} s"
+    );
+    assert!(gb2
+        .log_text()
+        .contains("fenced: no lease keep-alive answered"));
+    wait_until("the LAN host's neighbour entry moves to B1", || {
+        neighbour_mac(&vhost, "10.2.0.1") == vip_ports[0].mac()
+    });
+    drop(probe);
+    for rule in &cut {
+        let mut args = vec!["ip", "rule", "del"];
+        args.extend(rule.iter().map(String::as_str));
+        wan.ns.run(&args);
+    }
+    wait_until("b2 stands by once it reaches etcd again", || {
+        show(&nb2, &b2.ifname).contains("gateway b2 (standby)")
+    });
+    assert!(vip_ports[0].holds_vip() && !vip_ports[1].holds_vip());
 
     step("a gateway without a client certificate is refused by etcd");
     let mut e = Site::new(&members, "e", "e1", 5, 26, true);

@@ -21,6 +21,8 @@ const FLEET_FIELDS: &[&str] = &[
     "subnets",
     "lease_ttl",
     "persistent_keepalive",
+    "lan_interface",
+    "lan_addresses",
 ];
 
 /// The lease TTL when none is given, in seconds: a dead gateway's record goes this long
@@ -60,6 +62,18 @@ pub struct FleetConfig {
     pub lease_ttl: u16,
     /// Keepalive of the peers the fleet adds (seconds; 0: off).
     pub persistent_keepalive: u16,
+    /// The site's LAN side: addresses this gateway holds only while it is the active one.
+    pub lan: Option<LanSide>,
+}
+
+/// `lan_interface` and `lan_addresses`: the site's virtual addresses on its LAN, which the
+/// LAN's hosts route the other sites through and which move to whichever gateway is active.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LanSide {
+    /// The interface on the site's LAN (its existence is the host's business at run time).
+    pub interface: String,
+    /// Each address with its prefix (`192.168.10.1/24`, `fd10::1/64`): host bits kept.
+    pub addresses: Vec<IpNet>,
 }
 
 /// A site, gateway or prefix component: letters, digits, `-`, `_` and `.`, so that it is one
@@ -278,6 +292,7 @@ pub(super) fn check_fleet(c: &mut Checker, value: &Value) -> Option<FleetConfig>
     let persistent_keepalive = c
         .integer(t, path, "persistent_keepalive", 0, i64::from(u16::MAX))
         .map_or(DEFAULT_FLEET_KEEPALIVE, |n| n as u16);
+    let lan = check_lan_side(c, t);
     if c.errors.len() > before {
         return None;
     }
@@ -293,7 +308,98 @@ pub(super) fn check_fleet(c: &mut Checker, value: &Value) -> Option<FleetConfig>
         subnets,
         lease_ttl,
         persistent_keepalive,
+        lan,
     })
+}
+
+/// `lan_interface` with `lan_addresses`, both or neither.
+fn check_lan_side(c: &mut Checker, t: &toml::Table) -> Option<LanSide> {
+    let path = "fleet";
+    let interface = match c.string(t, path, "lan_interface") {
+        Some(name) => match super::interface_name_problem(name) {
+            None => Some(name.to_string()),
+            Some(why) => {
+                c.error("fleet.lan_interface", why);
+                None
+            }
+        },
+        None => None,
+    };
+    let mut addresses: Vec<IpNet> = Vec::new();
+    for (field, _, text) in c.string_list(t, path, "lan_addresses") {
+        match lan_address(text) {
+            Ok(net) => {
+                if addresses.iter().any(|a| a.addr() == net.addr()) {
+                    c.error(field, format!("{} is listed twice", net.addr()));
+                } else {
+                    addresses.push(net);
+                }
+            }
+            Err(why) => c.error(field, why),
+        }
+    }
+    match (t.contains_key("lan_interface"), t.contains_key("lan_addresses")) {
+        (false, false) => return None,
+        (true, false) => c.error(
+            path,
+            "`lan_interface` needs `lan_addresses` (the site's virtual addresses on it, e.g. [\"192.168.10.1/24\"])",
+        ),
+        (false, true) => c.error(
+            path,
+            "`lan_addresses` needs `lan_interface` (the interface on the site's LAN, e.g. \"eth1\")",
+        ),
+        (true, true) => {
+            if matches!(t.get("lan_addresses"), Some(Value::Array(a)) if a.is_empty()) {
+                c.error(
+                    "fleet.lan_addresses",
+                    "is empty (give the site's virtual addresses, e.g. [\"192.168.10.1/24\"])",
+                );
+            }
+        }
+    }
+    Some(LanSide {
+        interface: interface?,
+        addresses,
+    })
+}
+
+/// One LAN address: an address with its prefix, usable as a host's own unicast address.
+fn lan_address(text: &str) -> Result<IpNet, String> {
+    let shown = quote(text);
+    if !text.contains('/') {
+        return Err(format!(
+            "{shown} has no prefix (write the address with its LAN's prefix, e.g. 192.168.10.1/24)"
+        ));
+    }
+    let net = parse_cidr(text)?;
+    let ip = net.addr();
+    if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() {
+        return Err(format!("{shown} is not a unicast address a host can hold"));
+    }
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    // On a /31, /32, /127 or /128 every address is a host's; below, the network's own
+    // address (and IPv4's broadcast) is not.
+    if net.prefix_len() + 1 < max {
+        if ip == net.network() {
+            return Err(format!(
+                "{shown} is the network's own address, not a host's (e.g. {}/{})",
+                first_host(&net),
+                net.prefix_len()
+            ));
+        }
+        if ip.is_ipv4() && ip == net.broadcast() {
+            return Err(format!("{shown} is the network's broadcast address"));
+        }
+    }
+    Ok(net)
+}
+
+/// The address after the network's own, the first a host may hold.
+fn first_host(net: &IpNet) -> std::net::IpAddr {
+    match net {
+        IpNet::V4(n) => std::net::Ipv4Addr::from(u32::from(n.network()).wrapping_add(1)).into(),
+        IpNet::V6(n) => std::net::Ipv6Addr::from(u128::from(n.network()).wrapping_add(1)).into(),
+    }
 }
 
 /// `https://host:port` (or `http://` with `insecure`): the forms etcd's members announce.

@@ -1476,6 +1476,87 @@ fn fleet_errors_name_the_field_in_one_line() {
 }
 
 #[test]
+fn a_fleet_lan_side_is_an_interface_and_addresses_with_their_prefix() {
+    let lan = "lan_interface = \"eth1\"\nlan_addresses = [\"192.168.10.1/24\", \"fd10::1/64\"]\n";
+    let c = ok(&fleet(&format!("{FLEET_OK}{lan}")));
+    let side = c.fleet.unwrap().lan.expect("the LAN side");
+    assert_eq!(side.interface, "eth1");
+    let shown: Vec<String> = side.addresses.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, ["192.168.10.1/24", "fd10::1/64"], "host bits kept");
+    assert_eq!(ok(&fleet(FLEET_OK)).fleet.unwrap().lan, None);
+    let only_v6 = "lan_interface = \"eth1\"\nlan_addresses = [\"fd10::1/128\"]\n";
+    assert!(ok(&fleet(&format!("{FLEET_OK}{only_v6}")))
+        .fleet
+        .unwrap()
+        .lan
+        .is_some());
+
+    let with = |addresses: &str| {
+        fleet(&format!(
+            "{FLEET_OK}lan_interface = \"eth1\"\nlan_addresses = {addresses}\n"
+        ))
+    };
+    let cases: Vec<(String, &str)> = vec![
+        (
+            fleet(&format!("{FLEET_OK}lan_interface = \"eth1\"\n")),
+            "fleet: `lan_interface` needs `lan_addresses`",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}lan_addresses = [\"192.168.10.1/24\"]\n")),
+            "fleet: `lan_addresses` needs `lan_interface`",
+        ),
+        (with("[]"), "fleet.lan_addresses: is empty"),
+        (
+            with("[\"192.168.10.1\"]"),
+            "fleet.lan_addresses[0]: `192.168.10.1` has no prefix",
+        ),
+        (
+            with("[\"192.168.10.1/24\", \"192.168.10.0/24\"]"),
+            "fleet.lan_addresses[1]: `192.168.10.0/24` is the network's own address, not a host's (e.g. 192.168.10.1/24)",
+        ),
+        (
+            with("[\"192.168.10.255/24\"]"),
+            "fleet.lan_addresses[0]: `192.168.10.255/24` is the network's broadcast address",
+        ),
+        (
+            with("[\"fd10::/64\"]"),
+            "fleet.lan_addresses[0]: `fd10::/64` is the network's own address, not a host's (e.g. fd10::1/64)",
+        ),
+        (
+            with("[\"224.0.0.18/32\"]"),
+            "fleet.lan_addresses[0]: `224.0.0.18/32` is not a unicast address",
+        ),
+        (
+            with("[\"192.168.10.1/33\"]"),
+            "fleet.lan_addresses[0]: `192.168.10.1/33` is not a CIDR",
+        ),
+        (
+            with("[\"192.168.10.1/24\", \"192.168.10.1/25\"]"),
+            "fleet.lan_addresses[1]: 192.168.10.1 is listed twice",
+        ),
+        (
+            with("\"192.168.10.1/24\""),
+            "fleet.lan_addresses: must be a list of strings",
+        ),
+        (
+            fleet(&format!(
+                "{FLEET_OK}lan_interface = \"eth 1\"\nlan_addresses = [\"192.168.10.1/24\"]\n"
+            )),
+            "fleet.lan_interface: `eth 1` contains",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}lan_address = [\"192.168.10.1/24\"]\n")),
+            "fleet: unknown field `lan_address` (did you mean `lan_addresses`?)",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = error(&text);
+        assert!(e.contains(want), "want {want:?} in {e:?}");
+        assert!(!e.contains('\n'));
+    }
+}
+
+#[test]
 fn clamp_mss_is_off_auto_or_a_number() {
     let base = format!(
         "[interface]\nname = \"wg0\"\nprivate_key = \"{}\"\n",

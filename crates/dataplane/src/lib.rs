@@ -4,6 +4,7 @@
 // expect outside tests (an invariant that cannot fail says so with an `allow` and a reason).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod announce;
 pub mod batch;
 mod busy_poll;
 mod handoff;

@@ -16,12 +16,14 @@
 //! tokio runtime); [`Fleet`]'s methods do not block but [`Fleet::stop`], which waits at
 //! most about two seconds for the store.
 
+mod lan;
 pub mod reconcile;
 pub mod record;
 mod status;
 pub mod store;
 
-pub use status::{Counters, FleetStatus, GatewayStatus, NameConflict, Refusal};
+pub use lan::FENCE_MARGIN;
+pub use status::{Counters, FleetStatus, GatewayStatus, LanStatus, NameConflict, Refusal};
 
 use reconcile::{diff, Fleet as FleetView, PeerOp, View};
 use record::{Candidate, Keys, Record, Role};
@@ -54,6 +56,8 @@ pub struct FleetSettings {
     /// This gateway's name: the config's, else the host name.
     pub gateway: String,
     etcd: EtcdOptions,
+    /// The packet socket the LAN side announces its addresses through.
+    announcer: Option<Arc<tunneld_dataplane::announce::Announcer>>,
 }
 
 impl FleetSettings {
@@ -120,7 +124,25 @@ impl FleetSettings {
             },
             gateway,
             config: config.clone(),
+            announcer: None,
         })
+    }
+
+    /// Opens what the LAN side needs that takes a privilege (`CAP_NET_RAW`: the packet
+    /// socket of its gratuitous ARP and neighbour advertisements), for a gateway that drops
+    /// its privileges when it starts: call this before. Without a LAN side, nothing.
+    /// [`Fleet::start`] opens it itself when it was not.
+    pub fn open_privileged(&mut self) -> Result<(), Error> {
+        if self.config.lan.is_none() || self.announcer.is_some() {
+            return Ok(());
+        }
+        let announcer = tunneld_dataplane::announce::Announcer::open().map_err(|e| {
+            Error::Settings(format!(
+                "fleet.lan_interface: cannot open a packet socket to announce the LAN addresses (gratuitous ARP, neighbour advertisements): {e} (it takes CAP_NET_RAW at start)"
+            ))
+        })?;
+        self.announcer = Some(Arc::new(announcer));
+        Ok(())
     }
 }
 
@@ -200,13 +222,31 @@ impl Fleet {
     /// As [`Fleet::start`], on any store.
     pub fn start_on<S: Store + Send + 'static>(
         gateway: &Gateway,
-        settings: FleetSettings,
+        mut settings: FleetSettings,
         store: S,
         runtime: tokio::runtime::Runtime,
     ) -> Result<Fleet, Error> {
         let public_key = gateway.public_key().ok_or(Error::NoInterface)?;
+        settings.open_privileged()?;
         let config = &settings.config;
         let shared = Arc::new(Shared::new(&config.site, &settings.gateway));
+        let name = format!("fleet {}/{}", config.site, settings.gateway);
+        let lan = match (&config.lan, &settings.announcer) {
+            (Some(side), Some(announcer)) => {
+                shared.state().lan = Some((side.interface.clone(), side.addresses.clone()));
+                let started = lan::LanSide::start(
+                    side.interface.clone(),
+                    side.addresses.clone(),
+                    Duration::from_secs(u64::from(config.lease_ttl)),
+                    announcer.clone(),
+                    shared.clone(),
+                    name,
+                )
+                .map_err(|e| Error::Settings(format!("fleet: cannot start its LAN side: {e}")))?;
+                Some(started)
+            }
+            _ => None,
+        };
         let record = Record {
             site: config.site.clone(),
             gateway: settings.gateway.clone(),
@@ -238,6 +278,7 @@ impl Fleet {
             unanswered: 0,
             active_since: None,
             keepalive_on: false,
+            lan,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -346,6 +387,8 @@ struct Member<S: Store> {
     active_since: Option<tokio::time::Instant>,
     /// Whether the peers' keepalives are on (`ACTIVATION_QUIET` after becoming active).
     keepalive_on: bool,
+    /// The site's LAN addresses, held while active (`None`: the config names none).
+    lan: Option<lan::LanSide>,
 }
 
 /// How long a gateway that became active leaves its peers' keepalives off: the other sites
@@ -476,9 +519,19 @@ impl<S: Store> Member<S> {
                     }
                 }
                 _ = renew.tick() => {
+                    // Before the request: etcd renews the lease after this instant.
+                    let sent = Instant::now();
                     match self.store.keep_alive(lease).await {
-                        Ok(true) => self.shared.state().lease_renewed = Some(Instant::now()),
+                        Ok(true) => {
+                            self.shared.state().lease_renewed = Some(Instant::now());
+                            if let Some(lan) = &self.lan {
+                                lan.renewed(sent);
+                            }
+                        }
                         Ok(false) => {
+                            if let Some(lan) = &self.lan {
+                                lan.lease_lost();
+                            }
                             self.lease = None;
                             self.leadership = None;
                             return Interruption::Lost(StoreError("the lease expired in the store".into()));
@@ -505,9 +558,13 @@ impl<S: Store> Member<S> {
 
     /// Keeps the lease if it still lives, else takes a new one; writes the record under it.
     async fn register(&mut self) -> Result<i64, StoreError> {
+        let sent = Instant::now();
         let lease = match self.lease {
             Some(lease) if self.store.keep_alive(lease).await? => lease,
             _ => {
+                if let Some(lan) = &self.lan {
+                    lan.lease_lost();
+                }
                 if self.lease.is_some() {
                     tracing::warn!(
                         "{}: the lease expired in the store; joining again",
@@ -517,11 +574,18 @@ impl<S: Store> Member<S> {
                 self.leadership = None;
                 self.record.role = Role::Standby;
                 tracing::debug!("{}: asking for a lease", self.name());
+                let sent = Instant::now();
                 let lease = self.store.grant(i64::from(self.ttl)).await?;
+                if let Some(lan) = &self.lan {
+                    lan.renewed(sent);
+                }
                 self.lease = Some(lease);
                 lease
             }
         };
+        if let Some(lan) = &self.lan {
+            lan.renewed(sent);
+        }
         self.shared.state().lease_renewed = Some(Instant::now());
         self.claim_name(lease).await?;
         Ok(lease)
@@ -768,6 +832,9 @@ impl<S: Store> Member<S> {
             self.active_since = None;
         }
         self.keepalive_on = own_active && now >= since + ACTIVATION_QUIET;
+        if let Some(lan) = &self.lan {
+            lan.set_active(own_active);
+        }
         let keepalive = if self.keepalive_on { self.keepalive } else { 0 };
         let mut wanted = fleet.wanted_peers(&self.record.site, own_active, keepalive);
         wanted.retain(|k, _| !self.refused_keys.contains(k));
@@ -875,6 +942,10 @@ impl<S: Store> Member<S> {
 
     /// Resigns and revokes the lease (its keys go with it), each bounded in time.
     async fn leave(&mut self) {
+        // First, so that the next gateway can take the addresses as soon as it is elected.
+        if let Some(lan) = &self.lan {
+            lan.release_now();
+        }
         if let Some(leadership) = self.leadership.take() {
             let _ = tokio::time::timeout(LEAVE_TIMEOUT, self.store.resign(leadership)).await;
         }
@@ -915,6 +986,7 @@ mod tests {
             subnets: vec!["10.2.0.0/24".parse().unwrap()],
             lease_ttl: 3,
             persistent_keepalive: 25,
+            lan: None,
         }
     }
 

@@ -68,6 +68,18 @@ pub struct FleetStatus {
     pub last_reconcile_unix: Option<u64>,
     pub gateways: Vec<GatewayStatus>,
     pub counters: Counters,
+    /// The site's LAN side, when the config names one.
+    pub lan: Option<LanStatus>,
+}
+
+/// The site's LAN addresses and whether this gateway holds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LanStatus {
+    pub interface: String,
+    pub addresses: Vec<ipnet::IpNet>,
+    /// Whether this gateway holds them now (only while active and its lease surely lives).
+    pub held: bool,
 }
 
 /// The fleet's counters since start.
@@ -82,6 +94,10 @@ pub struct Counters {
     /// Name conflicts this gateway is party to: its name refused, or another gateway
     /// refused its name.
     pub name_conflicts: u64,
+    /// Times this gateway took the LAN addresses.
+    pub lan_takes: u64,
+    /// Times it released them because no keep-alive was answered in time (fencing).
+    pub lan_fenced: u64,
 }
 
 #[derive(Default)]
@@ -91,6 +107,8 @@ pub(crate) struct AtomicCounters {
     pub failovers: AtomicU64,
     pub rejected_records: AtomicU64,
     pub name_conflicts: AtomicU64,
+    pub lan_takes: AtomicU64,
+    pub lan_fenced: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -101,6 +119,8 @@ impl AtomicCounters {
             failovers: self.failovers.load(Ordering::Relaxed),
             rejected_records: self.rejected_records.load(Ordering::Relaxed),
             name_conflicts: self.name_conflicts.load(Ordering::Relaxed),
+            lan_takes: self.lan_takes.load(Ordering::Relaxed),
+            lan_fenced: self.lan_fenced.load(Ordering::Relaxed),
         }
     }
 }
@@ -127,6 +147,10 @@ pub(crate) struct State {
     pub last_reconcile: Option<SystemTime>,
     /// When each record (by site/gateway) was first seen.
     pub first_seen: std::collections::HashMap<(String, String), Instant>,
+    /// The LAN side's interface and addresses, when configured.
+    pub lan: Option<(String, Vec<ipnet::IpNet>)>,
+    /// `Some(held)` once the LAN side's thread has taken or released them.
+    pub lan_held: Option<bool>,
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -206,6 +230,11 @@ impl Shared {
                 .map(|d| d.as_secs()),
             gateways,
             counters: self.counters.read(),
+            lan: state.lan.as_ref().map(|(interface, addresses)| LanStatus {
+                interface: interface.clone(),
+                addresses: addresses.clone(),
+                held: state.lan_held == Some(true),
+            }),
         }
     }
 }
@@ -242,12 +271,26 @@ impl tunneld::FrontEnd for Shared {
         if let Some(t) = s.last_reconcile_unix {
             let _ = writeln!(out, "fleet_last_reconcile={t}");
         }
+        if let Some(lan) = &s.lan {
+            let addresses: Vec<String> = lan.addresses.iter().map(ToString::to_string).collect();
+            let _ = writeln!(
+                out,
+                "fleet_lan={} {} on {}",
+                if lan.held { "held" } else { "released" },
+                addresses.join(","),
+                lan.interface
+            );
+        }
         let c = s.counters;
         let _ = writeln!(out, "fleet_reconciles={}", c.reconciles);
         let _ = writeln!(out, "fleet_failovers={}", c.failovers);
         let _ = writeln!(out, "fleet_store_errors={}", c.store_errors);
         let _ = writeln!(out, "fleet_rejected_records={}", c.rejected_records);
         let _ = writeln!(out, "fleet_name_conflicts={}", c.name_conflicts);
+        if s.lan.is_some() {
+            let _ = writeln!(out, "fleet_lan_takes={}", c.lan_takes);
+            let _ = writeln!(out, "fleet_lan_fenced={}", c.lan_fenced);
+        }
         for g in &s.gateways {
             let _ = writeln!(out, "gateway={}/{}", g.site, g.gateway);
             let _ = writeln!(out, "role={}", if g.active { "active" } else { "standby" });
@@ -315,6 +358,26 @@ impl tunneld::FrontEnd for Shared {
             u64::from(s.store_error.is_none()),
         );
         let c = s.counters;
+        if let Some(lan) = &s.lan {
+            metric(
+                "lan_held",
+                "gauge",
+                "1 while this gateway holds its site's LAN addresses (active, its lease surely alive).",
+                u64::from(lan.held),
+            );
+            metric(
+                "lan_takes_total",
+                "counter",
+                "Times this gateway took its site's LAN addresses.",
+                c.lan_takes,
+            );
+            metric(
+                "lan_fenced_total",
+                "counter",
+                "Times it gave them up because no lease keep-alive was answered in time.",
+                c.lan_fenced,
+            );
+        }
         metric(
             "reconciles_total",
             "counter",

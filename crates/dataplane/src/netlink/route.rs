@@ -12,7 +12,7 @@ use super::wire::{
 };
 use super::Netlink;
 use ipnet::IpNet;
-use netlink_packet_core::{NetlinkBuffer, NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_core::{NetlinkBuffer, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 
@@ -90,6 +90,7 @@ const IFF_UP: u32 = 0x1;
 const IFF_NOARP: u32 = 0x80;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
+const IFA_CACHEINFO: u16 = 6;
 const IFA_FLAGS: u16 = 8;
 const IFA_F_NODAD: u8 = 0x02;
 const IFA_F_DADFAILED: u32 = 0x08;
@@ -257,6 +258,28 @@ impl Netlink {
         let result = self.exchange(&mut request, |_, _| {});
         ignore(result, &[libc::EEXIST])
             .map_err(|f| f.named(&format!("netlink: add address {addr} to link {index}")))
+    }
+
+    /// Adds addr/prefix to the link, or renews it, with a lifetime of `lifetime_secs`
+    /// (at least 1): the kernel removes the address by itself when it has not been renewed
+    /// for that long, whatever becomes of the process that added it. IPv6 with IFA_F_NODAD.
+    pub fn hold_address(&mut self, index: u32, addr: IpNet, lifetime_secs: u32) -> io::Result<()> {
+        let what = || format!("netlink: hold address {addr} on link {index} for {lifetime_secs} s");
+        if lifetime_secs == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: a lifetime of 0 is none", what()),
+            ));
+        }
+        let mut request = address_request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE, index, addr);
+        // struct ifa_cacheinfo: preferred and valid lifetimes (seconds), then two time
+        // stamps the kernel fills in. Preferred as long as valid: never merely deprecated.
+        let mut cacheinfo = [0u8; 16];
+        cacheinfo[0..4].copy_from_slice(&lifetime_secs.to_ne_bytes());
+        cacheinfo[4..8].copy_from_slice(&lifetime_secs.to_ne_bytes());
+        request.attribute(IFA_CACHEINFO, &cacheinfo);
+        self.exchange(&mut request, |_, _| {})
+            .map_err(|f| f.named(&what()))
     }
 
     /// Removes addr/prefix from the link (with the prefix route the kernel made for it); an
