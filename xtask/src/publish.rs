@@ -11,8 +11,8 @@ use std::process::Command;
 pub const UNPUBLISHED: [&str; 3] = ["tunneld-testnet", "tunneld-benches", "xtask"];
 
 /// Every feature of the published crates, so their docs and API are checked whole.
-pub const FEATURES: &str =
-    "tunneld-userspace/axum,tunneld-userspace/hyper,tunneld-userspace/dns,tunneld/tokio";
+pub const FEATURES: &str = "tunneld-userspace/axum,tunneld-userspace/hyper,\
+    tunneld-userspace/dns,tunneld-userspace/tonic,tunneld/tokio,tunneld/proxy";
 
 fn excluded(args: &mut Vec<String>) {
     for name in UNPUBLISHED {

@@ -495,20 +495,29 @@ impl Watchdog {
     }
 }
 
+/// A settings error with every line prefixed by the file, as `check` prints them.
+fn in_file(path: &std::path::Path, e: tunneld::Error) -> anyhow::Error {
+    let shown = path.display().to_string();
+    let lines: Vec<String> = e
+        .to_string()
+        .lines()
+        .map(|l| format!("{shown}: {l}"))
+        .collect();
+    anyhow::anyhow!(lines.join("\n"))
+}
+
+/// Tells systemd a reload has begun (RELOADING=1 with the time it asks for).
+fn notify_reloading() {
+    let mut reloading = vec![NotifyState::Reloading];
+    reloading.extend(NotifyState::monotonic_usec_now().ok());
+    tell_systemd(&reloading);
+}
+
 /// `tunneld up`: starts the gateway the file describes, then waits for a signal: SIGHUP
 /// reloads the file, SIGINT and SIGTERM stop it; so does a worker that stops on its own.
 fn up(path: &std::path::Path) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    // Every line of an error is prefixed with the file, as `check` prints them.
-    let in_file = |e: tunneld::Error| {
-        let shown = path.display().to_string();
-        let lines: Vec<String> = e
-            .to_string()
-            .lines()
-            .map(|l| format!("{shown}: {l}"))
-            .collect();
-        anyhow::anyhow!(lines.join("\n"))
-    };
+    let in_file = |e| in_file(path, e);
     let settings = tunneld::Settings::from_file(path).map_err(in_file)?;
     let name = settings.interface_name().map(str::to_string);
     // The fleet's files are read, and what of it takes a privilege opened, before the
@@ -566,9 +575,7 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
                 SIGINT => break 'wait Some("SIGINT"),
                 SIGTERM => break 'wait Some("SIGTERM"),
                 _ => {
-                    let mut reloading = vec![NotifyState::Reloading];
-                    reloading.extend(NotifyState::monotonic_usec_now().ok());
-                    tell_systemd(&reloading);
+                    notify_reloading();
                     // Logged by the gateway, success or not; the running settings stay on
                     // error.
                     drop(gateway.reload_file("SIGHUP"));
@@ -614,15 +621,7 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
 /// for SIGINT or SIGTERM; SIGHUP reads the file again and applies its peers and users.
 fn proxy(path: &std::path::Path) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let in_file = |e: tunneld::Error| {
-        let shown = path.display().to_string();
-        let lines: Vec<String> = e
-            .to_string()
-            .lines()
-            .map(|l| format!("{shown}: {l}"))
-            .collect();
-        anyhow::anyhow!(lines.join("\n"))
-    };
+    let in_file = |e| in_file(path, e);
     let settings = tunneld::proxy::ProxySettings::from_file(path).map_err(in_file)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -648,9 +647,7 @@ fn proxy(path: &std::path::Path) -> anyhow::Result<()> {
                 _ = interrupt.recv() => break "SIGINT",
                 _ = terminate.recv() => break "SIGTERM",
                 _ = hangup.recv() => {
-                    let mut reloading = vec![NotifyState::Reloading];
-                    reloading.extend(NotifyState::monotonic_usec_now().ok());
-                    tell_systemd(&reloading);
+                    notify_reloading();
                     match tunneld::proxy::ProxySettings::from_file(path) {
                         Ok(settings) => match proxy.reload(settings).await {
                             Ok(_) => {}

@@ -12,7 +12,7 @@
 
 use crate::peers::{self, Hub};
 use crate::rings::{self, DatagramShared, StreamShared, DATAGRAM_RING, ERR_RESET, STREAM_RING};
-use crate::settings::{invalid, Error, HandshakeFailed, TunnelSettings};
+use crate::settings::{invalid, Error, HandshakeFailed, TunnelSettings, HANDSHAKE_GIVE_UP};
 use crate::TunnelStats;
 use ipnet::IpNet;
 use rtrb::{Consumer, Producer, RingBuffer};
@@ -168,7 +168,11 @@ pub(crate) enum Control {
         reply: oneshot::Sender<Vec<PeerSnapshot>>,
     },
     /// Handshake with the peer now if it has no session (for `Tunnel::ready`).
-    Handshake { peer: PublicKey },
+    Handshake {
+        peer: PublicKey,
+        /// Told when the handshake has gone unanswered for `HANDSHAKE_GIVE_UP`.
+        give_up: oneshot::Sender<HandshakeFailed>,
+    },
 }
 
 /// The application's side of a TCP stream.
@@ -537,6 +541,8 @@ struct Engine {
     tracker: Tracker,
     /// A handshake message arrived this turn: the peers' states may have changed.
     handshake_seen: bool,
+    /// `ready()` calls waiting on a peer's handshake, told if it goes unanswered too long.
+    ready_waiters: Vec<(PublicKey, Instant, oneshot::Sender<HandshakeFailed>)>,
     /// After an initiation we answered, the handshake completes at the initiator's first
     /// data message: until then every turn looks.
     responding_until: Option<Instant>,
@@ -676,6 +682,7 @@ impl Engine {
             recv_errors: 0,
             tracker,
             handshake_seen: false,
+            ready_waiters: Vec::new(),
             responding_until: None,
         }
     }
@@ -746,41 +753,73 @@ impl Engine {
         let events = self
             .tracker
             .observe(self.phy.tx.device.observe_peers(now), now);
-        for event in &events {
-            match event {
-                // Before the event is published: whoever `ready()` returned to sees it in
-                // `stats()` (the tick's look would be up to 250 ms later).
-                Event::HandshakeCompleted { .. } => {
-                    self.shared.handshake_done.store(true, Ordering::Relaxed);
-                }
-                Event::HandshakeFailed { peer, waited } => self.fail_connects(*peer, *waited),
-                _ => {}
-            }
+        // Before the event is published: whoever `ready()` returned to sees it in `stats()`
+        // (the tick's look would be up to 250 ms later).
+        if events
+            .iter()
+            .any(|e| matches!(e, Event::HandshakeCompleted { .. }))
+        {
+            self.shared.handshake_done.store(true, Ordering::Relaxed);
         }
         if !events.is_empty() {
             peers::lock(&self.shared.hub).publish(&events);
         }
     }
 
-    /// Fails the connects waiting on `peer`, whose handshake went unanswered: they could
-    /// not complete before it answers, and the reason is the handshake, not the far host.
-    fn fail_connects(&mut self, peer: PublicKey, waited: Duration) {
+    /// Gives up where a peer's handshake has gone unanswered for `HANDSHAKE_GIVE_UP` of a
+    /// waiter's own time (since its call, or since the attempt began if that was later):
+    /// the `ready()` calls waiting on it and the connects routed to it fail with
+    /// `HandshakeFailed` (the reason is the handshake, not the far host).
+    fn give_up_on_silent_peers(&mut self, now: Instant) {
         let device = &self.phy.tx.device;
+        // Peers with an attempt under way and no answer since it began: when it began.
+        let unanswered: Vec<(PublicKey, Instant)> = device
+            .observe_peers(now)
+            .filter_map(|p| {
+                let started = p.attempt_started?;
+                let answered = p.last_handshake.is_some_and(|at| at >= started);
+                (!answered).then_some((p.public_key, started))
+            })
+            .collect();
+        // How long `peer` has been silent to a waiter that began at `since`, if too long.
+        let gave_up = |peer: &PublicKey, since: Instant| {
+            let (_, started) = unanswered.iter().find(|(p, _)| p == peer)?;
+            let waited = now.saturating_duration_since((*started).max(since));
+            (waited >= HANDSHAKE_GIVE_UP).then_some(waited)
+        };
+        // Waiters whose `ready()` is gone go quietly.
+        self.ready_waiters.retain(|(_, _, tx)| !tx.is_closed());
+        for (peer, since, tx) in std::mem::take(&mut self.ready_waiters) {
+            match gave_up(&peer, since) {
+                Some(waited) => {
+                    let _ = tx.send(HandshakeFailed { peer, waited });
+                }
+                None => self.ready_waiters.push((peer, since, tx)),
+            }
+        }
+        if unanswered.is_empty() {
+            return;
+        }
         for conn in &mut self.conns {
-            let ConnState::Connecting { remote, .. } = conn.state else {
+            let ConnState::Connecting {
+                remote, started, ..
+            } = conn.state
+            else {
                 continue;
             };
-            if device.peer_for(remote.ip()) != Some(peer) {
+            let Some(peer) = device.peer_for(remote.ip()) else {
                 continue;
-            }
+            };
+            let Some(waited) = gave_up(&peer, started) else {
+                continue;
+            };
             if let ConnState::Connecting { reply, .. } =
                 std::mem::replace(&mut conn.state, ConnState::Open)
             {
                 let _ = reply.send(Err(HandshakeFailed { peer, waited }.into()));
             }
             // Nobody holds the stream: the socket goes at the connection's next turn.
-            let socket = self.sockets.get_mut::<tcp::Socket>(conn.handle);
-            socket.abort();
+            self.sockets.get_mut::<tcp::Socket>(conn.handle).abort();
         }
     }
 
@@ -801,6 +840,7 @@ impl Engine {
         }
         self.publish_stats();
         self.observe(now);
+        self.give_up_on_silent_peers(now);
     }
 
     fn publish_stats(&self) {
@@ -915,7 +955,8 @@ impl Engine {
                 Control::Peers { reply } => {
                     let _ = reply.send(self.peers());
                 }
-                Control::Handshake { peer } => {
+                Control::Handshake { peer, give_up } => {
+                    self.ready_waiters.push((peer, Instant::now(), give_up));
                     let device = &mut self.phy.tx.device;
                     let now = Instant::now();
                     let has_session = device

@@ -78,7 +78,7 @@ pub use addr::ToTunnelAddr;
 pub use connector::Connector;
 pub use ipnet::IpNet;
 pub use peers::Events;
-pub use settings::{Error, HandshakeFailed, TunnelSettings, DEFAULT_MTU};
+pub use settings::{Error, HandshakeFailed, TunnelSettings, DEFAULT_MTU, HANDSHAKE_GIVE_UP};
 pub use tcp::{OwnedReadHalf, OwnedWriteHalf, TcpListener, TcpStream};
 pub use tunneld_crypto::{KeyError, PresharedKey, PrivateKey, PublicKey};
 pub use tunneld_wireguard::event::{Event, HANDSHAKE_FAILED_AFTER};
@@ -87,6 +87,7 @@ pub use tunneld_wireguard::{PeerChange, PeerSettings};
 pub use udp::UdpSocket;
 
 use engine::{Control, Shared};
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -200,8 +201,9 @@ impl Tunnel {
     /// ([`TunnelSettings::dns_servers`]), each address tried in turn. IPv4 or IPv6, routed
     /// to a peer by its allowed IPs. Fails with `TimedOut` when no answer comes within 60 s
     /// (the stack's retransmission timeout, the same that aborts an established connection
-    /// whose peer stays silent), or sooner when the WireGuard handshake with the peer goes
-    /// unanswered for 5 s (its inner error is a [`HandshakeFailed`] naming the peer), with
+    /// whose peer stays silent), or sooner when the WireGuard handshake with the peer has
+    /// gone unanswered for [`HANDSHAKE_GIVE_UP`] (its inner error is a [`HandshakeFailed`]
+    /// naming the peer), with
     /// `ConnectionRefused` when the far side resets, at once
     /// with `HostUnreachable` when no peer is allowed the address, and with `Unsupported`
     /// for a name without the `dns` feature or DNS servers.
@@ -475,10 +477,10 @@ impl Tunnel {
     /// the peer flows, and [`Tunnel::stats`] says `handshake_done`.
     ///
     /// Errors: [`Error::HandshakeFailed`] when the handshake goes unanswered for
-    /// [`HANDSHAKE_FAILED_AFTER`](crate::HANDSHAKE_FAILED_AFTER) (5 s:
-    /// a wrong key or endpoint, or a peer that is down; WireGuard keeps trying, so calling
-    /// again waits for the next attempt), [`Error::UnknownPeer`] (also when the peer is
-    /// removed meanwhile), [`Error::Stopped`]. Cancel safe.
+    /// [`HANDSHAKE_GIVE_UP`] (15 s, three of WireGuard's attempts: a wrong key or endpoint,
+    /// or a peer that is down; WireGuard keeps trying, so a later call may succeed),
+    /// [`Error::UnknownPeer`] (also when the peer is removed meanwhile), [`Error::Stopped`].
+    /// Cancel safe.
     ///
     /// ```no_run
     /// # async fn run(tunnel: tunneld_userspace::Tunnel, peer: tunneld_userspace::PublicKey) -> Result<(), Box<dyn std::error::Error>> {
@@ -489,24 +491,41 @@ impl Tunnel {
         let Some(mut events) = peers::wait_for(&self.link.shared.hub, peer)? else {
             return Ok(());
         };
+        let (give_up_tx, give_up_rx) = tokio::sync::oneshot::channel();
         self.link
             .shared
-            .send_control(Control::Handshake { peer: *peer })
+            .send_control(Control::Handshake {
+                peer: *peer,
+                give_up: give_up_tx,
+            })
             .await
             .map_err(|_| Error::Stopped)?;
-        while let Some(event) = events.recv().await {
-            match event {
-                Event::HandshakeCompleted { peer: p, .. } if p == *peer => return Ok(()),
-                Event::HandshakeFailed { peer: p, waited } if p == *peer => {
-                    return Err(Error::HandshakeFailed(HandshakeFailed { peer: p, waited }))
+        // The engine says when the handshake has gone unanswered too long; until then, the
+        // events say whether it completed.
+        let mut give_up = Some(give_up_rx);
+        loop {
+            let next = std::future::poll_fn(|cx| {
+                if let Some(rx) = give_up.as_mut() {
+                    if let std::task::Poll::Ready(told) = std::pin::Pin::new(rx).poll(cx) {
+                        give_up = None;
+                        if let Ok(failed) = told {
+                            return std::task::Poll::Ready(Err(failed));
+                        }
+                    }
                 }
-                Event::PeerRemoved { peer: p } if p == *peer => {
+                events.poll_recv(cx).map(Ok)
+            })
+            .await;
+            match next {
+                Err(failed) => return Err(Error::HandshakeFailed(failed)),
+                Ok(None) => return Err(Error::Stopped),
+                Ok(Some(Event::HandshakeCompleted { peer: p, .. })) if p == *peer => return Ok(()),
+                Ok(Some(Event::PeerRemoved { peer: p })) if p == *peer => {
                     return Err(Error::UnknownPeer(*peer))
                 }
-                _ => {}
+                Ok(Some(_)) => {}
             }
         }
-        Err(Error::Stopped)
     }
 
     async fn peer_request<T>(

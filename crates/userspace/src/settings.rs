@@ -150,11 +150,18 @@ pub enum Error {
     HandshakeFailed(HandshakeFailed),
 }
 
-/// A handshake with a peer went unanswered for
-/// [`HANDSHAKE_FAILED_AFTER`](crate::HANDSHAKE_FAILED_AFTER): what
+/// How long a handshake may go unanswered (three of WireGuard's 5 s attempts), counted from
+/// the call, before [`Tunnel::ready`](crate::Tunnel::ready) and a
+/// [`Tunnel::tcp_connect`](crate::Tunnel::tcp_connect) routed to that peer give up with
+/// [`HandshakeFailed`]: long enough for a peer that is still starting to answer a retry,
+/// short of the stack's 60 s connect timeout.
+pub const HANDSHAKE_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// A handshake with a peer went unanswered for [`HANDSHAKE_GIVE_UP`]: what
 /// [`Tunnel::ready`](crate::Tunnel::ready) fails with, and the inner error of a
 /// [`Tunnel::tcp_connect`](crate::Tunnel::tcp_connect) that waited on it (kind
-/// `TimedOut`), so a wrong key or endpoint shows in seconds and by name.
+/// `TimedOut`), so a wrong key or endpoint shows by name, and sooner than the stack's
+/// 60 s.
 ///
 /// ```no_run
 /// # async fn run(tunnel: tunneld_userspace::Tunnel) {
