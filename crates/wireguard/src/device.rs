@@ -33,10 +33,13 @@ use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
 /// for the reply's way back and the estimate's error.
 const WAIT_LIMIT: Duration = Duration::from_secs(3);
 /// The work budget: handshakes without a cookie may take this share of the device's time in
-/// the long run, after a burst of `WAIT_LIMIT`'s worth (a restart storm the device can answer
-/// in time fits the burst). A sustained flood from spoofed addresses, which cannot return a
-/// cookie, so costs at most this share; the rest of it gets cookie replies, which cost little.
+/// the long run, after a burst of `WORK_BURST`. A sustained flood from spoofed addresses,
+/// which cannot return a cookie, so costs at most this share; the rest of it gets cookie
+/// replies, which cost little.
 const WORK_SHARE: f64 = 0.25;
+/// The budget's burst: a restart storm the device can answer within a retransmission time
+/// is at most that much work, so it fits.
+const WORK_BURST: Duration = REKEY_TIMEOUT;
 /// Where the I/O reports no backlog, a device cannot tell a burst from a queue: more than this
 /// many handshake messages in one turn (one `now`), one full batch of them, puts it under load.
 const HANDSHAKE_SLICE: u32 = 64;
@@ -372,6 +375,9 @@ struct Load {
     turn: Option<Instant>,
     /// Handshake messages handled in full (admitted, or handed over admitted) this turn.
     handled: u32,
+    /// Handshake messages with a valid mac1 seen this turn, cookied or not (the rule where
+    /// no backlog is reported).
+    seen: u32,
     /// A backlog waited behind this turn, so the next one followed at once.
     busy: bool,
     /// Datagrams waiting in the receive queue at this turn's last report.
@@ -391,10 +397,11 @@ impl Default for Load {
             reported: false,
             turn: None,
             handled: 0,
+            seen: 0,
             busy: false,
             queued: 0,
             cost: INITIAL_COST,
-            budget: WAIT_LIMIT.as_secs_f64(),
+            budget: WORK_BURST.as_secs_f64(),
             budget_at: None,
         }
     }
@@ -421,6 +428,7 @@ impl Load {
         }
         self.turn = Some(now);
         self.handled = 0;
+        self.seen = 0;
         self.busy = false;
         self.queued = 0;
     }
@@ -435,7 +443,7 @@ impl Load {
     fn budget(&mut self, now: Instant) -> f64 {
         if let Some(at) = self.budget_at {
             let earned = now.saturating_duration_since(at).as_secs_f64() * WORK_SHARE;
-            self.budget = (self.budget + earned).min(WAIT_LIMIT.as_secs_f64());
+            self.budget = (self.budget + earned).min(WORK_BURST.as_secs_f64());
         }
         self.budget_at = Some(now);
         self.budget
@@ -444,11 +452,12 @@ impl Load {
     /// Whether a handshake message at `now` needs a mac2.
     fn demands_cookie(&mut self, now: Instant) -> bool {
         self.enter(now);
+        self.seen = self.seen.saturating_add(1);
         if self.reported {
             if self.predicted_wait() > WAIT_LIMIT {
                 self.until = Some(now + UNDER_LOAD_AFTER);
             }
-        } else if self.handled >= HANDSHAKE_SLICE {
+        } else if self.seen > HANDSHAKE_SLICE {
             self.until = Some(now + UNDER_LOAD_AFTER);
         }
         if self.until.is_some_and(|until| now < until) {
