@@ -454,8 +454,11 @@ impl Load {
         self.enter(now);
         self.seen = self.seen.saturating_add(1);
         if self.reported {
+            // Only while the wait is over the limit: once cookies (cheap) have drained the
+            // excess, the rest of the queue is answered. Holding on for a second would give
+            // the whole queue a cookie.
             if self.predicted_wait() > WAIT_LIMIT {
-                self.until = Some(now + UNDER_LOAD_AFTER);
+                return true;
             }
         } else if self.seen > HANDSHAKE_SLICE {
             self.until = Some(now + UNDER_LOAD_AFTER);
@@ -482,7 +485,7 @@ impl Load {
         self.queued = queued / QUEUED_BYTES_PER_DATAGRAM;
         let nearly_full = capacity > 0
             && queued.saturating_mul(4) >= capacity.saturating_mul(QUEUE_FULL_QUARTERS);
-        if nearly_full || self.predicted_wait() > WAIT_LIMIT {
+        if nearly_full {
             self.until = Some(now + UNDER_LOAD_AFTER);
         }
     }
@@ -1222,10 +1225,10 @@ impl Device {
     }
 
     /// Tells the device how much work waits behind the batch it is handling: `queued` bytes
-    /// in a receive queue that holds `capacity` (a socket's `SO_MEMINFO`). When the queued
-    /// datagrams would take longer than `WAIT_LIMIT` at the measured time per handshake, or
-    /// the queue is three quarters full, the device is under load for a second; once a
-    /// backlog has been reported, that decides, not the count of handshakes per turn.
+    /// in a receive queue that holds `capacity` (a socket's `SO_MEMINFO`). While the queued
+    /// datagrams would take longer than `WAIT_LIMIT` at the measured time per handshake, the
+    /// device is under load (this turn); when the queue is three quarters full, for a second.
+    /// Once a backlog has been reported, that decides, not the count of handshakes per turn.
     pub fn note_backlog(&mut self, queued: usize, capacity: usize, now: Instant) {
         self.load.note_backlog(queued, capacity, now);
     }

@@ -392,7 +392,7 @@ fn a_spoofed_flood_beyond_the_hubs_rate_gets_cookies_and_bounded_work() {
     let answered = sim.spokes[0].answered.expect("the real spoke is answered");
     assert!(
         answered < Duration::from_secs(1 + 5 + 4),
-        "the real spoke is in after one retransmission: {answered:?}"
+        "the real spoke is in within one retransmission: {answered:?}"
     );
 }
 
