@@ -29,9 +29,9 @@ use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
 /// could not answer a new initiation within that anyway: when the datagrams queued ahead of
 /// it (the receive queue the I/O below reports, [`Device::note_backlog`]) at the measured time
 /// per handshake would take longer than this, or when handshakes from unproven addresses have
-/// spent the device's work budget (`WORK_SHARE`). Three fifths of `REKEY_TIMEOUT` leaves room
+/// spent the device's work budget (`WORK_SHARE`). Four fifths of `REKEY_TIMEOUT` leaves room
 /// for the reply's way back and the estimate's error.
-const WAIT_LIMIT: Duration = Duration::from_secs(3);
+const WAIT_LIMIT: Duration = Duration::from_secs(4);
 /// The work budget: handshakes without a cookie may take this share of the device's time in
 /// the long run, after a burst of `WORK_BURST`. A sustained flood from spoofed addresses,
 /// which cannot return a cookie, so costs at most this share; the rest of it gets cookie
