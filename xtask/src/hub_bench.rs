@@ -11,10 +11,14 @@
 //! - **RSS per peer**: the hub's resident memory after setconf less before, over N;
 //! - **restart storm**: N spokes (`crates/cli/tests/spokes`, the CI test's generator: real
 //!   WireGuard initiators, one socket each, 256 source addresses, all starting within one
-//!   second, keeping cookies for their retransmission 5 s later) against the freshly
+//!   second, or with `--spread 0` all at once, keeping cookies for their retransmission 5 s
+//!   later) against the freshly
 //!   configured hub: the time until every spoke's echo came back through its new session,
-//!   the initiations sent beyond one per spoke, and the hub's CPU time over the storm per
-//!   confirmed handshake.
+//!   the initiations sent beyond one per spoke, the cookie replies, and the hub's CPU time
+//!   over the storm per confirmed handshake.
+//!
+//! `--baseline PATH` adds a third hub, another build of tunneld (e.g. main's), in the same
+//! interleaved rounds, for a before and after.
 //!
 //! The generator runs in this process, on the same 2 cores as the hub: its CPU is not the
 //! hub's, but it competes for the machine in both rows alike. Writes
@@ -45,20 +49,21 @@ const COMMAND_LIMIT: Duration = Duration::from_secs(600);
 
 #[derive(Clone)]
 enum Hub {
-    Tunneld(PathBuf),
+    /// A tunneld binary and its name in the report (this build, or `--baseline`'s).
+    Tunneld(PathBuf, &'static str),
     WireguardGo(PathBuf),
 }
 
 impl Hub {
     fn name(&self) -> &'static str {
         match self {
-            Hub::Tunneld(_) => "tunneld",
+            Hub::Tunneld(_, name) => name,
             Hub::WireguardGo(_) => "wireguard-go",
         }
     }
     fn bin(&self) -> &Path {
         match self {
-            Hub::Tunneld(b) | Hub::WireguardGo(b) => b,
+            Hub::Tunneld(b, _) | Hub::WireguardGo(b) => b,
         }
     }
 }
@@ -85,6 +90,10 @@ struct Options {
     update_docs: bool,
     /// Leave out the `tunneld up` measurement (it needs the N routes in the kernel).
     no_up: bool,
+    /// Over how long the storm's spokes start (zero: all at once).
+    spread: Duration,
+    /// Another tunneld binary to measure beside this build's.
+    baseline: Option<PathBuf>,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -94,6 +103,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
         quick: false,
         update_docs: false,
         no_up: false,
+        spread: Duration::from_secs(1),
+        baseline: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -101,6 +112,25 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--quick" => o.quick = true,
             "--update-docs" => o.update_docs = true,
             "--no-up" => o.no_up = true,
+            "--spread" => {
+                o.spread = it
+                    .next()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .filter(|v| v.is_finite() && (0.0..=60.0).contains(v))
+                    .map(Duration::from_secs_f64)
+                    .ok_or("--spread takes seconds from 0 (all at once) to 60")?;
+            }
+            "--baseline" => {
+                let path = PathBuf::from(it.next().ok_or("--baseline takes a tunneld binary")?);
+                if !path.is_file() {
+                    return Err(format!("--baseline: no such file: {}", path.display()));
+                }
+                // Absolute: the hubs run from other directories.
+                o.baseline = Some(
+                    fs::canonicalize(&path)
+                        .map_err(|e| format!("--baseline {}: {e}", path.display()))?,
+                );
+            }
             "--rounds" => {
                 o.rounds = it
                     .next()
@@ -165,10 +195,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 .map(|bin| (bin, "wireguard-go (Debian package)"))
                 .ok_or_else(|| "no wireguard-go to compare with".to_string())
         })?;
-    let hubs = [
-        Hub::Tunneld(tunneld),
-        Hub::WireguardGo(wireguard_go.0.clone()),
-    ];
+    let mut hubs = vec![Hub::Tunneld(tunneld, "tunneld")];
+    if let Some(baseline) = &options.baseline {
+        hubs.push(Hub::Tunneld(baseline.clone(), "tunneld (baseline)"));
+    }
+    hubs.push(Hub::WireguardGo(wireguard_go.0.clone()));
 
     let mut results: Vec<(usize, &'static str, Vec<Sample>, Option<String>)> = Vec::new();
     for &n in &options.peers {
@@ -185,7 +216,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     continue;
                 }
                 eprintln!("==> {n} peers, round {}, {}", round + 1, hub.name());
-                match measure(hub, n, &spokes, options.no_up) {
+                match measure(hub, n, &spokes, &options) {
                     Ok(sample) => {
                         eprintln!("    {sample:?}");
                         samples[h].push(sample);
@@ -222,11 +253,19 @@ fn render(
 ) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "{}", report::measured_line("bench-hub", args));
+    let start = if options.spread.is_zero() {
+        "all starting at once".to_string()
+    } else {
+        format!("all starting within {} s", options.spread.as_secs_f64())
+    };
+    let baseline = options.baseline.as_ref().map_or(String::new(), |_| {
+        " \"tunneld (baseline)\" is the binary given by `--baseline` (another build).".into()
+    });
     let _ = writeln!(
         md,
         "\nMedians of {} interleaved rounds (tunneld, wireguard-go, tunneld, …), each in fresh \
-         namespaces; wireguard-go is {wireguard_go}. The restart storm: every spoke a real \
-         WireGuard initiator (one socket each, 256 source addresses, all starting within 1 s), \
+         namespaces; wireguard-go is {wireguard_go}.{baseline} The restart storm: every spoke a \
+         real WireGuard initiator (one socket each, 256 source addresses, {start}), \
          run by this process on the same cores; \"confirmed\" is a spoke's ICMP echo back \
          through its new session, of the spokes that stormed (a spoke is a socket: past the \
          open-files limit, {} here, the first that many peers storm and the rest stay \
@@ -336,11 +375,11 @@ fn stop(ns: &NetNs, pid: u32, ifname: &str) {
     let _ = fs::remove_file(format!("/var/run/wireguard/{ifname}.sock"));
 }
 
-fn measure(hub: &Hub, n: usize, spokes: &Arc<Spokes>, no_up: bool) -> Result<Sample, String> {
+fn measure(hub: &Hub, n: usize, spokes: &Arc<Spokes>, options: &Options) -> Result<Sample, String> {
     let mut sample = Sample::default();
     let dir = std::env::temp_dir().join(unique_name("bench-hub"));
     fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = measure_in(hub, n, spokes, no_up, &dir, &mut sample);
+    let result = measure_in(hub, n, spokes, options, &dir, &mut sample);
     let _ = fs::remove_dir_all(&dir);
     result.map(|()| sample)
 }
@@ -349,7 +388,7 @@ fn measure_in(
     hub: &Hub,
     n: usize,
     spokes: &Arc<Spokes>,
-    no_up: bool,
+    options: &Options,
     dir: &Path,
     sample: &mut Sample,
 ) -> Result<(), String> {
@@ -360,7 +399,7 @@ fn measure_in(
         .map_err(|e| format!("{}: {e}", conf.display()))?;
     let conf_path = conf.to_string_lossy().into_owned();
 
-    if !no_up {
+    if !options.no_up {
         sample.up_s = up_with_routes(hub, n, &hub_key, &publics, dir, &conf_path)?;
     }
 
@@ -403,24 +442,31 @@ fn measure_in(
         // storm (the rest stay configured and idle).
         let count = n.min(spokes::max_spokes());
         sample.stormed = count;
+        let spread = options.spread;
         let report = spokes_ns.in_ns(move || {
             spokes.storm(
                 count,
                 hub_public,
                 SocketAddr::from(([192, 0, 2, 1], LISTEN_PORT)),
                 &tunneld_testnet::spoke_source_addresses(),
-                Duration::from_secs(1),
+                spread,
                 STORM_DEADLINE,
             )
         });
         let cpu = cpu_seconds(&[pid]) - cpu_before;
+        if spread.is_zero() {
+            eprintln!(
+                "    every spoke's first initiation made in {:.2} s, then all sent at once",
+                report.prepared.as_secs_f64()
+            );
+        }
         if let Some(e) = &report.error {
             return Err(format!("the storm stopped: {e}"));
         }
         if report.confirmed < count {
             eprintln!("    the spokes' own drops: {:?}", report.spoke_drops);
             // What the hub says of itself, to tell a lost datagram from a refused one.
-            if let Hub::Tunneld(bin) = hub {
+            if let Hub::Tunneld(bin, _) = hub {
                 let bin = bin.to_string_lossy().into_owned();
                 let show = run_in(&hub_ns, &[&bin, "show", &ifname]).unwrap_or_else(|e| e);
                 // The interface and its workers' counters, not every peer.
@@ -465,7 +511,7 @@ fn up_with_routes(
     let started;
     let mut child = None;
     match hub {
-        Hub::Tunneld(_) => {
+        Hub::Tunneld(..) => {
             let key_file = dir.join("hub.key");
             fs::write(&key_file, format!("{}\n", &*hub_key.to_base64()))
                 .map_err(|e| format!("{}: {e}", key_file.display()))?;

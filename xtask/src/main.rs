@@ -72,7 +72,8 @@ commands:
                    each, default 10), time for a new site to be reachable from N = 10 and
                    50 others, etcd requests per gateway per minute, CPU and memory at rest;
                    report in target/bench-report/fleet-report.md
-  bench-hub [--quick] [--rounds N] [--peers N,...] [--no-up] [--update-docs]
+  bench-hub [--quick] [--rounds N] [--peers N,...] [--no-up] [--spread S]
+             [--baseline TUNNELD] [--update-docs]
                    a hub with N peers (default 1000,10000,100000), tunneld beside
                    wireguard-go: wg setconf, up with routes, wg show dump, RSS per peer,
                    and a restart storm of N real initiators from 256 addresses (time until

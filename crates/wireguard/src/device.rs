@@ -7,10 +7,11 @@
 use crate::allowed_ips::AllowedIps;
 use crate::noise::cookie::{CookieJar, CookieSecret};
 use crate::noise::handshake::{consume_initiation, HandshakeError, ReceivedInitiation};
+use crate::noise::sessions::REKEY_TIMEOUT;
 use crate::noise::{self, Local, Opened, Sent, Sessions, Timer};
 use crate::packet::{self, flow_hash, padded_len};
 use crate::peer::Peer;
-use crate::ratelimit::RateLimiter;
+use crate::ratelimit::{FairShare, RateLimiter};
 use crate::sink::{DatagramSink, PacketSink};
 use crate::stats::{DropReason, Stats};
 use crate::uapi::{DeviceSnapshot, PeerSnapshot, PeerUpdate, SetRequest, UapiError};
@@ -23,13 +24,43 @@ use std::time::{Duration, Instant};
 use tunneld_crypto::{PresharedKey, PrivateKey, PublicKey};
 
 /// Under load, a handshake message needs a valid mac2 (a cookie proving its source address),
-/// else it gets a cookie reply, and its source's budget (`ratelimit.rs`). The device is under
-/// load when a backlog of work waits behind it: what the I/O below reports
-/// ([`Device::note_backlog`]: an eighth of a socket's receive buffer queued, the kernel's
-/// rule for its handshake queue), or, where nothing is reported, more than this many
-/// handshake messages in one turn (one `now`), which is as much as one full batch of them.
+/// else it gets a cookie reply, and its source's budget (`ratelimit.rs`). A cookie reply makes
+/// its initiator wait its whole retransmission time, so the device is under load only when it
+/// could not answer a new initiation within that anyway: when the datagrams queued ahead of
+/// it (the receive queue the I/O below reports, [`Device::note_backlog`]) at the measured time
+/// per handshake would take longer than this, or when handshakes from unproven addresses have
+/// spent the device's work budget (`WORK_SHARE`). Four fifths of `REKEY_TIMEOUT` leaves room
+/// for the reply's way back and the estimate's error.
+const WAIT_LIMIT: Duration = Duration::from_secs(4);
+/// The work budget: handshakes without a cookie may take this share of the device's time in
+/// the long run, after a burst of `WORK_BURST`. A sustained flood from spoofed addresses,
+/// which cannot return a cookie, so costs at most this share; the rest of it gets cookie
+/// replies, which cost little.
+const WORK_SHARE: f64 = 0.25;
+/// The budget's burst: a restart storm the device can answer within a retransmission time
+/// is at most that much work, so it fits.
+const WORK_BURST: Duration = REKEY_TIMEOUT;
+/// Where the I/O reports no backlog, a device cannot tell a burst from a queue: more than this
+/// many handshake messages in one turn (one `now`), one full batch of them, puts it under load.
 const HANDSHAKE_SLICE: u32 = 64;
-/// How long the device stays under load after the last sign of a backlog (the kernel's
+/// A receive queue this full (in quarters) drops what comes next: under load whatever the
+/// estimate says, so that a flood of spoofed initiations cannot keep the device doing
+/// Diffie-Hellman while the kernel throws away what it cannot queue.
+const QUEUE_FULL_QUARTERS: usize = 3;
+/// What one queued datagram takes of a receive queue: the kernel charges a small datagram's
+/// whole buffer (832 bytes on Linux 6.x for a handshake message). A lower figure counts more
+/// datagrams, so the estimate errs toward cookies.
+const QUEUED_BYTES_PER_DATAGRAM: usize = 768;
+/// The time per handshake message before any is measured (a restarted hub meets its storm
+/// first): above what one takes on a server core, so that a first flood is not let through.
+const INITIAL_COST: Duration = Duration::from_micros(300);
+/// Bounds of a measured time per handshake message: a turn's time also holds other work
+/// (data, timers, the scheduler's delays), so a sample is clamped before it is averaged.
+const MIN_COST: Duration = Duration::from_micros(5);
+const MAX_COST: Duration = Duration::from_millis(100);
+/// Handshake messages of a turn that make its measure weigh half (a full batch of them).
+const BATCH_WEIGHT: u32 = 64;
+/// How long the device stays under load after the last sign of overload (the kernel's
 /// second), so that the cookies it gave out are asked for when they come back.
 const UNDER_LOAD_AFTER: Duration = Duration::from_secs(1);
 /// Peer slots must fit in the 24 high bits of a receiver index (a session uses the low 8).
@@ -332,33 +363,136 @@ pub fn owner_of(key: &PublicKey, parallel: u8, sub: u8, workers: usize) -> usize
     }
 }
 
-/// Whether the device is under load: see `HANDSHAKE_SLICE`.
-#[derive(Debug, Default)]
+/// Whether the device is under load: see `WAIT_LIMIT`. A turn is the handling of datagrams
+/// read at one `now`; the time from a busy turn's start to the next one's, over the handshake
+/// messages it handled, measures what one costs.
+#[derive(Debug)]
 struct Load {
     /// Under load until then.
     until: Option<Instant>,
     /// The I/O below reports its backlog (`Device::note_backlog`).
     reported: bool,
-    /// The current turn (its `now`) and the handshake messages seen in it, where no backlog
-    /// is reported.
     turn: Option<Instant>,
-    in_turn: u32,
+    /// Handshake messages handled in full (admitted, or handed over admitted) this turn.
+    handled: u32,
+    /// Handshake messages with a valid mac1 seen this turn, cookied or not (the rule where
+    /// no backlog is reported).
+    seen: u32,
+    /// A backlog waited behind this turn, so the next one followed at once.
+    busy: bool,
+    /// Datagrams waiting in the receive queue at this turn's last report.
+    queued: usize,
+    /// The measured time per handshake message, a moving average of busy turns.
+    cost: Duration,
+    /// What is left of the work budget (`WORK_SHARE`), in seconds of handshakes, and when it
+    /// was last topped up.
+    budget: f64,
+    budget_at: Option<Instant>,
+}
+
+impl Default for Load {
+    fn default() -> Load {
+        Load {
+            until: None,
+            reported: false,
+            turn: None,
+            handled: 0,
+            seen: 0,
+            busy: false,
+            queued: 0,
+            cost: INITIAL_COST,
+            budget: WORK_BURST.as_secs_f64(),
+            budget_at: None,
+        }
+    }
 }
 
 impl Load {
-    /// Counts one handshake message at `now` and says whether the device is under load.
-    fn under_load(&mut self, now: Instant) -> bool {
-        if !self.reported {
-            if self.turn != Some(now) {
-                self.turn = Some(now);
-                self.in_turn = 0;
-            }
-            self.in_turn = self.in_turn.saturating_add(1);
-            if self.in_turn > HANDSHAKE_SLICE {
-                self.until = Some(now + UNDER_LOAD_AFTER);
+    /// Starts the turn of `now` if it is a new one, measuring the one before if it was busy.
+    fn enter(&mut self, now: Instant) {
+        if self.turn == Some(now) {
+            return;
+        }
+        if let Some(before) = self.turn {
+            // Without backlog reports a turn's length says nothing of its work.
+            if self.reported && self.busy && self.handled > 0 {
+                let sample = now.saturating_duration_since(before) / self.handled;
+                let sample = sample.clamp(MIN_COST, MAX_COST);
+                // A turn of a full batch of handshakes weighs half, one of a few little: the
+                // measure follows a storm within a few turns, and a turn that was slow for
+                // other reasons (preempted, data) moves it little.
+                let weight = self.handled.min(BATCH_WEIGHT);
+                self.cost = (self.cost * (2 * BATCH_WEIGHT - weight) + sample * weight)
+                    / (2 * BATCH_WEIGHT);
             }
         }
-        self.until.is_some_and(|until| now < until)
+        self.turn = Some(now);
+        self.handled = 0;
+        self.seen = 0;
+        self.busy = false;
+        self.queued = 0;
+    }
+
+    /// How long a datagram arriving now would wait for those queued ahead of it.
+    fn predicted_wait(&self) -> Duration {
+        self.cost
+            .saturating_mul(u32::try_from(self.queued).unwrap_or(u32::MAX))
+    }
+
+    /// The work budget at `now`, topped up for the time since it last was.
+    fn budget(&mut self, now: Instant) -> f64 {
+        if let Some(at) = self.budget_at {
+            let earned = now.saturating_duration_since(at).as_secs_f64() * WORK_SHARE;
+            self.budget = (self.budget + earned).min(WORK_BURST.as_secs_f64());
+        }
+        self.budget_at = Some(now);
+        self.budget
+    }
+
+    /// Whether a handshake message at `now` needs a mac2.
+    fn demands_cookie(&mut self, now: Instant) -> bool {
+        self.enter(now);
+        self.seen = self.seen.saturating_add(1);
+        if self.reported {
+            // Only while the wait is over the limit: once cookies (cheap) have drained the
+            // excess, the rest of the queue is answered. Holding on for a second would give
+            // the whole queue a cookie.
+            if self.predicted_wait() > WAIT_LIMIT {
+                return true;
+            }
+        } else if self.seen > HANDSHAKE_SLICE {
+            self.until = Some(now + UNDER_LOAD_AFTER);
+        }
+        if self.until.is_some_and(|until| now < until) {
+            return true;
+        }
+        self.budget(now) < self.cost.as_secs_f64()
+    }
+
+    /// Counts one handshake message handled in full at `now`, and charges it to the budget
+    /// (one with a cookie too: it is work done, though it is never refused for want of it).
+    fn handled(&mut self, now: Instant) {
+        self.enter(now);
+        self.handled = self.handled.saturating_add(1);
+        let cost = self.cost.as_secs_f64();
+        self.budget = (self.budget(now) - cost).max(0.0);
+    }
+
+    fn note_backlog(&mut self, queued: usize, capacity: usize, now: Instant) {
+        self.enter(now);
+        self.reported = true;
+        self.busy |= queued > 0;
+        self.queued = queued / QUEUED_BYTES_PER_DATAGRAM;
+        let nearly_full = capacity > 0
+            && queued.saturating_mul(4) >= capacity.saturating_mul(QUEUE_FULL_QUARTERS);
+        if nearly_full {
+            self.until = Some(now + UNDER_LOAD_AFTER);
+        }
+    }
+
+    /// Handshake messages the device can handle in `window`, at the measured cost.
+    fn capacity(&self, window: Duration) -> f64 {
+        window.as_secs_f64() / self.cost.as_secs_f64()
     }
 }
 
@@ -385,6 +519,8 @@ pub struct Device {
     cookies: CookieJar,
     /// Per-source handshake budgets, asked under load.
     limiter: RateLimiter,
+    /// Per-source shares of the device's handshake capacity, asked when not under load.
+    shares: FairShare,
     load: Load,
     stats: Stats,
     rng: Box<dyn CryptoRngCore + Send>,
@@ -461,6 +597,7 @@ impl Device {
             checking: false,
             cookies,
             limiter: RateLimiter::default(),
+            shares: FairShare::default(),
             load: Load::default(),
             stats: Stats::default(),
             rng,
@@ -774,7 +911,8 @@ impl Device {
     /// [`Device::decapsulate`] of a datagram another worker handed over
     /// ([`Disposition::HandOff`]): a handshake initiation was admitted there (mac1, and
     /// under load mac2 and its source's budget, against the interface's one cookie secret),
-    /// so it is not counted or charged twice.
+    /// so it is not checked or charged to its source twice; its work counts here (the load's
+    /// measure of time per handshake).
     pub fn decapsulate_handed_off(
         &mut self,
         from: SocketAddr,
@@ -855,7 +993,10 @@ impl Device {
         underlay: &mut impl DatagramSink,
         admitted: bool,
     ) -> Result<usize, Disposition> {
-        if !admitted && !self.admit_handshake(from, initiation.into(), now, underlay) {
+        if admitted {
+            // Its cost falls here now: it counts toward this worker's measure.
+            self.load.handled(now);
+        } else if !self.admit_handshake(from, initiation.into(), now, underlay) {
             return Err(Disposition::Done);
         }
         let (slot, received) = match self.initiator_slot(initiation) {
@@ -1022,9 +1163,9 @@ impl Device {
     }
 
     /// The first check of a handshake message (initiation or response): its mac1 must be
-    /// right, and when the device is under load its mac2 too (or the sender gets a cookie
-    /// reply instead), and its source must be within its budget. False when the message goes
-    /// no further.
+    /// right, and when the device is under load (`WAIT_LIMIT`) or its source is past its fair
+    /// share its mac2 too (or the sender gets a cookie reply instead), and its source must then
+    /// be within its budget. False when the message goes no further.
     fn admit_handshake(
         &mut self,
         from: SocketAddr,
@@ -1036,11 +1177,17 @@ impl Device {
             self.stats.drop(DropReason::InvalidMac);
             return false;
         }
-        if !self.load.under_load(now) {
+        if !self.load.demands_cookie(now)
+            && self
+                .shares
+                .allow(from.ip(), now, self.load.capacity(REKEY_TIMEOUT))
+        {
+            self.load.handled(now);
             return true;
         }
         if self.cookies.mac2_valid(message, from, now) {
             if self.limiter.allow(from.ip(), now) {
+                self.load.handled(now);
                 return true;
             }
             self.stats.drop(DropReason::RateLimited);
@@ -1078,17 +1225,17 @@ impl Device {
     }
 
     /// Tells the device how much work waits behind the batch it is handling: `queued` bytes
-    /// in a receive queue that holds `capacity` (a socket's `SO_MEMINFO`). An eighth full or
-    /// more puts the device under load for a second, as the kernel's handshake queue does;
-    /// once a backlog has been reported, that decides, not the count of handshakes per turn.
+    /// in a receive queue that holds `capacity` (a socket's `SO_MEMINFO`). While the queued
+    /// datagrams would take longer than `WAIT_LIMIT` at the measured time per handshake, the
+    /// device is under load (this turn); when the queue is three quarters full, for a second.
+    /// Once a backlog has been reported, that decides, not the count of handshakes per turn.
     pub fn note_backlog(&mut self, queued: usize, capacity: usize, now: Instant) {
-        self.load.reported = true;
-        if capacity > 0 && queued.saturating_mul(8) >= capacity {
-            self.load.until = Some(now + UNDER_LOAD_AFTER);
-        }
+        self.load.note_backlog(queued, capacity, now);
     }
 
-    /// Whether the device is under load at `now` (handshakes need cookies).
+    /// Whether a backlog (`note_backlog`, or a full batch of handshakes in one turn) put the
+    /// device under load at `now`: every handshake needs a cookie. (A spent work budget, or a
+    /// source past its share, asks for cookies too, message by message.)
     pub fn under_load(&self, now: Instant) -> bool {
         self.load.until.is_some_and(|until| now < until)
     }
@@ -1252,6 +1399,7 @@ impl Device {
     /// Call it every few hundred milliseconds.
     pub fn tick(&mut self, now: Instant, underlay: &mut impl DatagramSink) {
         self.limiter.sweep(now);
+        self.shares.sweep(now);
         // Another worker runs the timers of the sessions it carries.
         for peer in self.peers.iter_mut().flatten().filter(|p| p.owned) {
             let Some(buf) = underlay.slot() else {

@@ -2,7 +2,9 @@
 //! as the kernel's and wireguard-go's rate limiters keep. It bounds what one address can make
 //! the device do under load, once the address has proved with a cookie (mac2) that it is
 //! its own; addresses do not share a budget, so a flood from some does not turn away the
-//! rest. Time comes in as `now`.
+//! rest. Before that, when the device is not under load, [`FairShare`] gives each source its
+//! share of what the device can handle in a retransmission time: a source past it needs a
+//! cookie though the rest do not. Time comes in as `now`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -106,6 +108,75 @@ impl RateLimiter {
     }
 }
 
+/// How long a source's fair share lasts: the initiator's retransmission time, within which
+/// the device's answers are worth anything to it.
+const SHARE_WINDOW: Duration = crate::noise::sessions::REKEY_TIMEOUT;
+
+#[derive(Debug, Clone, Copy)]
+struct Share {
+    /// Handshake messages charged to the source, less what the time since has paid off.
+    used: f64,
+    last: Instant,
+}
+
+/// Each source's share of the handshake messages the device can handle in `SHARE_WINDOW`
+/// when it is not under load: that many over the sources seen in the window, but never
+/// fewer than a burst. Many spokes behind one address (a NAT, a site) fit it while the
+/// device keeps up; one address sending far more than the others does not.
+#[derive(Debug, Default)]
+pub struct FairShare {
+    sources: HashMap<Source, Share>,
+    last_sweep: Option<Instant>,
+}
+
+impl FairShare {
+    /// Whether `ip` is within its share of `capacity` (messages the device can handle in a
+    /// retransmission time) with one more at `now` (and, if so, that one is charged).
+    pub fn allow(&mut self, ip: IpAddr, now: Instant, capacity: f64) -> bool {
+        let source = Source::of(ip);
+        let known = self.sources.contains_key(&source);
+        if !known && self.sources.len() >= MAX_SOURCES {
+            return false;
+        }
+        let active = self.sources.len() + usize::from(!known);
+        let share = (capacity / active as f64).max(BURST as f64);
+        let entry = self.sources.entry(source).or_insert(Share {
+            used: 0.0,
+            last: now,
+        });
+        let elapsed = now.saturating_duration_since(entry.last).as_secs_f64();
+        entry.used = (entry.used - share * elapsed / SHARE_WINDOW.as_secs_f64()).max(0.0);
+        entry.last = now;
+        if entry.used + 1.0 > share {
+            return false;
+        }
+        entry.used += 1.0;
+        true
+    }
+
+    /// Forgets sources idle for a window (their share would be paid off by then); at most
+    /// once a second, from the device's timers.
+    pub fn sweep(&mut self, now: Instant) {
+        if self
+            .last_sweep
+            .is_some_and(|last| now.saturating_duration_since(last) < IDLE)
+        {
+            return;
+        }
+        self.last_sweep = Some(now);
+        self.sources
+            .retain(|_, s| now.saturating_duration_since(s.last) < SHARE_WINDOW);
+        if self.sources.is_empty() && self.sources.capacity() > 64 {
+            self.sources.shrink_to(64);
+        }
+    }
+
+    /// How many sources are remembered.
+    pub fn sources(&self) -> usize {
+        self.sources.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +235,46 @@ mod tests {
         limiter.sweep(now + IDLE);
         assert_eq!(limiter.sources(), 0);
         assert!(limiter.allow(IpAddr::V4(Ipv4Addr::from(u32::MAX)), now + IDLE));
+    }
+
+    #[test]
+    fn many_spokes_behind_one_address_fit_its_share_and_one_loud_address_does_not() {
+        let mut share = FairShare::default();
+        let now = Instant::now();
+        // 20 000 messages in a window, 256 addresses: 78 each.
+        let capacity = 20_000.0;
+        let ip = |i: u32| IpAddr::V4(Ipv4Addr::from(0xc633_6400 + i));
+        for i in 0..256 {
+            let allowed = (0..39)
+                .filter(|_| share.allow(ip(i), now, capacity))
+                .count();
+            assert_eq!(allowed, 39, "a storm's 39 spokes per address fit");
+        }
+        let loud = (0..1000)
+            .filter(|_| share.allow(ip(7), now, capacity))
+            .count();
+        assert_eq!(loud, 78 - 39, "past its share an address is refused");
+        assert!(share.allow(ip(8), now, capacity), "the others are not");
+        // Its share comes back over a window.
+        let later = now + SHARE_WINDOW;
+        let again = (0..1000)
+            .filter(|_| share.allow(ip(7), later, capacity))
+            .count();
+        assert_eq!(again, 78);
+        share.sweep(later + SHARE_WINDOW);
+        assert_eq!(share.sources(), 0);
+    }
+
+    #[test]
+    fn alone_a_source_has_the_whole_capacity_and_never_less_than_a_burst() {
+        let mut share = FairShare::default();
+        let now = Instant::now();
+        let a = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+        assert_eq!((0..500).filter(|_| share.allow(a, now, 300.0)).count(), 300);
+        let mut tiny = FairShare::default();
+        assert_eq!(
+            (0..50).filter(|_| tiny.allow(a, now, 0.5)).count() as u64,
+            BURST
+        );
     }
 }

@@ -4,7 +4,9 @@
 //! when it comes back from a restart. A spoke keeps a cookie reply's cookie for its next
 //! retransmission (5 s later, the protocol's timer), as every WireGuard initiator does.
 //! A spoke is done when an ICMP echo it sent through its new session comes back from the
-//! hub's kernel: the session is confirmed at the hub and data went both ways.
+//! hub's kernel: the session is confirmed at the hub and data went both ways. Like ping, a
+//! spoke sends its echo again each second until one comes back, so a lost datagram delays
+//! a spoke rather than leaving it out.
 //!
 //! Used by `tests/hub.rs` and by `cargo xtask bench-hub` (which includes this file), so
 //! the test and the benchmark drive the hub the same way. It runs in the calling thread,
@@ -22,6 +24,8 @@ use tunneld_wireguard::{DatagramSink, Device, DeviceSettings, PacketSink, PeerSe
 /// The hub's address inside the tunnel; spoke `i` is [`spoke_ip`]`(i)`.
 pub const HUB_TUNNEL_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 const TICK: Duration = Duration::from_millis(250);
+/// How often a spoke whose echo has not come back sends it again (ping's interval).
+const ECHO_AGAIN: Duration = Duration::from_secs(1);
 
 /// Spoke `i`'s address inside the tunnel: 10.0.0.2 onwards (a /8 holds 16 M).
 pub fn spoke_ip(i: usize) -> Ipv4Addr {
@@ -64,6 +68,9 @@ pub struct StormReport {
     pub error: Option<String>,
     /// The spokes' own drops, by reason, summed (what they refused of the hub's replies).
     pub spoke_drops: Vec<(String, u64)>,
+    /// With a zero spread: how long making every spoke's first initiation took, before the
+    /// storm's clock started.
+    pub prepared: Duration,
 }
 
 /// One datagram or packet a spoke's device wrote.
@@ -173,7 +180,11 @@ impl Spokes {
     /// The first `count` spokes start a handshake with `hub` at `endpoint` within `spread`,
     /// spoke `i` from its own port on `sources[i % sources.len()]`; runs until every such
     /// spoke's echo came back or `deadline` passed. A spoke is a socket: `count` is bounded
-    /// by the limit of open files ([`max_spokes`]).
+    /// by the limit of open files ([`max_spokes`]). A zero `spread` is the harshest storm:
+    /// every spoke's state and first initiation are made before the clock starts (the
+    /// generator would otherwise spread them over the time it takes to make them), then all
+    /// the initiations are sent at once; a spoke's retransmission timer runs from when its
+    /// initiation was made ([`StormReport::prepared`] before the storm).
     pub fn storm(
         &self,
         count: usize,
@@ -194,12 +205,31 @@ impl Spokes {
         );
         // SAFETY: `epoll` is ours and open; the wrapper closes it once.
         let epoll = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(epoll) };
-        let started = Instant::now();
         // Made as they start, so the storm's first second is not spent making every
-        // spoke's state before any is sent.
+        // spoke's state before any is sent; with no spread, all made first.
         let mut spokes: Vec<Option<(Device, UdpSocket)>> = (0..n).map(|_| None).collect();
         let mut started_count = 0usize;
+        let mut error = None;
+        let mut first: Vec<Out> = Vec::new();
+        let preparing = Instant::now();
+        if spread.is_zero() {
+            for (i, slot) in spokes.iter_mut().enumerate() {
+                let mut out = Out::new();
+                match self.make_spoke(i, hub, endpoint, sources, &epoll, Instant::now(), &mut out) {
+                    Ok(spoke) => *slot = Some(spoke),
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
+                first.push(out);
+            }
+        }
+        let prepared = preparing.elapsed();
+        let started = Instant::now();
         let mut done_at: Vec<Option<Duration>> = vec![None; n];
+        // When each spoke last sent (or queued) its echo.
+        let mut echoed: Vec<Instant> = vec![started; n];
         let mut done = 0usize;
         let (mut initiations, mut cookie_replies, mut responses) = (0u64, 0u64, 0u64);
         let mut out = Out::new();
@@ -219,7 +249,15 @@ impl Spokes {
             }
         };
 
-        let mut error = None;
+        if error.is_none() && spread.is_zero() {
+            for (spoke, out) in spokes.iter().zip(&first) {
+                if let Some((_, socket)) = spoke {
+                    send(out, socket, &mut initiations);
+                }
+            }
+            started_count = n;
+        }
+        drop(first);
         while done < n && started.elapsed() < deadline && error.is_none() {
             let now = Instant::now();
             // Start the spokes due by now: spoke i at i/n of the spread.
@@ -234,50 +272,17 @@ impl Spokes {
             while started_count < until {
                 let i = started_count;
                 started_count += 1;
-                let ip = sources[i % sources.len()];
-                let socket = match UdpSocket::bind(SocketAddr::new(ip, 0))
-                    .and_then(|s| s.set_nonblocking(true).map(|()| s))
-                {
-                    Ok(socket) => socket,
+                match self.make_spoke(i, hub, endpoint, sources, &epoll, now, &mut out) {
+                    Ok(spoke) => {
+                        send(&out, &spoke.1, &mut initiations);
+                        spokes[i] = Some(spoke);
+                        echoed[i] = now;
+                    }
                     Err(e) => {
-                        error = Some(format!("spoke {i}: a socket on {ip}: {e}"));
+                        error = Some(e);
                         break;
                     }
-                };
-                let mut event = libc::epoll_event {
-                    events: libc::EPOLLIN as u32,
-                    u64: i as u64,
-                };
-                // SAFETY: both descriptors are open; `event` is a valid epoll_event.
-                let rc = unsafe {
-                    libc::epoll_ctl(
-                        epoll.as_raw_fd(),
-                        libc::EPOLL_CTL_ADD,
-                        socket.as_raw_fd(),
-                        &mut event,
-                    )
-                };
-                assert_eq!(rc, 0, "epoll_ctl: {}", std::io::Error::last_os_error());
-                let mut device = Device::new(
-                    DeviceSettings {
-                        private_key: self.keys[i].clone(),
-                        listen_port: 0,
-                        mtu: 1420,
-                        fwmark: 0,
-                    },
-                    vec![PeerSettings::new(hub)
-                        .endpoint(endpoint)
-                        .allowed_ip("10.0.0.0/8".parse().unwrap())],
-                    now,
-                    tunneld_dataplane::system_environment(),
-                );
-                let mut packet = echo_request(spoke_ip(i), HUB_TUNNEL_IP, i as u16);
-                let len = packet.len();
-                packet.resize(len + 64, 0);
-                out.clear();
-                device.encapsulate(&mut packet, len, now, &mut out);
-                send(&out, &socket, &mut initiations);
-                spokes[i] = Some((device, socket));
+                }
             }
 
             let timeout = if started_count < n { 1 } else { 10 };
@@ -328,6 +333,13 @@ impl Spokes {
                     if let Some((device, socket)) = spoke {
                         out.clear();
                         device.tick(now, &mut out);
+                        if now.saturating_duration_since(echoed[i]) >= ECHO_AGAIN {
+                            echoed[i] = now;
+                            let mut packet = echo_request(spoke_ip(i), HUB_TUNNEL_IP, i as u16);
+                            let len = packet.len();
+                            packet.resize(len + 64, 0);
+                            device.encapsulate(&mut packet, len, now, &mut out);
+                        }
                         send(&out, socket, &mut initiations);
                     }
                 }
@@ -356,7 +368,60 @@ impl Spokes {
             done_at,
             error,
             spoke_drops: drops.into_iter().collect(),
+            prepared,
         }
+    }
+
+    /// Spoke `i`'s device and socket (registered with `epoll`), its first initiation (a
+    /// packet for the hub, queued behind the handshake) written to `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn make_spoke(
+        &self,
+        i: usize,
+        hub: PublicKey,
+        endpoint: SocketAddr,
+        sources: &[IpAddr],
+        epoll: &std::os::fd::OwnedFd,
+        now: Instant,
+        out: &mut Out,
+    ) -> Result<(Device, UdpSocket), String> {
+        let ip = sources[i % sources.len()];
+        let socket = UdpSocket::bind(SocketAddr::new(ip, 0))
+            .and_then(|s| s.set_nonblocking(true).map(|()| s))
+            .map_err(|e| format!("spoke {i}: a socket on {ip}: {e}"))?;
+        let mut event = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: i as u64,
+        };
+        // SAFETY: both descriptors are open; `event` is a valid epoll_event.
+        let rc = unsafe {
+            libc::epoll_ctl(
+                epoll.as_raw_fd(),
+                libc::EPOLL_CTL_ADD,
+                socket.as_raw_fd(),
+                &mut event,
+            )
+        };
+        assert_eq!(rc, 0, "epoll_ctl: {}", std::io::Error::last_os_error());
+        let mut device = Device::new(
+            DeviceSettings {
+                private_key: self.keys[i].clone(),
+                listen_port: 0,
+                mtu: 1420,
+                fwmark: 0,
+            },
+            vec![PeerSettings::new(hub)
+                .endpoint(endpoint)
+                .allowed_ip("10.0.0.0/8".parse().unwrap())],
+            now,
+            tunneld_dataplane::system_environment(),
+        );
+        let mut packet = echo_request(spoke_ip(i), HUB_TUNNEL_IP, i as u16);
+        let len = packet.len();
+        packet.resize(len + 64, 0);
+        out.clear();
+        device.encapsulate(&mut packet, len, now, out);
+        Ok((device, socket))
     }
 }
 

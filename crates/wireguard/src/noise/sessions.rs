@@ -23,7 +23,7 @@ const REKEY_AFTER_MESSAGES: u64 = 1 << 60;
 const REKEY_AFTER_TIME: Duration = Duration::from_secs(120);
 const REJECT_AFTER_TIME: Duration = Duration::from_secs(180);
 const REKEY_ATTEMPT_TIME: Duration = Duration::from_secs(90);
-const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const REKEY_TIMEOUT: Duration = Duration::from_secs(5);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A received initiation closer than this to the previous one is ignored (the kernel's 50
 /// per second), so a flood of replayed-but-newer initiations cannot churn sessions.
