@@ -276,8 +276,6 @@ impl Fleet {
             leaders: HashMap::new(),
             backoff: MIN_BACKOFF,
             unanswered: 0,
-            active_since: None,
-            keepalive_on: false,
             lan,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -383,18 +381,9 @@ struct Member<S: Store> {
     /// is unreachable. One member gone fails a stream or two while the others answer (a
     /// record put between them), and that is not an outage.
     unanswered: u32,
-    /// Since when this gateway leads its site (`None` while it stands by).
-    active_since: Option<tokio::time::Instant>,
-    /// Whether the peers' keepalives are on (`ACTIVATION_QUIET` after becoming active).
-    keepalive_on: bool,
     /// The site's LAN addresses, held while active (`None`: the config names none).
     lan: Option<lan::LanSide>,
 }
-
-/// How long a gateway that became active leaves its peers' keepalives off: the other sites
-/// add it with theirs on and start the handshake at once; two initiations crossing would
-/// cost a retry.
-const ACTIVATION_QUIET: Duration = Duration::from_secs(1);
 
 /// Failed attempts in a row, with nothing answered in between, after which the store
 /// counts as unreachable.
@@ -498,14 +487,7 @@ impl<S: Store> Member<S> {
         let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let quiet_until = self
-                .active_since
-                .filter(|_| !self.keepalive_on)
-                .map(|since| since + ACTIVATION_QUIET);
             tokio::select! {
-                _ = tokio::time::sleep_until(quiet_until.unwrap_or_else(tokio::time::Instant::now)), if quiet_until.is_some() => {
-                    self.reconcile(&view);
-                }
                 won = &mut campaign, if campaigning && self.refused_by.is_none() => {
                     campaigning = false;
                     match won {
@@ -826,17 +808,14 @@ impl<S: Store> Member<S> {
                 Role::Standby
             };
         }
-        let now = tokio::time::Instant::now();
-        let since = *self.active_since.get_or_insert(now);
-        if !own_active {
-            self.active_since = None;
-        }
-        self.keepalive_on = own_active && now >= since + ACTIVATION_QUIET;
         if let Some(lan) = &self.lan {
             lan.set_active(own_active);
         }
-        let keepalive = if self.keepalive_on { self.keepalive } else { 0 };
-        let mut wanted = fleet.wanted_peers(&self.record.site, own_active, keepalive);
+        // Every gateway keeps every path to the other sites handshaken, standbys included,
+        // so that a failover moves allowed IPs and needs no handshake. Both ends add each
+        // other with keepalives on and may initiate at once; the handshake settles that
+        // (each answers the other's initiation) when nobody waits on it yet.
+        let mut wanted = fleet.wanted_peers(&self.record.site, own_active, self.keepalive);
         wanted.retain(|k, _| !self.refused_keys.contains(k));
         for op in diff(&self.applied, &wanted) {
             self.apply(op);
