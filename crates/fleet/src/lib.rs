@@ -1033,13 +1033,13 @@ impl<S: Store> Member<S> {
                     .counters
                     .takeovers
                     .fetch_add(1, Ordering::Relaxed);
-                // The dead gateway's LAN addresses can outlive it by their lifetime (its
-                // kernel holds them until its fence): this one takes them only after that.
+                // The dead gateway's LAN addresses can outlive it in its kernel until their
+                // lifetime ends: at the latest its fence (its last keep-alive answered, sent
+                // before now, plus lease_ttl - FENCE_MARGIN) and the kernel's lateness. This
+                // one takes them a whole lease_ttl after the revocation, so that two gateways
+                // never hold them at once, even when the dead one was only cut off.
                 if let Some(lan) = &self.lan {
-                    lan.hold_off(
-                        Instant::now()
-                            + Duration::from_secs(u64::from(self.ttl)).saturating_sub(FENCE_MARGIN),
-                    );
+                    lan.hold_off(Instant::now() + Duration::from_secs(u64::from(self.ttl)));
                 }
                 tracing::info!(
                     "{}: {} is dead ({}): its lease revoked in etcd in {} ms, so that the site fails over now",
