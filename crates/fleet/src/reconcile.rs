@@ -492,26 +492,33 @@ mod tests {
     }
 
     /// A failover between two gateways whose records both stay (the first resigned): the
-    /// one that gives the subnets up is changed before the one that takes them.
+    /// one that gives the subnets up is changed before the one that takes them, both ways
+    /// (so whichever key sorts first).
     #[test]
     fn allowed_ips_are_given_up_before_they_are_taken() {
         let keys = Keys::new("/f");
-        let mut view = View::from_entries(site_b(&keys), 6);
-        let before = Fleet::resolve(&view, &keys, ("a", "a1", &key(1))).wanted_peers("a", true, 25);
-        view.apply(Change::Delete {
+        let b1_leads = View::from_entries(site_b(&keys), 6);
+        let mut b2_leads = b1_leads.clone();
+        b2_leads.apply(Change::Delete {
             key: keys.candidate("b", 2),
             revision: 7,
         });
-        let after = Fleet::resolve(&view, &keys, ("a", "a1", &key(1))).wanted_peers("a", true, 25);
-        let ops = diff(&before, &after);
-        let order: Vec<(PublicKey, bool)> = ops
-            .iter()
-            .map(|op| match op {
-                PeerOp::Update(c) => (c.public_key, c.allowed_ips.as_ref().unwrap().is_empty()),
-                other => panic!("only changes: {other:?}"),
-            })
-            .collect();
-        assert_eq!(order, vec![(key(2), true), (key(3), false)]);
+        let wanted = |view: &View| {
+            Fleet::resolve(view, &keys, ("a", "a1", &key(1))).wanted_peers("a", true, 25)
+        };
+        for (before, after, giving, taking) in [
+            (&b1_leads, &b2_leads, key(2), key(3)),
+            (&b2_leads, &b1_leads, key(3), key(2)),
+        ] {
+            let order: Vec<(PublicKey, bool)> = diff(&wanted(before), &wanted(after))
+                .iter()
+                .map(|op| match op {
+                    PeerOp::Update(c) => (c.public_key, c.allowed_ips.as_ref().unwrap().is_empty()),
+                    other => panic!("only changes: {other:?}"),
+                })
+                .collect();
+            assert_eq!(order, vec![(giving, true), (taking, false)]);
+        }
     }
 
     #[test]
