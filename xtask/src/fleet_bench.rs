@@ -677,7 +677,27 @@ fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failove
             } else {
                 b[active].stop(signal);
             }
-            let resumed = probe.resumed_after(event)?;
+            let resumed = probe.resumed_after(event).map_err(|e| {
+                let state = |ns: &NetNs| {
+                    format!(
+                        "{}{}{}",
+                        ns.run(&["ip", "route"]),
+                        ns.run(&["ip", "neigh"]),
+                        ns.run(&["wg", "show", "all", "dump"])
+                    )
+                };
+                format!(
+                    "{signal} {}: {e}\n--- site A's log ---\n{}\n--- b{}'s log ---\n{}\n--- A ---\n{}\n--- b{} ---\n{}\n--- LAN ---\n{}",
+                    round + 1,
+                    a.log_text(),
+                    standby + 1,
+                    b[standby].log_text(),
+                    state(&na),
+                    standby + 1,
+                    state(&nb[standby]),
+                    state(&lan)
+                )
+            })?;
             drop(probe);
             let stall = transfer
                 .finish()
