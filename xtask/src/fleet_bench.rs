@@ -428,17 +428,26 @@ impl Transfer {
         Ok(Transfer { sender, receiver })
     }
 
-    /// The longest stall, once every byte arrived; an error on a reset or a loss.
+    /// The longest stall, once every byte arrived; an error on a reset or a loss (the
+    /// receiver's first: a receiver that fails closes, and the sender sees a reset).
     fn finish(self) -> Result<f64, String> {
-        let sent = self.sender.join().map_err(|_| "the sender panicked")??;
-        let (got, stall) = self
+        let sent = self
+            .sender
+            .join()
+            .map_err(|_| "the sender panicked".to_string())?;
+        let received = self
             .receiver
             .join()
-            .map_err(|_| "the receiver panicked")??;
-        if got != sent {
-            return Err(format!("{got} of {sent} bytes received"));
+            .map_err(|_| "the receiver panicked".to_string())?;
+        match (received, sent) {
+            (Err(r), Err(s)) => Err(format!("receiver: {r}; sender: {s}")),
+            (Err(r), Ok(_)) => Err(format!("receiver: {r}")),
+            (Ok(_), Err(s)) => Err(format!("sender: {s}")),
+            (Ok((got, _)), Ok(sent)) if got != sent => {
+                Err(format!("{got} of {sent} bytes received"))
+            }
+            (Ok((_, stall)), Ok(_)) => Ok(stall),
         }
-        Ok(stall)
     }
 }
 
@@ -456,6 +465,7 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
         term,
         host,
         stalls,
+        broken,
     } = failovers(&fleet, &wan, options)?;
     let mut table = Table::new(&[
         "measure",
@@ -481,21 +491,28 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
             samples.len().to_string(),
         ]);
     }
-    for (name, samples) in [
-        ("TCP stream's longest stall across `kill -9`", &stalls[0]),
-        ("TCP stream's longest stall across SIGTERM", &stalls[1]),
-        (
-            "TCP stream's longest stall across the host's death",
-            &stalls[2],
-        ),
-    ] {
+    for (way, name) in [
+        "TCP stream's longest stall across `kill -9`",
+        "TCP stream's longest stall across SIGTERM",
+        "TCP stream's longest stall across the host's death",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let samples = &stalls[way];
+        let failed = broken[way].len();
         table.row(&[
             name.into(),
             cell(percentile(samples, 0.5), 2, " s"),
             cell(percentile(samples, 0.99), 2, " s"),
-            format!("{} (every one intact, no reset)", samples.len()),
+            if failed == 0 {
+                format!("{} (every one intact, no reset)", samples.len())
+            } else {
+                format!("{} intact, {failed} failed", samples.len())
+            },
         ]);
     }
+    let failures: Vec<&str> = broken.iter().flatten().map(String::as_str).collect();
     let mut rest = String::new();
     for &n in &options.sizes {
         let joined = join(&fleet, &wan, n, options, &mut rest)?;
@@ -519,9 +536,14 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
          a dead host forwards nothing, so there the LAN host's route is moved to the survivor \
          at the moment of death (the LAN's own failover, VRRP or the like, is the operator's \
          and adds its time if slower): the figure is the fleet's part. Joining: N sites in a \
-         mesh, then one more started; the time from its start until each of the N reaches it.\n\n{}\n{rest}",
+         mesh, then one more started; the time from its start until each of the N reaches it.\n\n{}\n{}{rest}",
         options.kills,
-        table.render()
+        table.render(),
+        if failures.is_empty() {
+            String::new()
+        } else {
+            format!("TCP streams that failed: {}.\n\n", failures.join("; "))
+        }
     ))
 }
 
@@ -533,6 +555,8 @@ struct Failovers {
     host: Vec<f64>,
     /// The TCP stream's longest stall: kill, SIGTERM, host.
     stalls: [Vec<f64>; 3],
+    /// The streams that failed (reset, cut short), why: kill, SIGTERM, host.
+    broken: [Vec<String>; 3],
 }
 
 /// Site A and site B (two gateways, a LAN host): the failover samples, kill -9, SIGTERM,
@@ -624,6 +648,7 @@ fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failove
     let underlay = |i: usize| format!("192.0.2.{}", 22 + i);
     let lan_address = |i: usize| format!("10.2.0.{}", 2 + i);
     let mut stalls: [Vec<f64>; 3] = Default::default();
+    let mut broken: [Vec<String>; 3] = Default::default();
     let mut port = 7100u16;
     for (way, (signal, into)) in [
         ("KILL", &mut samples.kill),
@@ -699,10 +724,21 @@ fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failove
                 )
             })?;
             drop(probe);
-            let stall = transfer
-                .finish()
-                .map_err(|e| format!("{signal} {}: the TCP stream across it: {e}", round + 1))?;
-            stalls[way].push(stall);
+            let stall = match transfer.finish() {
+                Ok(stall) => {
+                    stalls[way].push(stall);
+                    stall
+                }
+                Err(e) => {
+                    // Counted and shown, not fatal: the failover figures still stand.
+                    eprintln!(
+                        "    {signal} {}: the TCP stream across it failed: {e}",
+                        round + 1
+                    );
+                    broken[way].push(format!("{signal} {}: {e}", round + 1));
+                    f64::NAN
+                }
+            };
             let new_name = format!("b{}", standby + 1);
             let repointed = repointed_after(&a.log_text(), &new_name, event);
             eprintln!(
@@ -741,6 +777,7 @@ fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failove
         }
     }
     samples.stalls = stalls;
+    samples.broken = broken;
     Ok(samples)
 }
 
