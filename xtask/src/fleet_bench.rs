@@ -387,9 +387,11 @@ impl Transfer {
             let (mut got, mut stall, mut last) = (0usize, 0f64, Instant::now());
             let mut buf = vec![0u8; 64 * 1024];
             loop {
-                let n = stream
-                    .read(&mut buf)
-                    .map_err(|e| format!("receive after {got} bytes: {e}"))?;
+                let n = match stream.read(&mut buf) {
+                    // The bench's own signal handlers interrupt reads: not the stream's fault.
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    other => other.map_err(|e| format!("receive after {got} bytes: {e}"))?,
+                };
                 if n == 0 {
                     return Ok((got, stall));
                 }
