@@ -1155,12 +1155,16 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     let b1_standing_by = logged_after(&gb1.log_text(), "standing by for site b", cut_at);
     let both_active = b1_standing_by - b2_active;
     eprintln!(
-        "fleet: probe path cut: B2 active {b2_active:.3} s after the cut, B1 standing by          {b1_standing_by:.3} s after it (both active for {both_active:.3} s); B1 released the          LAN addresses {:.2} s and B2 took them {:.2} s after it; traffic from A resumed          {resumed:.2} s after it",
+        "fleet: probe path cut: B2 active {b2_active:.3} s after the cut, B1 standing by \
+         {b1_standing_by:.3} s after it (both active for {both_active:.3} s); B1 released the \
+         LAN addresses {:.2} s and B2 took them {:.2} s after it; traffic from A resumed \
+         {resumed:.2} s after it",
         first_sample(&samples, cut_at, 0, false),
         first_sample(&samples, cut_at, 1, true)
     );
     // docs/fleet.md's bound: the wrongly judged gateway stands by when its watch delivers
-    // its keys' deletion, at the latest at its next keep-alive (lease_ttl / 3 = 1 s).
+    // its keys' deletion, else after its next keep-alive (lease_ttl / 3 = 1 s) finds the
+    // lease gone.
     assert!(
         both_active < 1.0,
         "two active gateways for {both_active:.3} s:\n{}\n{}",
