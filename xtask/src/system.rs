@@ -34,6 +34,8 @@ const TOOLS: &[(&str, &str)] = &[
     // `ssh -o ProxyCommand='nc -X 5 -x …'` through `tunneld proxy` (crates/cli/tests/proxy.rs):
     // the OpenBSD netcat is the one with -X/-x.
     ("nc", "netcat-openbsd"),
+    // The proxy test's SOCKS5 and HTTP client (curl --socks5-hostname, -x, --proxytunnel).
+    ("curl", "curl"),
     // The fleet (crates/fleet): etcd-client's build compiles etcd's protobuf definitions,
     // and the fleet tests run their own etcd cluster.
     ("protoc", "protobuf-compiler"),

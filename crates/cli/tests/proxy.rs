@@ -92,49 +92,6 @@ fn udp_echo(addr: &str) {
     });
 }
 
-/// dnsmasq on 10.77.0.1:53 in the site: `web.corp.test` is 10.77.0.1.
-struct NameServer {
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl NameServer {
-    fn start(ns: &NetNs) -> NameServer {
-        step("dnsmasq in the site");
-        let dir = tempfile::tempdir().unwrap();
-        let hosts = dir.path().join("hosts");
-        fs::write(&hosts, format!("10.77.0.1 {NAME}\n")).unwrap();
-        let child = ns
-            .command("dnsmasq")
-            .args([
-                "--keep-in-foreground",
-                "--no-resolv",
-                "--no-hosts",
-                "--bind-interfaces",
-                "--listen-address=10.77.0.1",
-                "--log-facility=-",
-            ])
-            .arg(format!("--addn-hosts={}", hosts.display()))
-            .arg(format!("--pid-file={}", dir.path().join("pid").display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dnsmasq (cargo xtask deps installs dnsmasq-base)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !ns.run(&["ss", "-lun"]).contains("10.77.0.1:53") {
-            assert!(Instant::now() < deadline, "dnsmasq did not start listening");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        NameServer { child, _dir: dir }
-    }
-}
-
-impl Drop for NameServer {
-    fn drop(&mut self) {
-        tunneld_testnet::stop_process(&mut self.child);
-    }
-}
-
 /// A `tunneld proxy` running as [`UID`] in a namespace; stopped when dropped.
 struct ProxyProcess {
     name: String,
@@ -387,7 +344,8 @@ fn tunneld_proxy_serves_without_privileges() {
         ),
     );
     site.in_ns(site_services);
-    let _dns = NameServer::start(&site);
+    step("dnsmasq in the site");
+    let _dns = Dnsmasq::start(&site, "10.77.0.1", &format!("10.77.0.1 {NAME}\n"), &[]);
     // The reverse forwards' local ends, in the laptop.
     laptop.in_ns(|| {
         tcp_echo("127.0.0.1:18080");

@@ -12,7 +12,6 @@ mod common;
 use common::*;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use tunneld_testnet::NetNs;
 
@@ -21,69 +20,33 @@ const NAME: &str = "b.tunneld.test";
 /// dnsmasq on 127.0.0.1:53 in a namespace, answering `NAME` from a hosts file with a TTL
 /// of one second; the namespace's resolv.conf names it. Both go when dropped.
 struct NameServer {
-    child: Child,
-    hosts: PathBuf,
+    dnsmasq: Dnsmasq,
     netns_etc: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 impl NameServer {
     fn start(ns: &NetNs, address: &str) -> NameServer {
         step(&format!("dnsmasq in {}: {NAME} is {address}", ns.name()));
-        let dir = tempfile::tempdir().unwrap();
-        let hosts = dir.path().join("hosts");
-        fs::write(&hosts, format!("{address} {NAME}\n")).unwrap();
         // Made before the first `ip netns exec` that should see it (tunneld's start).
         let netns_etc = Path::new("/etc/netns").join(ns.name());
         fs::create_dir_all(&netns_etc).unwrap();
         fs::write(netns_etc.join("resolv.conf"), "nameserver 127.0.0.1\n").unwrap();
-        let child = ns
-            .command("dnsmasq")
-            .args([
-                "--keep-in-foreground",
-                "--no-resolv",
-                "--no-hosts",
-                "--bind-interfaces",
-                "--listen-address=127.0.0.1",
-                "--local-ttl=1",
-                "--log-facility=-",
-            ])
-            .arg(format!("--addn-hosts={}", hosts.display()))
-            .arg(format!("--pid-file={}", dir.path().join("pid").display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dnsmasq (cargo xtask deps installs dnsmasq-base)");
-        let server = NameServer {
-            child,
-            hosts,
+        let hosts = format!("{address} {NAME}\n");
+        NameServer {
+            dnsmasq: Dnsmasq::start(ns, "127.0.0.1", &hosts, &["--local-ttl=1"]),
             netns_etc,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !ns.run(&["ss", "-lun"]).contains("127.0.0.1:53") {
-            assert!(Instant::now() < deadline, "dnsmasq did not start listening");
-            std::thread::sleep(Duration::from_millis(50));
         }
-        server
     }
 
-    /// Makes `NAME` resolve to `address` from now on (dnsmasq reads its hosts files again
-    /// on SIGHUP).
+    /// Makes `NAME` resolve to `address` from now on.
     fn point_to(&self, address: &str) {
         step(&format!("{NAME} is now {address}"));
-        fs::write(&self.hosts, format!("{address} {NAME}\n")).unwrap();
-        let hup = std::process::Command::new("kill")
-            .args(["-HUP", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(hup.success());
+        self.dnsmasq.set_hosts(&format!("{address} {NAME}\n"));
     }
 }
 
 impl Drop for NameServer {
     fn drop(&mut self) {
-        tunneld_testnet::stop_process(&mut self.child);
         let _ = fs::remove_dir_all(&self.netns_etc);
     }
 }

@@ -358,21 +358,7 @@ pub fn diff(
             adds.push(PeerOp::Add(want.clone()));
             continue;
         };
-        let mut change = PeerChange::new(*key);
-        let mut changed = false;
-        if have.endpoint != want.endpoint {
-            change.endpoint = want.endpoint;
-            changed = true;
-        }
-        if have.allowed_ips != want.allowed_ips {
-            change.allowed_ips = Some(want.allowed_ips.clone());
-            changed = true;
-        }
-        if have.persistent_keepalive != want.persistent_keepalive {
-            change.persistent_keepalive = Some(want.persistent_keepalive);
-            changed = true;
-        }
-        if changed {
+        if let Some(change) = PeerChange::between(have, want) {
             if want.allowed_ips.is_empty() {
                 ops.push(PeerOp::Update(change));
             } else {

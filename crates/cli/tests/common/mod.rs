@@ -460,3 +460,65 @@ pub fn the_one_error_line(stderr: &str) -> &str {
     assert_eq!(errors.len(), 1, "one line with the reason:\n{stderr}");
     errors[0]
 }
+
+/// dnsmasq in a namespace, answering only from a hosts file, on one address's port 53;
+/// stopped when dropped. Its hosts file is read again on [`Dnsmasq::set_hosts`].
+pub struct Dnsmasq {
+    child: Child,
+    hosts: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Dnsmasq {
+    /// Starts it on `listen`:53 with `hosts` (lines of `address name`) and `extra` options,
+    /// and waits until it listens.
+    pub fn start(ns: &NetNs, listen: &str, hosts: &str, extra: &[&str]) -> Dnsmasq {
+        let dir = tempfile::tempdir().unwrap();
+        let hosts_file = dir.path().join("hosts");
+        fs::write(&hosts_file, hosts).unwrap();
+        let child = ns
+            .command("dnsmasq")
+            .args([
+                "--keep-in-foreground",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+                "--log-facility=-",
+            ])
+            .arg(format!("--listen-address={listen}"))
+            .args(extra)
+            .arg(format!("--addn-hosts={}", hosts_file.display()))
+            .arg(format!("--pid-file={}", dir.path().join("pid").display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dnsmasq (cargo xtask deps installs dnsmasq-base)");
+        let server = Dnsmasq {
+            child,
+            hosts: hosts_file,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ns.run(&["ss", "-lun"]).contains(&format!("{listen}:53")) {
+            assert!(Instant::now() < deadline, "dnsmasq did not start listening");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    /// Replaces the hosts file's lines; dnsmasq reads them again on SIGHUP.
+    pub fn set_hosts(&self, hosts: &str) {
+        fs::write(&self.hosts, hosts).unwrap();
+        let hup = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(hup.success());
+    }
+}
+
+impl Drop for Dnsmasq {
+    fn drop(&mut self) {
+        tunneld_testnet::stop_process(&mut self.child);
+    }
+}
