@@ -526,7 +526,13 @@ fn up(path: &std::path::Path) -> anyhow::Result<()> {
         Some(config) => {
             let base = path.parent().unwrap_or(std::path::Path::new("."));
             let prepared = tunneld_fleet::FleetSettings::from_config(config, base)
-                .and_then(|mut settings| settings.open_privileged().map(|()| settings));
+                .and_then(|mut settings| settings.open_privileged().map(|()| settings))
+                .map(|mut fleet| {
+                    if let Some(key) = settings.private_key() {
+                        fleet.set_static_key(key.clone());
+                    }
+                    fleet
+                });
             Some(prepared.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?)
         }
         None => None,

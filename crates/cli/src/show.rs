@@ -300,6 +300,33 @@ fn show_fleet(out: &mut String, fleet: &[(String, String)]) {
             get("fleet_lan_fenced")
         );
     }
+    // `b/b1 192.0.2.22:51821 rtt_us=310 last_ms=12`, or `none`.
+    let probe = get("fleet_probe");
+    if !probe.is_empty() {
+        let mut words = probe.split(' ');
+        let watched = match (words.next(), words.next()) {
+            (Some("none") | None, _) => "watching none".to_string(),
+            (Some(name), at) => format!("watching {name} at {}", at.unwrap_or("?")),
+        };
+        let mut said = vec![watched];
+        for word in words {
+            match word.split_once('=') {
+                Some(("rtt_us", us)) => {
+                    let us: f64 = us.parse().unwrap_or(0.0);
+                    said.push(format!("rtt {:.2} ms", us / 1000.0));
+                }
+                Some(("last_ms", ms)) => said.push(format!("last answer {ms} ms ago")),
+                _ => {}
+            }
+        }
+        say!(
+            out,
+            "  probes: {}; answered {}, takeovers {}",
+            said.join(", "),
+            get("fleet_probes_answered"),
+            get("fleet_takeovers")
+        );
+    }
     say!(
         out,
         "  failovers seen: {}, records rejected: {}, name conflicts: {}, store errors: {}",

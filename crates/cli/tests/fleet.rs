@@ -42,6 +42,7 @@ fn require(test: &str) -> bool {
         && require_tool(test, "etcd")
         && require_tool(test, "etcdctl")
         && require_tool(test, "openssl")
+        && require_tool(test, "nft")
 }
 
 /// A site's gateway: its namespace, key and config body (to restart it).
@@ -546,8 +547,10 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     let gc = c.start(&nc);
 
     step("the mesh forms from empty files");
-    wait_peers(&na, &a.ifname, &[&b1, &c], "A");
-    wait_peers(&nc, &c.ifname, &[&a, &b1], "C");
+    // Every gateway of another site is a peer, B's standby too: its path is handshaken
+    // before a failover needs it.
+    wait_peers(&na, &a.ifname, &[&b1, &b2, &c], "A");
+    wait_peers(&nc, &c.ifname, &[&a, &b1, &b2], "C");
     wait_peers(&nb1, &b1.ifname, &[&a, &c], "B1");
     // The standby keeps its peers warm.
     wait_peers(&nb2, &b2.ifname, &[&a, &c], "B2 (standby)");
@@ -623,12 +626,19 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         "fleet: site D reachable from A, B and C {:.2} s after its tunneld started",
         joined_at.elapsed().as_secs_f64()
     );
-    wait_peers(&na, &a.ifname, &[&b1, &c, &d], "A after D joined");
+    wait_peers(&na, &a.ifname, &[&b1, &b2, &c, &d], "A after D joined");
+    let shown = show(&nb2, &b2.ifname);
+    assert!(
+        shown.contains("  probes: watching b/b1 at 192.0.2.22:51821, rtt "),
+        "{shown}"
+    );
 
     step("kill -9 of site B's active gateway during a transfer from A");
     // To the host behind the LAN addresses: its replies follow them to B2.
     let probe = Probe::start(&na, "10.2.0.20", 40);
     let transfer = paced_transfer(&na, &lan, "10.2.0.10:7004".parse().unwrap(), 16 << 20);
+    // And from B's LAN to A: both directions of a TCP connection cross the failover.
+    let outbound = paced_transfer(&lan, &na, "10.1.0.1:7005".parse().unwrap(), 16 << 20);
     let watch = VipWatch::start(&vip_ports);
     std::thread::sleep(Duration::from_millis(700));
     let killed = unix_now();
@@ -656,6 +666,16 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         logged_after(&ga.log_text(), "site b is served by b2 now", killed)
     );
     transfer.join().expect("the transfer survives the failover");
+    outbound
+        .join()
+        .expect("the transfer from B's LAN survives the failover");
+    let took_over = logged_after(&gb2.log_text(), "its lease revoked in etcd", killed);
+    eprintln!("fleet: B2 found B1 dead and had its lease revoked {took_over:.2} s after kill -9");
+    assert!(
+        took_over < 1.0,
+        "B2 took over by its probes, not the lease's expiry:\n{}",
+        gb2.log_text()
+    );
     wait_peers(&na, &a.ifname, &[&b2, &c, &d], "A after B1 died");
     wait_peers(&nc, &c.ifname, &[&a, &b2, &d], "C after B1 died");
     assert!(show(&nb2, &b2.ifname).contains("gateway b2 (active)"));
@@ -668,6 +688,7 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     });
     let probe = Probe::start(&na, "10.2.0.20", 30);
     let watch = VipWatch::start(&vip_ports);
+    let outbound = paced_transfer(&lan, &na, "10.1.0.1:7006".parse().unwrap(), 16 << 20);
     std::thread::sleep(Duration::from_millis(500));
     let stopped = unix_now();
     let status = gb2.stop_with("TERM");
@@ -709,6 +730,9 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
             );
         }
     }
+    outbound
+        .join()
+        .expect("the transfer from B's LAN survives the SIGTERM");
     wait_peers(&na, &a.ifname, &[&b1, &c, &d], "A after B2 left");
     assert!(
         gb2.log_text().contains("left the fleet (lease revoked)"),
@@ -1026,11 +1050,11 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     assert!(show(&nb2, &b2.ifname).contains("gateway b2 (active)"));
     assert_eq!(
         peers(&na, &a.ifname),
-        [&b2, &c, &d]
+        [&b1, &b2, &c, &d]
             .iter()
             .map(|s| s.public.clone())
             .collect::<BTreeSet<_>>(),
-        "site B stays on B2"
+        "B1 is a peer again, as a standby"
     );
     ping(&na, "10.2.0.10");
     ping(&lan, "10.1.0.1");
@@ -1093,6 +1117,69 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
         show(&nb2, &b2.ifname).contains("gateway b2 (standby)")
     });
     assert!(vip_ports[0].holds_vip() && !vip_ports[1].holds_vip());
+
+    step("only the probe path between B1 and B2 is cut, etcd reachable: a false death, bounded");
+    wait_until("b2's probes of b1 are answered", || {
+        show(&nb2, &b2.ifname).contains("  probes: watching b/b1 at 192.0.2.22:51821, rtt ")
+    });
+    let probe = Probe::start(&na, "10.2.0.20", 40);
+    let watch = VipWatch::start(&vip_ports);
+    std::thread::sleep(Duration::from_millis(300));
+    let cut_at = unix_now();
+    // B1 drops every probe that reaches it, silently; all else flows.
+    for rule in [
+        vec!["nft", "add", "table", "inet", "probecut"],
+        vec![
+            "nft",
+            "add",
+            "chain",
+            "inet",
+            "probecut",
+            "input",
+            "{ type filter hook input priority 0 ; }",
+        ],
+        vec![
+            "nft", "add", "rule", "inet", "probecut", "input", "udp", "dport", "51821", "drop",
+        ],
+    ] {
+        nb1.run(&rule);
+    }
+    wait_until("b2 takes over and b1 stands by", || {
+        show(&nb2, &b2.ifname).contains("gateway b2 (active)")
+            && show(&nb1, &b1.ifname).contains("gateway b1 (standby)")
+    });
+    wait_until("b2 holds the LAN addresses", || vip_ports[1].holds_vip());
+    let resumed = probe.resumed_after(cut_at);
+    let samples = watch.stop();
+    let b2_active = logged_after(&gb2.log_text(), "now active for site b", cut_at);
+    let b1_standing_by = logged_after(&gb1.log_text(), "standing by for site b", cut_at);
+    let both_active = b1_standing_by - b2_active;
+    eprintln!(
+        "fleet: probe path cut: B2 active {b2_active:.3} s after the cut, B1 standing by \
+         {b1_standing_by:.3} s after it (both active for {both_active:.3} s); B1 released the \
+         LAN addresses {:.2} s and B2 took them {:.2} s after it; traffic from A resumed \
+         {resumed:.2} s after it",
+        first_sample(&samples, cut_at, 0, false),
+        first_sample(&samples, cut_at, 1, true)
+    );
+    // docs/fleet.md's bound: the wrongly judged gateway stands by when its watch delivers
+    // its keys' deletion, else after its next keep-alive (lease_ttl / 3 = 1 s) finds the
+    // lease gone.
+    assert!(
+        both_active < 1.0,
+        "two active gateways for {both_active:.3} s:\n{}\n{}",
+        gb1.log_text(),
+        gb2.log_text()
+    );
+    drop(probe);
+    nb1.run(&["nft", "delete", "table", "inet", "probecut"]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        show(&nb2, &b2.ifname).contains("gateway b2 (active)"),
+        "no flapping once the path is back"
+    );
+    ping(&na, "10.2.0.10");
+    ping(&lan, "10.1.0.1");
 
     step("a gateway without a client certificate is refused by etcd");
     let mut e = Site::new(&members, "e", "e1", 5, 26, true);

@@ -56,6 +56,9 @@ struct Want {
     fence: Option<Instant>,
     /// Leaving the fleet, or stopping: release and hold no more.
     leaving: bool,
+    /// Take nothing before this: after a takeover, the dead gateway's addresses may live
+    /// on in its kernel until their lifetime ends.
+    not_before: Option<Instant>,
     /// Stop the thread (after releasing).
     stop: bool,
     /// Whether the addresses are held now (the thread's answer).
@@ -139,6 +142,13 @@ impl LanSide {
         }
     }
 
+    /// Takes nothing before `until` (see `Want::not_before`).
+    pub fn hold_off(&self, until: Instant) {
+        let mut want = self.inner.lock();
+        want.not_before = Some(want.not_before.map_or(until, |t| t.max(until)));
+        self.inner.changed.notify_all();
+    }
+
     /// The lease is gone (expired in etcd, or a new one taken): hold nothing until the
     /// reconcile says this gateway is active under the new one.
     pub fn lease_lost(&self) {
@@ -218,6 +228,8 @@ impl Holder {
             let now = Instant::now();
             let fence = want.fence;
             let (active, leaving, stop) = (want.active, want.leaving, want.stop);
+            let not_before = want.not_before;
+            let held_off = not_before.is_some_and(|t| now < t);
             drop(want);
 
             let live = fence.is_some_and(|f| now < f);
@@ -233,7 +245,7 @@ impl Holder {
                 } else if let Some(fence) = fence {
                     self.renew(fence, now);
                 }
-            } else if active && !leaving && !stop {
+            } else if active && !leaving && !stop && !held_off {
                 match fence {
                     Some(f)
                         if f.saturating_duration_since(now) >= MIN_LIFETIME
@@ -268,9 +280,16 @@ impl Holder {
                 if let Some(r) = self.retry_at {
                     at(r);
                 }
+                if let Some(t) = not_before.filter(|_| held_off) {
+                    at(t);
+                }
             }
             let unchanged = |w: &Want| {
-                w.active == active && w.fence == fence && w.leaving == leaving && w.stop == stop
+                w.active == active
+                    && w.fence == fence
+                    && w.leaving == leaving
+                    && w.stop == stop
+                    && w.not_before == not_before
             };
             if !unchanged(&want) {
                 continue;

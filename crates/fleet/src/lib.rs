@@ -17,6 +17,7 @@
 //! most about two seconds for the store.
 
 mod lan;
+pub mod probe;
 pub mod reconcile;
 pub mod record;
 mod status;
@@ -29,6 +30,7 @@ use reconcile::{diff, Fleet as FleetView, PeerOp, View};
 use record::{Candidate, Keys, Record, Role};
 use status::Shared;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -58,6 +60,9 @@ pub struct FleetSettings {
     etcd: EtcdOptions,
     /// The packet socket the LAN side announces its addresses through.
     announcer: Option<Arc<tunneld_dataplane::announce::Announcer>>,
+    /// The interface's private key: the probes between a site's gateways are authenticated
+    /// with its X25519 with each other gateway's public key. Without it, no probes.
+    static_key: Option<tunneld_crypto::PrivateKey>,
 }
 
 impl FleetSettings {
@@ -125,7 +130,15 @@ impl FleetSettings {
             gateway,
             config: config.clone(),
             announcer: None,
+            static_key: None,
         })
+    }
+
+    /// The interface's private key, which the liveness probes between a site's gateways
+    /// are authenticated with (see [`probe`]). Without it, a dead active gateway is noticed
+    /// only when its lease expires.
+    pub fn set_static_key(&mut self, key: tunneld_crypto::PrivateKey) {
+        self.static_key = Some(key);
     }
 
     /// Opens what the LAN side needs that takes a privilege (`CAP_NET_RAW`: the packet
@@ -247,6 +260,27 @@ impl Fleet {
             }
             _ => None,
         };
+        let (deaths_tx, deaths) = tokio::sync::mpsc::unbounded_channel();
+        let probe_port = config
+            .advertise
+            .first()
+            .and_then(|e| probe::probe_port(e.port()));
+        let probes = match (&settings.static_key, probe_port) {
+            (Some(key), Some(port)) => {
+                let name = format!("fleet {}/{}", config.site, settings.gateway);
+                match probe::Probes::start(key.clone(), port, deaths_tx, name.clone()) {
+                    Ok(p) => Some(Arc::new(p)),
+                    Err(e) => {
+                        tracing::warn!(
+                            "{name}: cannot answer liveness probes on UDP port {port}: {e}; this site's failover waits for leases to expire"
+                        );
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        shared.state().probes = probes.clone();
         let record = Record {
             site: config.site.clone(),
             gateway: settings.gateway.clone(),
@@ -262,6 +296,7 @@ impl Fleet {
             record,
             ttl: config.lease_ttl,
             keepalive: config.persistent_keepalive,
+            request_timeout: settings.etcd.request_timeout,
             shared: shared.clone(),
             applied: BTreeMap::new(),
             refused_keys: HashSet::new(),
@@ -276,14 +311,13 @@ impl Fleet {
             leaders: HashMap::new(),
             backoff: MIN_BACKOFF,
             unanswered: 0,
-            active_since: None,
-            keepalive_on: false,
             lan,
+            probes,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("fleet".into())
-            .spawn(move || runtime.block_on(member.run(stopped)))
+            .spawn(move || runtime.block_on(member.run(stopped, deaths)))
             .map_err(|e| Error::Settings(format!("fleet: cannot start its thread: {e}")))?;
         gateway
             .attach_front_end(shared.clone())
@@ -324,6 +358,14 @@ impl Drop for Fleet {
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF_WITHOUT_LEASE: Duration = Duration::from_secs(5);
 
+/// A number different at each call (the standard library's randomly seeded hasher).
+fn jitter_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(1);
+    h.finish()
+}
+
 /// A number in [0, 1), different at each call (the standard library's randomly seeded
 /// hasher; this needs no more than that).
 fn jitter() -> f64 {
@@ -354,6 +396,8 @@ struct Member<S: Store> {
     record: Record,
     ttl: u16,
     keepalive: u16,
+    /// The longest a store request may take (a takeover's revocation included).
+    request_timeout: Duration,
     shared: Arc<Shared>,
     /// The peers the fleet has put on the gateway, as it put them.
     applied: BTreeMap<PublicKey, PeerSettings>,
@@ -383,18 +427,11 @@ struct Member<S: Store> {
     /// is unreachable. One member gone fails a stream or two while the others answer (a
     /// record put between them), and that is not an outage.
     unanswered: u32,
-    /// Since when this gateway leads its site (`None` while it stands by).
-    active_since: Option<tokio::time::Instant>,
-    /// Whether the peers' keepalives are on (`ACTIVATION_QUIET` after becoming active).
-    keepalive_on: bool,
     /// The site's LAN addresses, held while active (`None`: the config names none).
     lan: Option<lan::LanSide>,
+    /// The liveness probes between the site's gateways (`None`: off).
+    probes: Option<Arc<probe::Probes>>,
 }
-
-/// How long a gateway that became active leaves its peers' keepalives off: the other sites
-/// add it with theirs on and start the handshake at once; two initiations crossing would
-/// cost a retry.
-const ACTIVATION_QUIET: Duration = Duration::from_secs(1);
 
 /// Failed attempts in a row, with nothing answered in between, after which the store
 /// counts as unreachable.
@@ -405,12 +442,16 @@ impl<S: Store> Member<S> {
         format!("fleet {}/{}", self.record.site, self.record.gateway)
     }
 
-    async fn run(mut self, mut stop: tokio::sync::oneshot::Receiver<()>) {
+    async fn run(
+        mut self,
+        mut stop: tokio::sync::oneshot::Receiver<()>,
+        mut deaths: tokio::sync::mpsc::UnboundedReceiver<probe::Death>,
+    ) {
         loop {
             let interruption = tokio::select! {
                 biased;
                 _ = &mut stop => break,
-                i = self.serve() => i,
+                i = self.serve(&mut deaths) => i,
             };
             match interruption {
                 Interruption::Compacted => {
@@ -454,7 +495,10 @@ impl<S: Store> Member<S> {
     }
 
     /// Registers, lists, watches and keeps the lease alive until something interrupts it.
-    async fn serve(&mut self) -> Interruption {
+    async fn serve(
+        &mut self,
+        deaths: &mut tokio::sync::mpsc::UnboundedReceiver<probe::Death>,
+    ) -> Interruption {
         tracing::debug!("{}: registering", self.name());
         let lease = match self.register().await {
             Ok(lease) => lease,
@@ -498,14 +542,7 @@ impl<S: Store> Member<S> {
         let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let quiet_until = self
-                .active_since
-                .filter(|_| !self.keepalive_on)
-                .map(|since| since + ACTIVATION_QUIET);
             tokio::select! {
-                _ = tokio::time::sleep_until(quiet_until.unwrap_or_else(tokio::time::Instant::now)), if quiet_until.is_some() => {
-                    self.reconcile(&view);
-                }
                 won = &mut campaign, if campaigning && self.refused_by.is_none() => {
                     campaigning = false;
                     match won {
@@ -538,6 +575,9 @@ impl<S: Store> Member<S> {
                         }
                         Err(e) => return Interruption::Lost(e),
                     }
+                }
+                Some(death) = deaths.recv() => {
+                    self.take_over(death).await;
                 }
                 next = watch.next() => match next {
                     Ok(Watched::Changes(changes)) => {
@@ -826,17 +866,37 @@ impl<S: Store> Member<S> {
                 Role::Standby
             };
         }
-        let now = tokio::time::Instant::now();
-        let since = *self.active_since.get_or_insert(now);
-        if !own_active {
-            self.active_since = None;
-        }
-        self.keepalive_on = own_active && now >= since + ACTIVATION_QUIET;
         if let Some(lan) = &self.lan {
             lan.set_active(own_active);
         }
-        let keepalive = if self.keepalive_on { self.keepalive } else { 0 };
-        let mut wanted = fleet.wanted_peers(&self.record.site, own_active, keepalive);
+        if let Some(probes) = &self.probes {
+            let site = fleet.sites.get(&self.record.site);
+            let others = site
+                .into_iter()
+                .flat_map(|s| &s.gateways)
+                .map(|m| m.record.public_key)
+                .filter(|k| *k != self.record.public_key);
+            // A standby watches its site's active gateway; a refused gateway watches nothing.
+            let watched = site
+                .and_then(reconcile::Site::active_member)
+                .filter(|m| m.record.public_key != self.record.public_key)
+                .filter(|_| self.refused_by.is_none())
+                .and_then(|m| {
+                    let endpoint = m.record.endpoints.first()?;
+                    let port = probe::probe_port(endpoint.port())?;
+                    Some(probe::Watched {
+                        public_key: m.record.public_key,
+                        address: SocketAddr::new(endpoint.ip(), port),
+                        name: format!("{}/{}", m.record.site, m.record.gateway),
+                    })
+                });
+            probes.set(others, watched);
+        }
+        // Every gateway keeps every path to the other sites handshaken, standbys included,
+        // so that a failover moves allowed IPs and needs no handshake. Both ends add each
+        // other with keepalives on and may initiate at once; the handshake settles that
+        // (each answers the other's initiation) when nobody waits on it yet.
+        let mut wanted = fleet.wanted_peers(&self.record.site, own_active, self.keepalive);
         wanted.retain(|k, _| !self.refused_keys.contains(k));
         for op in diff(&self.applied, &wanted) {
             self.apply(op);
@@ -937,6 +997,71 @@ impl<S: Store> Member<S> {
                     Err(e) => tracing::warn!(peer = %key, "{name}: cannot add the peer: {e}"),
                 }
             }
+        }
+    }
+
+    /// The probes say the site's active gateway died: asks etcd to end its lease, which
+    /// deletes its record and election key, so that etcd's election makes the next candidate
+    /// (normally this one) active and every gateway's watch follows. etcd stays the authority:
+    /// a gateway that cannot reach it takes nothing over (the lease then expires as before),
+    /// and a gateway wrongly judged dead (the probe path cut, etcd reachable) sees its keys
+    /// deleted in its watch and stands by at once.
+    async fn take_over(&mut self, death: probe::Death) {
+        let lease = {
+            let state = self.shared.state();
+            state
+                .fleet
+                .sites
+                .get(&self.record.site)
+                .and_then(reconcile::Site::active_member)
+                .filter(|m| m.record.public_key == death.public_key)
+                .filter(|m| m.record.public_key != self.record.public_key)
+                .map(|m| m.lease)
+        };
+        let Some(lease) = lease.filter(|l| *l != 0) else {
+            tracing::debug!(
+                "{}: {} looked dead but no longer leads the site",
+                self.name(),
+                death.name
+            );
+            return;
+        };
+        let asked = Instant::now();
+        match tokio::time::timeout(self.request_timeout, self.store.revoke(lease)).await {
+            Ok(Ok(())) => {
+                self.shared
+                    .counters
+                    .takeovers
+                    .fetch_add(1, Ordering::Relaxed);
+                // The dead gateway's LAN addresses can outlive it in its kernel until their
+                // lifetime ends: at the latest its fence (its last keep-alive answered, sent
+                // before now, plus lease_ttl - FENCE_MARGIN) and the kernel's lateness. This
+                // one takes them a whole lease_ttl after the revocation, so that two gateways
+                // never hold them at once, even when the dead one was only cut off.
+                if let Some(lan) = &self.lan {
+                    lan.hold_off(Instant::now() + Duration::from_secs(u64::from(self.ttl)));
+                }
+                tracing::info!(
+                    "{}: {} is dead ({}): its lease revoked in etcd in {} ms, so that the site fails over now",
+                    self.name(),
+                    death.name,
+                    death.reason,
+                    asked.elapsed().as_millis()
+                );
+            }
+            Ok(Err(e)) => tracing::warn!(
+                "{}: {} looks dead ({}), but etcd did not revoke its lease ({e}): nothing is taken over until etcd says so",
+                self.name(),
+                death.name,
+                death.reason
+            ),
+            Err(_) => tracing::warn!(
+                "{}: {} looks dead ({}), but etcd did not answer within {} ms: nothing is taken over until it does",
+                self.name(),
+                death.name,
+                death.reason,
+                self.request_timeout.as_millis()
+            ),
         }
     }
 

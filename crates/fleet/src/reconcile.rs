@@ -298,11 +298,12 @@ impl Fleet {
             .map(|m| m.record.public_key)
     }
 
-    /// The peers a gateway of `own_site` wants: every other site's active gateway, its
-    /// subnets as allowed IPs, `keepalive` its keepalive. A standby (`own_active` false)
-    /// keeps the same peers warm but routes nothing and stays quiet: no allowed IPs (what
-    /// reaches it for another site is its LAN's to send to the active gateway) and no
-    /// keepalive (no handshakes that the other sites, which do not know it, would drop).
+    /// The peers a gateway of `own_site` wants: every gateway of every other site, with
+    /// `keepalive` as its keepalive, so that each path is handshaken before it is needed and a
+    /// failover only moves allowed IPs. Only a site's active gateway gets its subnets as
+    /// allowed IPs, and only on an active gateway (`own_active`): a standby routes nothing
+    /// (what reaches it for another site is its LAN's to send to the active one), and no
+    /// site routes to another's standby.
     pub fn wanted_peers(
         &self,
         own_site: &str,
@@ -312,17 +313,16 @@ impl Fleet {
         self.sites
             .iter()
             .filter(|(name, _)| name.as_str() != own_site)
-            .filter_map(|(_, site)| site.active_member())
-            .map(|m| {
-                let r = &m.record;
-                (r.public_key, {
-                    let mut peer = PeerSettings::new(r.public_key)
-                        .persistent_keepalive(if own_active { keepalive } else { 0 });
-                    if own_active {
+            .flat_map(|(_, site)| {
+                site.gateways.iter().map(move |m| {
+                    let r = &m.record;
+                    let routes = own_active && site.active.as_deref() == Some(r.gateway.as_str());
+                    let mut peer = PeerSettings::new(r.public_key).persistent_keepalive(keepalive);
+                    if routes {
                         peer = peer.allowed_ips(r.subnets.iter().copied());
                     }
                     peer.endpoint = r.endpoints.first().copied();
-                    peer
+                    (r.public_key, peer)
                 })
             })
             .collect()
@@ -350,15 +350,23 @@ pub fn diff(
         .map(|k| PeerOp::Remove(*k))
         .collect();
     let mut adds = Vec::new();
+    // Peers that give their allowed IPs up go before those that take them (a failover
+    // between two peers that both stay).
+    let mut gaining = Vec::new();
     for (key, want) in wanted {
         let Some(have) = applied.get(key) else {
             adds.push(PeerOp::Add(want.clone()));
             continue;
         };
         if let Some(change) = PeerChange::between(have, want) {
-            ops.push(PeerOp::Update(change));
+            if want.allowed_ips.is_empty() {
+                ops.push(PeerOp::Update(change));
+            } else {
+                gaining.push(PeerOp::Update(change));
+            }
         }
     }
+    ops.extend(gaining);
     ops.extend(adds);
     ops
 }
@@ -368,6 +376,7 @@ mod tests {
     use super::*;
     use crate::record::Role;
     use proptest::prelude::*;
+    use std::collections::BTreeSet;
     use tunneld_crypto::PrivateKey;
 
     fn key(n: u8) -> PublicKey {
@@ -432,13 +441,20 @@ mod tests {
         assert!(fleet.rejected.is_empty(), "{:?}", fleet.rejected);
         assert!(fleet.is_active("b", "b1"));
         let wanted = fleet.wanted_peers("a", true, 25);
-        assert_eq!(wanted.keys().copied().collect::<Vec<_>>(), vec![key(2)]);
-        // b2 stands by: the same peers, routing nothing, quiet.
+        // Both of B's gateways are peers, kept handshaken; only the active one routes.
+        assert_eq!(
+            wanted.keys().copied().collect::<BTreeSet<_>>(),
+            BTreeSet::from([key(2), key(3)])
+        );
+        assert_eq!(wanted[&key(2)].allowed_ips.len(), 1);
+        assert!(wanted[&key(3)].allowed_ips.is_empty());
+        assert!(wanted.values().all(|p| p.persistent_keepalive == 25));
+        // b2 stands by: the same peers, routing nothing, its paths kept warm.
         let standby =
             Fleet::resolve(&view, &keys, ("b", "b2", &key(3))).wanted_peers("b", false, 25);
         assert_eq!(standby.keys().copied().collect::<Vec<_>>(), vec![key(1)]);
         assert!(standby[&key(1)].allowed_ips.is_empty());
-        assert_eq!(standby[&key(1)].persistent_keepalive, 0);
+        assert_eq!(standby[&key(1)].persistent_keepalive, 25);
         // b1's lease expires: its keys go, and b2 leads.
         view.apply(Change::Delete {
             key: keys.record("b", "b1"),
@@ -450,10 +466,45 @@ mod tests {
         });
         let after = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
         assert!(after.is_active("b", "b2"));
+        // The failover moves the allowed IPs to a peer already there: no new handshake.
         let ops = diff(&wanted, &after.wanted_peers("a", true, 25));
         assert_eq!(ops.len(), 2);
         assert_eq!(ops[0], PeerOp::Remove(key(2)));
-        assert!(matches!(&ops[1], PeerOp::Add(p) if p.public_key == key(3)));
+        assert!(
+            matches!(&ops[1], PeerOp::Update(c) if c.public_key == key(3)
+                && c.allowed_ips.as_ref().is_some_and(|a| a.len() == 1)
+                && c.endpoint.is_none() && c.persistent_keepalive.is_none())
+        );
+    }
+
+    /// A failover between two gateways whose records both stay (the first resigned): the
+    /// one that gives the subnets up is changed before the one that takes them, both ways
+    /// (so whichever key sorts first).
+    #[test]
+    fn allowed_ips_are_given_up_before_they_are_taken() {
+        let keys = Keys::new("/f");
+        let b1_leads = View::from_entries(site_b(&keys), 6);
+        let mut b2_leads = b1_leads.clone();
+        b2_leads.apply(Change::Delete {
+            key: keys.candidate("b", 2),
+            revision: 7,
+        });
+        let wanted = |view: &View| {
+            Fleet::resolve(view, &keys, ("a", "a1", &key(1))).wanted_peers("a", true, 25)
+        };
+        for (before, after, giving, taking) in [
+            (&b1_leads, &b2_leads, key(2), key(3)),
+            (&b2_leads, &b1_leads, key(3), key(2)),
+        ] {
+            let order: Vec<(PublicKey, bool)> = diff(&wanted(before), &wanted(after))
+                .iter()
+                .map(|op| match op {
+                    PeerOp::Update(c) => (c.public_key, c.allowed_ips.as_ref().unwrap().is_empty()),
+                    other => panic!("only changes: {other:?}"),
+                })
+                .collect();
+            assert_eq!(order, vec![(giving, true), (taking, false)]);
+        }
     }
 
     #[test]
@@ -555,7 +606,9 @@ mod tests {
         )));
         let fleet = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
         assert_eq!(fleet.active_key("b"), Some(key(3)));
-        assert!(!fleet.wanted_peers("a", true, 25).contains_key(&key(9)));
+        assert!(fleet.wanted_peers("a", true, 25)[&key(9)]
+            .allowed_ips
+            .is_empty());
         // The same key under another lease (another run of b1) is not the candidate either.
         let mut view = View::from_entries(site_b(&keys), 6);
         view.apply(Change::Put(record_under(&keys, "b", "b1", 2, 42, 3)));

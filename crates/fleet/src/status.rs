@@ -70,6 +70,23 @@ pub struct FleetStatus {
     pub counters: Counters,
     /// The site's LAN side, when the config names one.
     pub lan: Option<LanStatus>,
+    /// The liveness probes between the site's gateways, when they run.
+    pub probes: Option<ProbeStatus>,
+}
+
+/// The liveness probes: which gateway this one watches (a standby watches its site's active
+/// one) and how it answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProbeStatus {
+    /// `site/gateway` and its probe address.
+    pub watched: Option<(String, std::net::SocketAddr)>,
+    /// The last answer's round trip, in microseconds.
+    pub rtt_us: Option<u64>,
+    /// Milliseconds since the last answer.
+    pub last_answer_ms_ago: Option<u64>,
+    /// Probes this gateway answered (for the site's other gateways).
+    pub answered: u64,
 }
 
 /// The site's LAN addresses and whether this gateway holds them.
@@ -98,6 +115,9 @@ pub struct Counters {
     pub lan_takes: u64,
     /// Times it released them because no keep-alive was answered in time (fencing).
     pub lan_fenced: u64,
+    /// Times the probes found the site's active gateway dead and this gateway had etcd
+    /// revoke its lease.
+    pub takeovers: u64,
 }
 
 #[derive(Default)]
@@ -109,6 +129,7 @@ pub(crate) struct AtomicCounters {
     pub name_conflicts: AtomicU64,
     pub lan_takes: AtomicU64,
     pub lan_fenced: AtomicU64,
+    pub takeovers: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -121,6 +142,7 @@ impl AtomicCounters {
             name_conflicts: self.name_conflicts.load(Ordering::Relaxed),
             lan_takes: self.lan_takes.load(Ordering::Relaxed),
             lan_fenced: self.lan_fenced.load(Ordering::Relaxed),
+            takeovers: self.takeovers.load(Ordering::Relaxed),
         }
     }
 }
@@ -151,6 +173,7 @@ pub(crate) struct State {
     pub lan: Option<(String, Vec<ipnet::IpNet>)>,
     /// `Some(held)` once the LAN side's thread has taken or released them.
     pub lan_held: Option<bool>,
+    pub probes: Option<std::sync::Arc<crate::probe::Probes>>,
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -235,6 +258,17 @@ impl Shared {
                 addresses: addresses.clone(),
                 held: state.lan_held == Some(true),
             }),
+            probes: state.probes.as_ref().map(|p| {
+                let view = p.view();
+                ProbeStatus {
+                    watched: view.watched,
+                    rtt_us: view.rtt.map(|d| d.as_micros() as u64),
+                    last_answer_ms_ago: view
+                        .last_answer
+                        .map(|t| now.saturating_duration_since(t).as_millis() as u64),
+                    answered: view.answered,
+                }
+            }),
         }
     }
 }
@@ -281,8 +315,24 @@ impl tunneld::FrontEnd for Shared {
                 lan.interface
             );
         }
+        if let Some(p) = &s.probes {
+            // `b/b1 192.0.2.22:51821 rtt_us=310 last_ms=12`, or `none`; then answered.
+            let mut line = match &p.watched {
+                Some((name, at)) => format!("{name} {at}"),
+                None => "none".into(),
+            };
+            if let Some(rtt) = p.rtt_us {
+                line.push_str(&format!(" rtt_us={rtt}"));
+            }
+            if let Some(ms) = p.last_answer_ms_ago {
+                line.push_str(&format!(" last_ms={ms}"));
+            }
+            let _ = writeln!(out, "fleet_probe={line}");
+            let _ = writeln!(out, "fleet_probes_answered={}", p.answered);
+        }
         let c = s.counters;
         let _ = writeln!(out, "fleet_reconciles={}", c.reconciles);
+        let _ = writeln!(out, "fleet_takeovers={}", c.takeovers);
         let _ = writeln!(out, "fleet_failovers={}", c.failovers);
         let _ = writeln!(out, "fleet_store_errors={}", c.store_errors);
         let _ = writeln!(out, "fleet_rejected_records={}", c.rejected_records);
@@ -378,6 +428,32 @@ impl tunneld::FrontEnd for Shared {
                 c.lan_fenced,
             );
         }
+        if let Some(p) = &s.probes {
+            metric(
+                "probe_rtt_microseconds",
+                "gauge",
+                "Round trip of the last answered probe to the site's active gateway (a standby's; 0: none).",
+                p.rtt_us.unwrap_or(0),
+            );
+            metric(
+                "probe_last_answer_milliseconds",
+                "gauge",
+                "Time since the site's active gateway last answered a probe (a standby's; 0: none).",
+                p.last_answer_ms_ago.unwrap_or(0),
+            );
+            metric(
+                "probes_answered_total",
+                "counter",
+                "Probes this gateway answered for its site's other gateways.",
+                p.answered,
+            );
+        }
+        metric(
+            "takeovers_total",
+            "counter",
+            "Times this gateway found its site's active gateway dead by its probes and had etcd revoke its lease.",
+            c.takeovers,
+        );
         metric(
             "reconciles_total",
             "counter",

@@ -102,6 +102,12 @@ impl Settings {
         }
     }
 
+    /// The interface's private key, if the settings have an `[interface]`: for a front end
+    /// that authenticates with it (the fleet's liveness probes between a site's gateways).
+    pub fn private_key(&self) -> Option<&tunneld_crypto::PrivateKey> {
+        self.plan.wireguard.as_ref().map(|w| &w.device.private_key)
+    }
+
     /// The WireGuard interface's name, if the settings have an `[interface]`.
     pub fn interface_name(&self) -> Option<&str> {
         self.plan.config.interface.as_ref().map(|i| i.name.as_str())

@@ -437,8 +437,14 @@ impl Sessions {
                 .map_err(|e| super::drop_reason(&e))?;
         let index = pending.state.local_index();
         self.pending = None;
-        self.previous = self.current.take();
-        self.next = None;
+        // Initiations that crossed: the session we answered for is the one the peer uses
+        // (it took our response as the end of its handshake), so it stays open to receive
+        // as the previous one; dropping it left both sides sending on sessions the other
+        // had dropped until a rekey (as wireguard-go does, it replaces the previous one).
+        self.previous = match self.next.take() {
+            Some(answered) => Some(answered),
+            None => self.current.take(),
+        };
         self.current = Some(Box::new(Session::new(
             index,
             response.peer_index,
@@ -862,5 +868,76 @@ mod tests {
     #[test]
     fn ten_minutes_with_boringtun_when_it_initiates() {
         ten_minutes(false);
+    }
+
+    /// Two of ours initiate at once (both add the other with a keepalive, as the fleet's
+    /// gateways do): each answers the other's initiation, then takes the answer to its own.
+    /// Data then flows both ways at once, each side on the session it initiated.
+    #[test]
+    fn crossed_initiations_leave_both_sides_a_working_session() {
+        let (ka, kb) = (keys(), keys());
+        let now = Instant::now();
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let (la, lb) = (
+            Local::new(ka.private, now, unix),
+            Local::new(kb.private, now, unix),
+        );
+        let mut a = Sessions::new(&la, kb.public, None, 1, &mut rand_core::OsRng).unwrap();
+        let mut b = Sessions::new(&lb, ka.public, None, 2, &mut rand_core::OsRng).unwrap();
+        let mut init_a = vec![0u8; 2048];
+        let mut init_b = vec![0u8; 2048];
+        let n = a.initiate(&la, &mut init_a, now, false).unwrap();
+        init_a.truncate(n);
+        let n = b.initiate(&lb, &mut init_b, now, false).unwrap();
+        init_b.truncate(n);
+        let respond = |s: &mut Sessions, local: &Local, init: &[u8]| {
+            let Message::Initiation(msg) = wire::parse(init).unwrap() else {
+                panic!("an initiation")
+            };
+            let peer = s.identity();
+            let received = consume_initiation(&local.identity, msg, |k| {
+                (*k == peer.public()).then_some(peer)
+            })
+            .unwrap();
+            let mut out = vec![0u8; 2048];
+            let n = s.respond(local, &received, &mut out, now).unwrap();
+            out.truncate(n);
+            out
+        };
+        let resp_a = respond(&mut a, &la, &init_b);
+        let resp_b = respond(&mut b, &lb, &init_a);
+        let take = |s: &mut Sessions, local: &Local, resp: &[u8]| {
+            let Message::Response(msg) = wire::parse(resp).unwrap() else {
+                panic!("a response")
+            };
+            let mut out = vec![0u8; 2048];
+            s.receive_response(local, msg, &mut out, now).unwrap();
+        };
+        take(&mut a, &la, &resp_b);
+        take(&mut b, &lb, &resp_a);
+        let packet = ipv4_udp(
+            Ipv4Addr::new(10, 0, 0, 1),
+            Ipv4Addr::new(10, 0, 0, 2),
+            b"across",
+        );
+        let send = |from: &mut Sessions, local: &Local, to: &mut Sessions| {
+            let mut out = vec![0u8; 2048];
+            let Sent::Data(n) = from.encapsulate(local, &packet, &mut out, now) else {
+                panic!("a session to send on")
+            };
+            let Message::Data(data) = wire::parse(&out[..n]).unwrap() else {
+                panic!("data")
+            };
+            let mut plain = vec![0u8; 2048];
+            match to.receive_data(data, &mut plain, now) {
+                Ok(Opened::Packet { .. }) => {}
+                other => panic!("the other side cannot open it: {other:?}"),
+            }
+        };
+        send(&mut a, &la, &mut b);
+        send(&mut b, &lb, &mut a);
+        send(&mut a, &la, &mut b);
     }
 }
