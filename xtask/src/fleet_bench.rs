@@ -572,6 +572,10 @@ fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failove
         .map(|a| wan.host(a))
         .collect();
     let lan = NetNs::new();
+    // No ICMP redirects on B's LAN: a standby hands the LAN host's packets back onto the LAN
+    // to the active gateway, and a redirect taken for them in the moment before a host's
+    // death kept the LAN host sending to the dead gateway for minutes (docs/fleet.md, §3).
+    lan.without_redirects();
     lan.run(&["ip", "link", "add", "brb", "type", "bridge"]);
     lan.run(&["ip", "addr", "add", "10.2.0.10/24", "dev", "brb"]);
     lan.run(&["ip", "link", "set", "brb", "up"]);
@@ -579,6 +583,7 @@ fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failove
     let mut lan_ports = Vec::new();
     for (i, ns) in nb.iter().enumerate() {
         let (own, other) = (2 + i, 3 - i);
+        ns.without_redirects();
         let (inside, outside) = link(ns, &lan);
         ns.run(&[
             "ip",
@@ -706,10 +711,14 @@ fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failove
             }
             let resumed = probe.resumed_after(event).map_err(|e| {
                 let state = |ns: &NetNs| {
+                    let icmp = ns.run(&["grep", "^Icmp:", "/proc/net/snmp"]);
                     format!(
-                        "{}{}{}",
+                        "{}{}{}{icmp}{}",
                         ns.run(&["ip", "route"]),
                         ns.run(&["ip", "neigh"]),
+                        String::from_utf8_lossy(
+                            &ns.output(&["ip", "route", "get", "10.1.0.1"]).stdout
+                        ),
                         ns.run(&["wg", "show", "all", "dump"])
                     )
                 };

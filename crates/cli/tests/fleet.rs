@@ -420,6 +420,7 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     let nc = wan.host("192.0.2.24/24");
     let nd = wan.host("192.0.2.25/24");
     let lan = NetNs::new();
+    lan.without_redirects();
     lan.run(&["ip", "link", "add", "brb", "type", "bridge"]);
     lan.run(&["ip", "addr", "add", "10.2.0.10/24", "dev", "brb"]);
     lan.run(&[
@@ -438,6 +439,10 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     // Each B gateway's end, which holds the LAN addresses while it is active.
     let mut vip_ports = Vec::new();
     for (ns, own, other) in [(&nb1, "2", "3"), (&nb2, "3", "2")] {
+        // A standby hands the LAN's packets back onto the LAN (the fallback route below); an
+        // ICMP redirect for them would send the LAN host straight to the other gateway, and
+        // keep it there for minutes after that one's host dies (docs/fleet.md, §3).
+        ns.without_redirects();
         let (inside, outside) = link(ns, &lan);
         ns.run(&[
             "ip",

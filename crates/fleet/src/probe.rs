@@ -17,8 +17,10 @@
 //! that never worked (a firewall) is no death. The verdict goes to the member loop, which
 //! asks etcd to end the dead gateway's lease: etcd stays the authority (see `take_over`).
 
-use blake2::{Blake2s256, Digest};
-use std::collections::{HashMap, VecDeque};
+use blake2::digest::consts::U16;
+use blake2::digest::Mac;
+use blake2::{Blake2s256, Blake2sMac, Digest};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,14 +117,15 @@ impl PairKeys {
     }
 }
 
-fn mac(key: &[u8; 32], body: &[u8]) -> [u8; 16] {
-    let full = Blake2s256::new()
-        .chain_update(key)
-        .chain_update(body)
-        .finalize();
-    let mut out = [0; 16];
-    out.copy_from_slice(&full[..16]);
-    out
+/// BLAKE2s in its keyed mode (a MAC by design), cut to 16 bytes.
+type ProbeMac = Blake2sMac<U16>;
+
+fn mac(key: &[u8; 32], body: &[u8]) -> ProbeMac {
+    // BLAKE2s takes keys of 1 to 32 bytes: a 32-byte key is always accepted.
+    #[allow(clippy::expect_used)]
+    let mut mac = <ProbeMac as Mac>::new_from_slice(key).expect("BLAKE2s accepts 32-byte keys");
+    mac.update(body);
+    mac
 }
 
 fn seal(kind: u8, sender: &PublicKey, nonce: u64, key: &[u8; 32]) -> [u8; LEN] {
@@ -131,7 +134,7 @@ fn seal(kind: u8, sender: &PublicKey, nonce: u64, key: &[u8; 32]) -> [u8; LEN] {
     packet[4] = kind;
     packet[5..37].copy_from_slice(sender.as_bytes());
     packet[37..45].copy_from_slice(&nonce.to_be_bytes());
-    let tag = mac(key, &packet[..BODY]);
+    let tag = mac(key, &packet[..BODY]).finalize().into_bytes();
     packet[BODY..].copy_from_slice(&tag);
     packet
 }
@@ -147,17 +150,16 @@ fn open(packet: &[u8]) -> Option<(u8, PublicKey, u64)> {
 }
 
 fn authentic(packet: &[u8], key: &[u8; 32]) -> bool {
-    let tag = mac(key, &packet[..BODY]);
-    // Constant time: a MAC compared byte by byte leaks how much of a forgery was right.
-    tag.iter()
-        .zip(&packet[BODY..])
-        .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-        == 0
+    // `verify_slice` compares in constant time: a byte-by-byte comparison would leak how much
+    // of a forgery was right.
+    mac(key, &packet[..BODY])
+        .verify_slice(&packet[BODY..])
+        .is_ok()
 }
 
 struct Inner {
     /// The site's other gateways, whose probes are answered.
-    site: Mutex<HashMap<PublicKey, ()>>,
+    site: Mutex<HashSet<PublicKey>>,
     watched: Mutex<Option<Watched>>,
     view: Mutex<ProbeView>,
     stop: AtomicBool,
@@ -185,7 +187,7 @@ impl Probes {
         let socket = bind_any(port)?;
         socket.set_read_timeout(Some(Duration::from_millis(200)))?;
         let inner = Arc::new(Inner {
-            site: Mutex::new(HashMap::new()),
+            site: Mutex::new(HashSet::new()),
             watched: Mutex::new(None),
             view: Mutex::new(ProbeView::default()),
             stop: AtomicBool::new(false),
@@ -216,7 +218,7 @@ impl Probes {
 
     /// The site's other gateways (whose probes are answered) and the one to watch, if any.
     pub fn set(&self, site: impl IntoIterator<Item = PublicKey>, watched: Option<Watched>) {
-        *lock(&self.inner.site) = site.into_iter().map(|k| (k, ())).collect();
+        *lock(&self.inner.site) = site.into_iter().collect();
         *lock(&self.inner.watched) = watched;
     }
 
@@ -251,7 +253,7 @@ fn answer(inner: &Inner, socket: &UdpSocket, keys: &mut PairKeys) {
         let Some((PING, sender, nonce)) = open(packet) else {
             continue;
         };
-        if !lock(&inner.site).contains_key(&sender) {
+        if !lock(&inner.site).contains(&sender) {
             continue;
         }
         let key = keys.key(&sender);
