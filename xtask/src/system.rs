@@ -41,6 +41,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("protoc", "protobuf-compiler"),
     ("etcd", "etcd-server"),
     ("etcdctl", "etcd-client"),
+    // Sites behind NAT (tunneld_testnet::nat): a NAT's mappings flushed and listed.
+    ("conntrack", "conntrack"),
     // `cargo xtask smoltcp-series` applies the smoltcp fork's patch files with it.
     ("patch", "patch"),
 ];

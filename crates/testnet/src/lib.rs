@@ -8,6 +8,7 @@
 pub mod etcd;
 pub mod fixture;
 pub mod link;
+pub mod nat;
 pub mod relay;
 pub mod skip;
 
