@@ -342,6 +342,7 @@ fn show_fleet(out: &mut String, fleet: &[(String, String)]) {
             "role" => gateway.push_str(&format!(" ({value})")),
             "endpoint" => gateway.push_str(&format!(" at {value}")),
             "subnets" if !value.is_empty() => gateway.push_str(&format!(", serves {value}")),
+            "path" => gateway.push_str(&format!(", path {value}")),
             "seen_for" => {
                 gateway.push_str(&format!(", seen for {value} s"));
                 say!(out, "{gateway}");

@@ -18,6 +18,8 @@
 //! and when the host comes back its gateway stands by; a client without a certificate is
 //! refused. Failover and join times are printed (measured, not asserted beyond a
 //! generous bound: `cargo xtask bench-fleet` measures them).
+//!
+//! A second test, beside it on an underlay and etcd of its own, has sites behind NAT.
 
 mod common;
 
@@ -30,6 +32,7 @@ use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tunneld_testnet::etcd::{self, link, Cluster, Underlay};
+use tunneld_testnet::nat::{Nat, NatKind};
 use tunneld_testnet::{require_tool, unique_name, NetNs};
 
 const PREFIX: &str = "/tunneld/test";
@@ -1215,4 +1218,91 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     step("stop everything; the gateways leave the fleet");
     gb1.stop_with("TERM");
     drop((ga, gb2, gc, gd, ge, gdup));
+}
+
+/// A fleet site's gateway behind `nat`, advertising its private address (all it knows).
+fn nat_site(cluster: &Cluster, name: &'static str, n: u8, nat: &Nat) -> Site {
+    let mut site = Site::new(cluster, name, "gw", n, 0, true);
+    site.body = site.body.replace(
+        "advertise = [\"192.0.2.0:51820\"]",
+        &format!("advertise = [\"{}:51820\"]", nat.private),
+    );
+    site
+}
+
+/// Sites behind NAT (issue 48): a public site P, two sites behind endpoint-independent NATs
+/// (E1, E2) and one behind an endpoint-dependent NAT (D), on one etcd. Each NATed gateway
+/// advertises only its private address; P sees where their NATs map them and tells the
+/// fleet, and E1 and E2 punch a direct path to each other with their handshakes. Every pair
+/// but those with D on one side and a port-restricted NAT on the other (which need a relay)
+/// pings; a flush of E1's NAT (a NAT reboot) is recovered from.
+#[test]
+fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one() {
+    let test = "sites_behind_nat_find_a_direct_path_where_their_nats_allow_one";
+    if !require(test) || !require_tool(test, "conntrack") {
+        return;
+    }
+    let wan = Underlay::new("192.0.2.1/24");
+    step("NAT: one etcd member, a public site and three behind NAT");
+    let cluster = Cluster::start(&wan, &MEMBERS[..1], true);
+    let np = wan.host("192.0.2.31/24");
+    let e1 = Nat::new(&wan, "192.0.2.41/24", 1, NatKind::EndpointIndependent);
+    let e2 = Nat::new(&wan, "192.0.2.42/24", 2, NatKind::EndpointIndependent);
+    let d = Nat::new(&wan, "192.0.2.43/24", 3, NatKind::EndpointDependent);
+    let p_site = Site::new(&cluster, "p", "gw", 31, 31, true);
+    let e1_site = nat_site(&cluster, "e1", 41, &e1);
+    let e2_site = nat_site(&cluster, "e2", 42, &e2);
+    let d_site = nat_site(&cluster, "d", 43, &d);
+    let _p = p_site.start(&np);
+    let started = Instant::now();
+    let _e1 = e1_site.start(&e1.site);
+    let _e2 = e2_site.start(&e2.site);
+    let _d = d_site.start(&d.site);
+
+    step("NAT: the public site reaches each site behind NAT (they come to it)");
+    for (nat, n) in [(&e1, 41), (&e2, 42), (&d, 43)] {
+        let took = reachable(&np, &format!("10.{n}.0.1"));
+        println!(
+            "    P reaches 10.{n}.0.1 behind {:?} after {took:.2?}",
+            nat.kind
+        );
+    }
+    step("NAT: E1 and E2 punch a direct path to each other");
+    let took = reachable(&e1.site, "10.42.0.1");
+    println!(
+        "    E1 reaches E2 {:.2?} after they started ({took:.2?} of pings)",
+        started.elapsed()
+    );
+    reachable(&e2.site, "10.41.0.1");
+    // The paths are looked at five times a second.
+    let via = format!("path direct via {}:", e2.public);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let shown = loop {
+        let shown = show(&e1.site, &e1_site.ifname);
+        if shown.contains(&via) || Instant::now() > deadline {
+            break shown;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        shown.contains(&via),
+        "E1's show does not say it reaches E2 at its NAT ({via}):\n{shown}"
+    );
+    // P told the fleet where it sees each NATed gateway, under its own record.
+    let listed = cluster.etcdctl(&np, &["get", "--prefix", "--keys-only", PREFIX]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.contains("/gateways/p/gw/seen/"),
+        "no seen/ key in the store:\n{listed}"
+    );
+
+    step("NAT: a flush of E1's NAT (its mappings forgotten) is recovered from");
+    e1.flush();
+    let flushed = Instant::now();
+    let took = reachable(&e1.site, "10.42.0.1");
+    reachable(&np, "10.41.0.1");
+    println!(
+        "    E1 reaches E2 again {:.2?} after the flush",
+        flushed.elapsed().max(took)
+    );
 }

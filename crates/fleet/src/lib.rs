@@ -17,6 +17,7 @@
 //! most about two seconds for the store.
 
 mod lan;
+pub mod paths;
 pub mod probe;
 pub mod reconcile;
 pub mod record;
@@ -24,7 +25,9 @@ mod status;
 pub mod store;
 
 pub use lan::FENCE_MARGIN;
-pub use status::{Counters, FleetStatus, GatewayStatus, LanStatus, NameConflict, Refusal};
+pub use status::{
+    Counters, FleetStatus, GatewayStatus, LanStatus, NameConflict, PathStatus, Refusal,
+};
 
 use reconcile::{diff, Fleet as FleetView, PeerOp, View};
 use record::{Candidate, Keys, Record, Role};
@@ -313,6 +316,12 @@ impl Fleet {
             unanswered: 0,
             lan,
             probes,
+            paths: paths::Paths::default(),
+            candidates: HashMap::new(),
+            advertised: HashMap::new(),
+            told: BTreeMap::new(),
+            told_lease: None,
+            behind_nat: false,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -431,7 +440,26 @@ struct Member<S: Store> {
     lan: Option<lan::LanSide>,
     /// The liveness probes between the site's gateways (`None`: off).
     probes: Option<Arc<probe::Probes>>,
+    /// The paths to the fleet's peers (gateways behind NAT).
+    paths: paths::Paths,
+    /// Each peer's addresses to try, and those it advertises, as the last reconcile read
+    /// them.
+    candidates: HashMap<PublicKey, Vec<SocketAddr>>,
+    advertised: HashMap<PublicKey, Vec<SocketAddr>>,
+    /// What this gateway has told the fleet it sees (`seen/` keys), under which lease.
+    told: BTreeMap<PublicKey, SocketAddr>,
+    told_lease: Option<i64>,
+    /// Whether others see this gateway elsewhere than it advertises (its keepalives are
+    /// then `NAT_KEEPALIVE`).
+    behind_nat: bool,
 }
+
+/// The keepalive of a gateway behind NAT toward its peers (seconds): after its NAT forgets
+/// its mappings, the other sites reach it again within about this long.
+const NAT_KEEPALIVE: u16 = 1;
+
+/// How often the paths to the fleet's peers are looked at.
+const PATHS_EVERY: Duration = Duration::from_millis(200);
 
 /// Failed attempts in a row, with nothing answered in between, after which the store
 /// counts as unreachable.
@@ -541,6 +569,8 @@ impl<S: Store> Member<S> {
         let period = Duration::from_millis((u64::from(self.ttl) * 1000 / 3).max(500));
         let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tend = tokio::time::interval(PATHS_EVERY);
+        tend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 won = &mut campaign, if campaigning && self.refused_by.is_none() => {
@@ -578,6 +608,11 @@ impl<S: Store> Member<S> {
                 }
                 Some(death) = deaths.recv() => {
                     self.take_over(death).await;
+                }
+                _ = tend.tick() => {
+                    if let Err(e) = self.tend_paths(lease).await {
+                        return Interruption::Lost(e);
+                    }
                 }
                 next = watch.next() => match next {
                     Ok(Watched::Changes(changes)) => {
@@ -896,8 +931,47 @@ impl<S: Store> Member<S> {
         // so that a failover moves allowed IPs and needs no handshake. Both ends add each
         // other with keepalives on and may initiate at once; the handshake settles that
         // (each answers the other's initiation) when nobody waits on it yet.
-        let mut wanted = fleet.wanted_peers(&self.record.site, own_active, self.keepalive);
+        // Behind a NAT (others see this gateway elsewhere than it advertises), keepalives
+        // every second: a NAT that forgot its mapping (rebooted, flushed) drops what the
+        // other sites send until this side sends again.
+        let behind_nat = fleet
+            .seen
+            .get(&self.record.public_key)
+            .is_some_and(|seen| seen.iter().any(|a| !self.record.endpoints.contains(a)));
+        if behind_nat != self.behind_nat {
+            self.behind_nat = behind_nat;
+            let seen: Vec<String> = fleet
+                .seen
+                .get(&self.record.public_key)
+                .into_iter()
+                .flatten()
+                .map(ToString::to_string)
+                .collect();
+            if behind_nat {
+                tracing::info!(
+                    "{}: behind a NAT (the fleet sees it at {}): keepalives every {NAT_KEEPALIVE} s",
+                    self.name(),
+                    seen.join(", ")
+                );
+            } else {
+                tracing::info!("{}: no longer seen behind a NAT", self.name());
+            }
+        }
+        let keepalive = if behind_nat && self.keepalive > 0 {
+            NAT_KEEPALIVE.min(self.keepalive)
+        } else {
+            self.keepalive
+        };
+        let mut wanted = fleet.wanted_peers(&self.record.site, own_active, keepalive);
         wanted.retain(|k, _| !self.refused_keys.contains(k));
+        self.candidates = wanted.keys().map(|k| (*k, fleet.candidates(k))).collect();
+        self.advertised = fleet
+            .sites
+            .values()
+            .flat_map(|s| &s.gateways)
+            .filter(|m| wanted.contains_key(&m.record.public_key))
+            .map(|m| (m.record.public_key, m.record.endpoints.clone()))
+            .collect();
         for op in diff(&self.applied, &wanted) {
             self.apply(op);
         }
@@ -932,6 +1006,122 @@ impl<S: Store> Member<S> {
             .counters
             .reconciles
             .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Tries the addresses of peers that have no session (`paths`), and tells the fleet
+    /// where this gateway sees peers whose datagrams come from an address they do not
+    /// advertise (a NAT's), under its lease: a write only when that changes.
+    async fn tend_paths(&mut self, lease: i64) -> Result<(), StoreError> {
+        let Ok(snapshot) = self.gateway.peers() else {
+            return Ok(());
+        };
+        let wall = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let peers: Vec<paths::PeerNow> = snapshot
+            .into_iter()
+            .filter(|p| self.applied.contains_key(&p.public_key))
+            .map(|p| paths::PeerNow {
+                public_key: p.public_key,
+                endpoint: p.endpoint,
+                since_handshake: p.last_handshake.map(|t| wall.saturating_sub(t)),
+                rx_bytes: p.rx_bytes,
+            })
+            .collect();
+        let now = Instant::now();
+        let before: HashMap<PublicKey, paths::PathState> = peers
+            .iter()
+            .filter_map(|p| Some((p.public_key, self.paths.state(&p.public_key)?)))
+            .collect();
+        let candidates = &self.candidates;
+        let moves = self.paths.tick(now, &peers, |k| {
+            candidates.get(k).cloned().unwrap_or_default()
+        });
+        for (key, at) in moves {
+            match self.gateway.move_peer(&key, at) {
+                Ok(()) => {
+                    tracing::debug!("{}: trying {at} for {}", self.name(), self.peer_name(&key))
+                }
+                Err(e) => tracing::debug!("{}: cannot try {at}: {e}", self.name()),
+            }
+        }
+        let mut states = HashMap::new();
+        for p in &peers {
+            let Some(state) = self.paths.state(&p.public_key) else {
+                continue;
+            };
+            if let (
+                Some(paths::PathState::Searching { tried, .. }),
+                paths::PathState::Up { via, .. },
+            ) = (before.get(&p.public_key), &state)
+            {
+                if *tried > 0 {
+                    tracing::info!(
+                        "{}: {} reached at {via} ({tried} addresses tried)",
+                        self.name(),
+                        self.peer_name(&p.public_key)
+                    );
+                }
+            }
+            states.insert(p.public_key, state);
+        }
+        self.shared.state().paths = states;
+
+        if self.told_lease != Some(lease) {
+            // Keys under another lease went with it.
+            self.told.clear();
+            self.told_lease = Some(lease);
+        }
+        let advertised = &self.advertised;
+        let told = paths::observations(&peers, |k| advertised.get(k).cloned().unwrap_or_default());
+        let (site, gateway) = (self.record.site.clone(), self.record.gateway.clone());
+        for (key, at) in &told {
+            if self.told.get(key) == Some(at) {
+                continue;
+            }
+            let seen = self.keys.seen(&site, &gateway, key);
+            tokio::time::timeout(
+                self.request_timeout,
+                self.store.put(&seen, at.to_string().into_bytes(), lease),
+            )
+            .await
+            .map_err(|_| StoreError("etcd did not answer in time".into()))??;
+            tracing::debug!(
+                "{}: told the fleet {} is at {at}",
+                self.name(),
+                self.peer_name(key)
+            );
+            self.told.insert(*key, *at);
+        }
+        let gone: Vec<PublicKey> = self
+            .told
+            .keys()
+            .filter(|k| !told.contains_key(k))
+            .copied()
+            .collect();
+        for key in gone {
+            let seen = self.keys.seen(&site, &gateway, &key);
+            tokio::time::timeout(self.request_timeout, self.store.delete(&seen))
+                .await
+                .map_err(|_| StoreError("etcd did not answer in time".into()))??;
+            self.told.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// `site/gateway` of a peer, or its key.
+    fn peer_name(&self, key: &PublicKey) -> String {
+        self.shared
+            .state()
+            .fleet
+            .sites
+            .values()
+            .flat_map(|s| &s.gateways)
+            .find(|m| m.record.public_key == *key)
+            .map_or_else(
+                || key.to_base64(),
+                |m| format!("{}/{}", m.record.site, m.record.gateway),
+            )
     }
 
     fn apply(&mut self, op: PeerOp) {

@@ -19,9 +19,10 @@
 //!   key holds the name, and it never routes anything;
 //! - every other site's active gateway is a peer, its subnets the allowed IPs.
 
-use crate::record::{Candidate, KeyKind, Keys, Record};
+use crate::record::{seen_subject, Candidate, KeyKind, Keys, Record};
 use ipnet::IpNet;
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use tunneld::{PeerChange, PeerSettings};
 use tunneld_crypto::PublicKey;
 
@@ -148,6 +149,10 @@ pub struct Fleet {
     pub sites: BTreeMap<String, Site>,
     pub rejected: Vec<Rejection>,
     pub conflicts: Vec<Conflict>,
+    /// Addresses gateways saw other gateways' datagrams come from (`seen/` keys of live
+    /// records), by the public key of the gateway seen: a gateway behind NAT as the world
+    /// reaches it.
+    pub seen: BTreeMap<PublicKey, Vec<SocketAddr>>,
 }
 
 impl Fleet {
@@ -160,6 +165,8 @@ impl Fleet {
         let mut refusals: Vec<(&Entry, Record)> = Vec::new();
         // Each site's candidates: (create revision, lease, who).
         let mut candidates: HashMap<&str, Vec<(i64, i64, Candidate)>> = HashMap::new();
+        // Observations: (observer's site, name, lease), the gateway seen, where.
+        let mut sightings: Vec<((&str, &str, i64), PublicKey, SocketAddr)> = Vec::new();
         for entry in view.entries.values() {
             match keys.kind(&entry.key) {
                 KeyKind::Record { site, gateway } => {
@@ -181,6 +188,21 @@ impl Fleet {
                             entry.lease,
                             candidate,
                         ));
+                    }
+                }
+                KeyKind::Seen {
+                    site,
+                    gateway,
+                    subject,
+                } => {
+                    let address = std::str::from_utf8(&entry.value)
+                        .ok()
+                        .and_then(|v| v.parse::<SocketAddr>().ok());
+                    // Only under a lease: what no gateway keeps alive says nothing now.
+                    if let (Some(subject), Some(address), true) =
+                        (seen_subject(subject), address, entry.lease != 0)
+                    {
+                        sightings.push(((site, gateway, entry.lease), subject, address));
                     }
                 }
                 KeyKind::Other => {}
@@ -247,6 +269,19 @@ impl Fleet {
                     .map(|m| m.record.gateway.clone())
             });
         }
+        // An observation counts while its observer's record lives under the same lease.
+        for ((site, gateway, lease), subject, address) in sightings {
+            let live = fleet.sites.get(site).is_some_and(|s| {
+                s.gateways
+                    .iter()
+                    .any(|m| m.record.gateway == gateway && m.lease == lease)
+            });
+            let addresses = fleet.seen.entry(subject).or_default();
+            if live && !addresses.contains(&address) {
+                addresses.push(address);
+            }
+        }
+        fleet.seen.retain(|_, a| !a.is_empty());
         for (entry, claimant) in refusals {
             let holder = fleet
                 .sites
@@ -296,6 +331,24 @@ impl Fleet {
             .get(site)
             .and_then(Site::active_member)
             .map(|m| m.record.public_key)
+    }
+
+    /// The addresses to try for the gateway of `key`: those it advertises, then those other
+    /// gateways saw its datagrams come from (the first is what `wanted_peers` sets).
+    pub fn candidates(&self, key: &PublicKey) -> Vec<SocketAddr> {
+        let mut all: Vec<SocketAddr> = self
+            .sites
+            .values()
+            .flat_map(|s| &s.gateways)
+            .find(|m| m.record.public_key == *key)
+            .map(|m| m.record.endpoints.clone())
+            .unwrap_or_default();
+        for address in self.seen.get(key).into_iter().flatten() {
+            if !all.contains(address) {
+                all.push(*address);
+            }
+        }
+        all
     }
 
     /// The peers a gateway of `own_site` wants: every gateway of every other site, with

@@ -184,6 +184,13 @@ pub enum KeyKind<'a> {
     Election {
         site: &'a str,
     },
+    /// The gateway `site`/`gateway` saw the gateway of public key `subject` (hex) send from
+    /// the address in the value: how a gateway behind NAT is reached from outside.
+    Seen {
+        site: &'a str,
+        gateway: &'a str,
+        subject: &'a str,
+    },
     /// Something else under the prefix (ignored).
     Other,
 }
@@ -210,6 +217,17 @@ impl Keys {
         format!("{}/refused/{lease:x}", self.record(site, gateway))
     }
 
+    /// Where the gateway `site`/`gateway` publishes the address it sees `subject`'s
+    /// datagrams come from (under its own record, so a site's etcd role covers it).
+    pub fn seen(&self, site: &str, gateway: &str, subject: &PublicKey) -> String {
+        let hex: String = subject
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{}/seen/{hex}", self.record(site, gateway))
+    }
+
     /// The name of a site's election (etcd's election service adds `/<lease>`).
     pub fn election(&self, site: &str) -> String {
         format!("{}elections/{site}", self.prefix)
@@ -229,9 +247,26 @@ impl Keys {
             ["gateways", site, gateway] => KeyKind::Record { site, gateway },
             ["gateways", site, gateway, "refused", _lease] => KeyKind::Refused { site, gateway },
             ["elections", site, _lease] => KeyKind::Election { site },
+            ["gateways", site, gateway, "seen", subject] => KeyKind::Seen {
+                site,
+                gateway,
+                subject,
+            },
             _ => KeyKind::Other,
         }
     }
+}
+
+/// The public key a `seen/` key names (64 hex digits).
+pub fn seen_subject(hex: &str) -> Option<PublicKey> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut bytes = [0u8; 32];
+    for (i, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(PublicKey::from_bytes(bytes))
 }
 
 #[cfg(test)]
@@ -337,5 +372,18 @@ mod tests {
         );
         assert_eq!(keys.kind("/tunneld/corpx/gateways/b/b1"), KeyKind::Other);
         assert_eq!(keys.kind("/tunneld/corp/gateways/b"), KeyKind::Other);
+        let subject = tunneld_crypto::PrivateKey::generate().public_key();
+        let seen = keys.seen("a", "a1", &subject);
+        let KeyKind::Seen {
+            site: "a",
+            gateway: "a1",
+            subject: hex,
+        } = keys.kind(&seen)
+        else {
+            panic!("{seen} is not a seen/ key: {:?}", keys.kind(&seen));
+        };
+        assert_eq!(seen_subject(hex), Some(subject));
+        assert_eq!(seen_subject(&hex[1..]), None);
+        assert_eq!(seen_subject(&format!("{}zz", &hex[2..])), None);
     }
 }

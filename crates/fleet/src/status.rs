@@ -1,6 +1,7 @@
 //! What the fleet shows: its state for `tunneld show` (and the library), its counters for
 //! `/metrics`.
 
+use crate::paths::PathState;
 use crate::reconcile::Fleet;
 use crate::record::Role;
 use std::fmt::Write as _;
@@ -21,6 +22,22 @@ pub struct GatewayStatus {
     /// Seconds since this gateway first saw the record (it is under a lease its gateway
     /// keeps alive, so an old record is a live gateway).
     pub seen_for_secs: u64,
+    /// The path to it, for a gateway that is this one's peer (`None`: not a peer, this one
+    /// itself or one of its site).
+    pub path: Option<PathStatus>,
+}
+
+/// How a peer gateway is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathStatus {
+    /// A live session, its datagrams going straight to this address (where the peer or its
+    /// NAT is), for so many seconds.
+    Direct {
+        via: std::net::SocketAddr,
+        for_secs: u64,
+    },
+    /// No session: its addresses are being tried (so many so far), for so many seconds.
+    Searching { tries: u32, for_secs: u64 },
 }
 
 /// This gateway's name is held by another gateway's record (another lease): the claim was
@@ -174,6 +191,8 @@ pub(crate) struct State {
     /// `Some(held)` once the LAN side's thread has taken or released them.
     pub lan_held: Option<bool>,
     pub probes: Option<std::sync::Arc<crate::probe::Probes>>,
+    /// Each peer gateway's path, as the paths' last tick found it.
+    pub paths: std::collections::HashMap<tunneld_crypto::PublicKey, crate::paths::PathState>,
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -205,6 +224,16 @@ impl Shared {
                     .first_seen
                     .get(&(r.site.clone(), r.gateway.clone()))
                     .map_or(0, |t| now.duration_since(*t).as_secs());
+                let path = state.paths.get(&r.public_key).map(|p| match p {
+                    PathState::Up { via, since } => PathStatus::Direct {
+                        via: *via,
+                        for_secs: now.duration_since(*since).as_secs(),
+                    },
+                    PathState::Searching { since, tried } => PathStatus::Searching {
+                        tries: *tried,
+                        for_secs: now.duration_since(*since).as_secs(),
+                    },
+                });
                 gateways.push(GatewayStatus {
                     site: site_name.clone(),
                     gateway: r.gateway.clone(),
@@ -213,6 +242,7 @@ impl Shared {
                     endpoint: r.endpoints.first().copied(),
                     subnets: r.subnets.clone(),
                     seen_for_secs: seen,
+                    path,
                 });
             }
         }
@@ -350,6 +380,18 @@ impl tunneld::FrontEnd for Shared {
             }
             let subnets: Vec<String> = g.subnets.iter().map(ToString::to_string).collect();
             let _ = writeln!(out, "subnets={}", subnets.join(","));
+            match &g.path {
+                Some(PathStatus::Direct { via, for_secs }) => {
+                    let _ = writeln!(out, "path=direct via {via} for {for_secs} s");
+                }
+                Some(PathStatus::Searching { tries, for_secs }) => {
+                    let _ = writeln!(
+                        out,
+                        "path=searching for {for_secs} s ({tries} addresses tried)"
+                    );
+                }
+                None => {}
+            }
             let _ = writeln!(out, "seen_for={}", g.seen_for_secs);
         }
         for c in &s.name_conflicts {
@@ -448,6 +490,28 @@ impl tunneld::FrontEnd for Shared {
                 p.answered,
             );
         }
+        let direct = s
+            .gateways
+            .iter()
+            .filter(|g| matches!(g.path, Some(PathStatus::Direct { .. })))
+            .count();
+        let searching = s
+            .gateways
+            .iter()
+            .filter(|g| matches!(g.path, Some(PathStatus::Searching { .. })))
+            .count();
+        metric(
+            "paths_direct",
+            "gauge",
+            "Peer gateways reached directly (a live session), behind NAT or not.",
+            direct as u64,
+        );
+        metric(
+            "paths_searching",
+            "gauge",
+            "Peer gateways with no live session, whose addresses are being tried.",
+            searching as u64,
+        );
         metric(
             "takeovers_total",
             "counter",

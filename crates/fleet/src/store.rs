@@ -62,6 +62,7 @@ pub trait Store: Clone {
     /// Ends a lease now, and with it every key under it.
     async fn revoke(&mut self, lease: i64) -> Result<(), StoreError>;
     async fn put(&mut self, key: &str, value: Vec<u8>, lease: i64) -> Result<(), StoreError>;
+    async fn delete(&mut self, key: &str) -> Result<(), StoreError>;
     /// Writes `key` under `lease` only if it is free (absent, or under no lease: written by
     /// hand) or already under `lease`; else leaves it to the lease that holds it. One request.
     async fn claim(&mut self, key: &str, value: Vec<u8>, lease: i64) -> Result<Claim, StoreError>;
@@ -281,6 +282,13 @@ impl Store for Etcd {
         let mut client = self.client.clone();
         let options = PutOptions::new().with_lease(lease);
         self.timed("writing the record", client.put(key, value, Some(options)))
+            .await
+            .map(drop)
+    }
+
+    async fn delete(&mut self, key: &str) -> Result<(), StoreError> {
+        let mut client = self.client.clone();
+        self.timed("deleting a key", client.delete(key, None))
             .await
             .map(drop)
     }

@@ -6,7 +6,11 @@
 //! default route through it; the router holds the public address on the underlay and
 //! masquerades what the site sends out. Linux's connection tracking filters what comes
 //! back by address and port: only replies from where the site sent go in (a "port
-//! restricted" NAT), whatever the mapping. Everything goes when dropped.
+//! restricted" NAT), whatever the mapping. Like a real router's firewall, it drops what
+//! the outside sends to the router itself unasked: a datagram it took in instead would hold
+//! a connection-tracking entry that makes the site's own reply to that sender leave from
+//! another port (a hole punch between two such NATs would never meet). Everything goes when
+//! dropped.
 
 use crate::etcd::{link, Underlay};
 use crate::NetNs;
@@ -95,6 +99,10 @@ impl Nat {
              chain forward {{\n\
              type filter hook forward priority filter; policy accept;\n\
              {filter}\
+             }}\n\
+             chain input {{\n\
+             type filter hook input priority filter; policy accept;\n\
+             iifname != \"{router_end}\" ct state new drop\n\
              }}\n\
              }}\n"
         );

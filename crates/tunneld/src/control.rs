@@ -378,6 +378,23 @@ impl Control {
         self.move_peer(key, endpoint)
     }
 
+    /// Sends `key`'s datagrams to `endpoint` and handshakes there at once: a path to try
+    /// (`Gateway::move_peer`). `UnknownPeer` for a key the interface does not have.
+    pub(crate) fn try_endpoint(
+        &mut self,
+        key: PublicKey,
+        endpoint: SocketAddr,
+    ) -> Result<(), Error> {
+        if !self.has_peer(key)? {
+            return Err(Error::UnknownPeer(key));
+        }
+        if self.move_peer(key, endpoint) {
+            Ok(())
+        } else {
+            Err(Error::Stopped)
+        }
+    }
+
     /// Moves `key` to `endpoint` on every worker and in the control plane's own copy of the
     /// peers: a reload starts from that copy, so a peer it adds again (removed by hand, or
     /// its `parallel` changed) comes back where it runs, not where it was first.

@@ -491,6 +491,14 @@ impl Gateway {
         lock(&self.interface()?.control).update_peer(PeerUpdate::from(change))
     }
 
+    /// Sends `peer`'s datagrams to `endpoint` from now on, and a handshake initiation there
+    /// at once even if one to its old address is under way: for trying the paths to a peer
+    /// behind NAT (the fleet does). The peer's settings and session stay; roaming moves it
+    /// again, as it moves any endpoint, when the peer's packets come from elsewhere.
+    pub fn move_peer(&self, peer: &PublicKey, endpoint: std::net::SocketAddr) -> Result<(), Error> {
+        lock(&self.interface()?.control).try_endpoint(*peer, endpoint)
+    }
+
     /// Removes a peer, its sessions and its routes.
     pub fn remove_peer(&self, public_key: &PublicKey) -> Result<(), Error> {
         lock(&self.interface()?.control).remove_peer(*public_key)

@@ -1276,6 +1276,7 @@ impl Device {
         local: &Local,
         peer: &mut Peer,
         now: Instant,
+        force: bool,
         underlay: &mut impl DatagramSink,
         stats: &mut Stats,
     ) -> bool {
@@ -1286,7 +1287,7 @@ impl Device {
         let Some(endpoint) = peer.endpoint else {
             return true;
         };
-        if let Some(n) = peer.sessions.initiate(local, buf, now, false) {
+        if let Some(n) = peer.sessions.initiate(local, buf, now, force) {
             underlay.push(n, endpoint);
             peer.last_sent = Some(now);
             peer.tx_bytes += n as u64;
@@ -1380,7 +1381,10 @@ impl Device {
     }
 
     /// Sends `peer`'s datagrams to `endpoint` from now on and handshakes there at the next
-    /// tick: for a transport change (UDP to TLS). False for an unknown peer.
+    /// tick, even if an initiation to the old address is under way (it may never be
+    /// answered, and would hold the next one back for its whole retransmission time): for a
+    /// transport change (UDP to TLS) or a path to try (a peer behind NAT). False for an
+    /// unknown peer.
     pub fn move_peer(&mut self, peer: &PublicKey, endpoint: SocketAddr) -> bool {
         let Some(slot) = self.by_key.get(peer).copied() else {
             return false;
@@ -1388,7 +1392,7 @@ impl Device {
         match self.peers.get_mut(slot).and_then(Option::as_mut) {
             Some(p) => {
                 p.endpoint = Some(endpoint);
-                p.handshake_requested = true;
+                p.handshake_forced = true;
                 true
             }
             None => false,
@@ -1421,8 +1425,9 @@ impl Device {
                 }
                 Timer::Expired | Timer::Idle => {}
             }
-            if std::mem::take(&mut peer.handshake_requested)
-                && !Self::initiate(&self.local, peer, now, underlay, &mut self.stats)
+            let forced = std::mem::take(&mut peer.handshake_forced);
+            if (std::mem::take(&mut peer.handshake_requested) || forced)
+                && !Self::initiate(&self.local, peer, now, forced, underlay, &mut self.stats)
             {
                 return;
             }
@@ -1444,7 +1449,8 @@ impl Device {
                         // handshake, so the far side can reach us before we send anything.
                         // The sessions' own timers retry it; this path waits an interval.
                         peer.last_sent = Some(now);
-                        if !Self::initiate(&self.local, peer, now, underlay, &mut self.stats) {
+                        if !Self::initiate(&self.local, peer, now, false, underlay, &mut self.stats)
+                        {
                             return;
                         }
                     }

@@ -23,6 +23,9 @@ pub(crate) struct Peer {
     pub maybe_queued: bool,
     /// A handshake initiation goes out at the next tick (see `Device::request_handshake`).
     pub handshake_requested: bool,
+    /// ... even if one is under way: the peer moved to a new address, and the initiation
+    /// sent to the old one may never be answered (see `Device::move_peer`).
+    pub handshake_forced: bool,
     /// Whether a session is up, for logging its start and end once (not every rekey).
     pub connected: bool,
     /// Sub-tunnels the peer is split into (`parallel`), and which one this copy carries.
@@ -59,6 +62,7 @@ impl Peer {
             rx_bytes: 0,
             maybe_queued: false,
             handshake_requested: false,
+            handshake_forced: false,
             connected: false,
             parallel: 1,
             sub: 0,

@@ -1,0 +1,336 @@
+//! Paths to gateways behind NAT, without I/O: which address to try next for each peer the
+//! fleet added, and which addresses this gateway tells the fleet it saw.
+//!
+//! A gateway behind NAT is reached where its NAT maps it, which only those who receive from
+//! it see. So every gateway publishes, under its own record, the address each peer's
+//! authenticated datagrams came from when that is not one the peer advertises
+//! ([`Paths::observations`]); the reconcile adds those to the peer's candidates
+//! (`Fleet::candidates`). A peer with no live session is searched: its candidates are tried
+//! one after the other, [`ATTEMPT`] apart, each with a handshake sent at once
+//! (`Gateway::move_peer`), in rounds that back off from [`FIRST_ROUND`] to [`LAST_ROUND`].
+//! Both ends of a pair do this when they learn of each other, so each one's initiation
+//! opens its own NAT's mapping toward the other, and whichever arrives second finds the
+//! way open: a hole punched with WireGuard's own handshakes, which nothing off the path can
+//! forge. Once a handshake completes the peer is left alone, and roaming keeps its address.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tunneld_crypto::PublicKey;
+
+/// Time given to one candidate before the next is tried.
+pub const ATTEMPT: Duration = Duration::from_millis(300);
+/// The wait between the first rounds over a peer's candidates; it doubles up to
+/// [`LAST_ROUND`].
+pub const FIRST_ROUND: Duration = Duration::from_secs(1);
+pub const LAST_ROUND: Duration = Duration::from_secs(16);
+/// A session older than this is none (WireGuard's REJECT_AFTER_TIME).
+const SESSION_LIFE: Duration = Duration::from_secs(180);
+
+/// What the gateway says of one peer at a tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerNow {
+    pub public_key: PublicKey,
+    pub endpoint: Option<SocketAddr>,
+    /// How long ago its last handshake completed (`None`: never).
+    pub since_handshake: Option<Duration>,
+    /// Bytes authenticated from it so far.
+    pub rx_bytes: u64,
+}
+
+/// A peer's path as the search sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathState {
+    /// A live session, datagrams going to this address.
+    Up { via: SocketAddr, since: Instant },
+    /// No live session: trying its candidates (tried so far, over all rounds).
+    Searching { since: Instant, tried: u32 },
+}
+
+#[derive(Debug)]
+struct Search {
+    candidates: Vec<SocketAddr>,
+    /// The next candidate to try and when.
+    next: usize,
+    at: Instant,
+    round: Duration,
+    since: Instant,
+    tried: u32,
+    /// Where the last try sent it, and its bytes received at the last tick: a peer whose
+    /// datagrams arrive, or that roamed elsewhere, is handshaking (its answer is on the way)
+    /// and is not moved under it.
+    moved_to: Option<SocketAddr>,
+    rx_bytes: u64,
+}
+
+/// The paths of the fleet's peers.
+#[derive(Debug, Default)]
+pub struct Paths {
+    searches: HashMap<PublicKey, Search>,
+    up: HashMap<PublicKey, (SocketAddr, Instant)>,
+}
+
+impl Paths {
+    /// One tick: the addresses to move peers to now (each with a handshake at once).
+    /// `peers` are the fleet's peers as the gateway has them, `candidates` each one's
+    /// addresses to try (advertised first).
+    pub fn tick(
+        &mut self,
+        now: Instant,
+        peers: &[PeerNow],
+        candidates: impl Fn(&PublicKey) -> Vec<SocketAddr>,
+    ) -> Vec<(PublicKey, SocketAddr)> {
+        let mut moves = Vec::new();
+        let present: std::collections::HashSet<PublicKey> =
+            peers.iter().map(|p| p.public_key).collect();
+        self.searches.retain(|k, _| present.contains(k));
+        self.up.retain(|k, _| present.contains(k));
+        for peer in peers {
+            let key = peer.public_key;
+            let live = peer.since_handshake.is_some_and(|d| d < SESSION_LIFE);
+            if live {
+                self.searches.remove(&key);
+                if let Some(via) = peer.endpoint {
+                    let since = match self.up.get(&key) {
+                        Some((_, since)) => *since,
+                        None => now,
+                    };
+                    self.up.insert(key, (via, since));
+                }
+                continue;
+            }
+            self.up.remove(&key);
+            let wanted = candidates(&key);
+            if wanted.is_empty() {
+                self.searches.remove(&key);
+                continue;
+            }
+            let search = self.searches.entry(key).or_insert_with(|| Search {
+                candidates: wanted.clone(),
+                next: 0,
+                at: now,
+                round: FIRST_ROUND,
+                since: now,
+                tried: 0,
+                moved_to: None,
+                // What a stale session received says nothing now; with none, what came
+                // in is the peer's handshake under way.
+                rx_bytes: if peer.since_handshake.is_some() {
+                    peer.rx_bytes
+                } else {
+                    0
+                },
+            });
+            let heard = peer.rx_bytes != search.rx_bytes;
+            let roamed = search.moved_to.is_some() && peer.endpoint != search.moved_to;
+            search.rx_bytes = peer.rx_bytes;
+            if heard || roamed {
+                // Its handshake is under way where its datagrams come from: give it time.
+                search.moved_to = peer.endpoint;
+                search.at = search.at.max(now + ATTEMPT);
+                continue;
+            }
+            if search.candidates != wanted {
+                // New addresses (a gateway saw it elsewhere): a fresh round, at once.
+                search.candidates = wanted;
+                search.next = 0;
+                search.at = now;
+                search.round = FIRST_ROUND;
+            }
+            if now < search.at {
+                continue;
+            }
+            let to = search.candidates[search.next];
+            moves.push((key, to));
+            search.moved_to = Some(to);
+            search.tried += 1;
+            search.next += 1;
+            if search.next < search.candidates.len() {
+                search.at = now + ATTEMPT;
+            } else {
+                search.next = 0;
+                search.at = now + search.round;
+                search.round = (search.round * 2).min(LAST_ROUND);
+            }
+        }
+        moves
+    }
+
+    /// Each peer's path now.
+    pub fn state(&self, key: &PublicKey) -> Option<PathState> {
+        if let Some((via, since)) = self.up.get(key) {
+            return Some(PathState::Up {
+                via: *via,
+                since: *since,
+            });
+        }
+        self.searches.get(key).map(|s| PathState::Searching {
+            since: s.since,
+            tried: s.tried,
+        })
+    }
+}
+
+/// What this gateway tells the fleet it saw: for each peer with a live session whose
+/// datagrams come from an address it does not advertise, that address. Loopback
+/// addresses (a TLS transport's bridge) say nothing of where the peer is.
+pub fn observations(
+    peers: &[PeerNow],
+    advertised: impl Fn(&PublicKey) -> Vec<SocketAddr>,
+) -> BTreeMap<PublicKey, SocketAddr> {
+    peers
+        .iter()
+        .filter(|p| p.since_handshake.is_some_and(|d| d < SESSION_LIFE))
+        .filter_map(|p| Some((p.public_key, p.endpoint?)))
+        .filter(|(_, at)| !at.ip().is_loopback() && !at.ip().is_unspecified())
+        .filter(|(key, at)| !advertised(key).contains(at))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> PublicKey {
+        tunneld_crypto::PrivateKey::generate().public_key()
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn silent(key: PublicKey, at: &str) -> PeerNow {
+        PeerNow {
+            public_key: key,
+            endpoint: Some(addr(at)),
+            since_handshake: None,
+            rx_bytes: 0,
+        }
+    }
+
+    /// One peer as the gateway has it: its endpoint follows the moves, as `move_peer` does.
+    struct Sim {
+        paths: Paths,
+        peer: PeerNow,
+        t0: Instant,
+    }
+
+    impl Sim {
+        fn new(at: &str) -> Sim {
+            Sim {
+                paths: Paths::default(),
+                peer: silent(key(), at),
+                t0: Instant::now(),
+            }
+        }
+
+        fn at(&mut self, t: Duration, candidates: &[SocketAddr]) -> Vec<SocketAddr> {
+            let moves = self
+                .paths
+                .tick(self.t0 + t, std::slice::from_ref(&self.peer), |_| {
+                    candidates.to_vec()
+                });
+            for (_, to) in &moves {
+                self.peer.endpoint = Some(*to);
+            }
+            moves.into_iter().map(|(_, to)| to).collect()
+        }
+    }
+
+    #[test]
+    fn a_silent_peer_s_candidates_are_tried_in_turn_then_in_rounds_that_back_off() {
+        let both = [addr("198.51.100.2:51820"), addr("192.0.2.61:51820")];
+        let mut sim = Sim::new("198.51.100.2:51820");
+        let mut at = |t: Duration| sim.at(t, &both);
+        assert_eq!(at(Duration::ZERO), vec![both[0]]);
+        assert_eq!(at(Duration::from_millis(100)), vec![]);
+        assert_eq!(at(ATTEMPT), vec![both[1]]);
+        // The round is over: the next one a second later, the one after two.
+        assert_eq!(at(ATTEMPT + Duration::from_millis(900)), vec![]);
+        let second = ATTEMPT + FIRST_ROUND;
+        assert_eq!(at(second), vec![both[0]]);
+        assert_eq!(at(second + ATTEMPT), vec![both[1]]);
+        assert_eq!(at(second + ATTEMPT + FIRST_ROUND), vec![]);
+        assert_eq!(at(second + ATTEMPT + 2 * FIRST_ROUND), vec![both[0]]);
+    }
+
+    #[test]
+    fn a_new_candidate_starts_a_round_at_once_and_a_handshake_ends_the_search() {
+        let first = [addr("198.51.100.2:51820")];
+        let mut sim = Sim::new("198.51.100.2:51820");
+        assert_eq!(sim.at(Duration::ZERO, &first), vec![first[0]]);
+        assert_eq!(sim.at(ATTEMPT, &first), vec![]);
+        // Another gateway saw it at its NAT's address.
+        let more = [first[0], addr("192.0.2.61:40000")];
+        assert_eq!(sim.at(ATTEMPT, &more), vec![more[0]]);
+        assert_eq!(sim.at(2 * ATTEMPT, &more), vec![more[1]]);
+        sim.peer.since_handshake = Some(Duration::from_millis(5));
+        sim.peer.rx_bytes = 92;
+        assert_eq!(sim.at(3 * ATTEMPT, &more), vec![]);
+        let key = sim.peer.public_key;
+        assert_eq!(
+            sim.paths.state(&key),
+            Some(PathState::Up {
+                via: more[1],
+                since: sim.t0 + 3 * ATTEMPT
+            })
+        );
+        // Its session gone stale, the search starts over.
+        sim.peer.since_handshake = Some(SESSION_LIFE);
+        assert_eq!(sim.at(4 * ATTEMPT, &more), vec![more[0]]);
+        // A peer the fleet removed is forgotten.
+        sim.paths.tick(sim.t0 + 5 * ATTEMPT, &[], |_| more.to_vec());
+        assert_eq!(sim.paths.state(&key), None);
+    }
+
+    #[test]
+    fn a_peer_heard_from_or_roamed_is_not_moved_under_its_handshake() {
+        let peer = key();
+        let both = vec![addr("198.51.100.2:51820"), addr("192.0.2.61:51820")];
+        let mut paths = Paths::default();
+        let t0 = Instant::now();
+        let mut now = silent(peer, "198.51.100.2:51820");
+        assert_eq!(
+            paths.tick(t0, std::slice::from_ref(&now), |_| both.clone()),
+            vec![(peer, both[0])]
+        );
+        // Its initiation came in from its NAT: roaming moved it there, not yet answered.
+        now.endpoint = Some(addr("192.0.2.61:40000"));
+        now.rx_bytes = 148;
+        assert!(paths
+            .tick(t0 + ATTEMPT, &[now.clone()], |_| both.clone())
+            .is_empty());
+        // Nothing more heard and no session after a while: the next candidate.
+        let later = t0 + 3 * ATTEMPT;
+        assert_eq!(
+            paths.tick(later, &[now.clone()], |_| both.clone()),
+            vec![(peer, both[1])]
+        );
+    }
+
+    #[test]
+    fn only_addresses_a_peer_does_not_advertise_are_told() {
+        let (natted, public, bridged, silent_one) = (key(), key(), key(), key());
+        let live = |k, at: &str| PeerNow {
+            public_key: k,
+            endpoint: Some(addr(at)),
+            since_handshake: Some(Duration::from_secs(3)),
+            rx_bytes: 92,
+        };
+        let peers = [
+            live(natted, "192.0.2.61:40000"),
+            live(public, "192.0.2.21:51820"),
+            live(bridged, "127.0.0.1:40999"),
+            silent(silent_one, "192.0.2.70:51820"),
+        ];
+        let advertised = |k: &PublicKey| {
+            if *k == public {
+                vec![addr("192.0.2.21:51820")]
+            } else {
+                vec![addr("198.51.100.2:51820")]
+            }
+        };
+        let told = observations(&peers, advertised);
+        assert_eq!(told, BTreeMap::from([(natted, addr("192.0.2.61:40000"))]));
+    }
+}
