@@ -14,6 +14,11 @@
 //! - At rest, with the N + 1 gateways: etcd requests per gateway per minute (gRPC messages
 //!   the members received, from their metrics), CPU and memory of a gateway with `[fleet]`
 //!   against the same gateway without it (the fleet client's share).
+//! - Active-active (`--active-active` runs this round alone): site F's two gateways in
+//!   `mode = "active-active"`; iperf3 from site A to F's LAN host, with both carrying and
+//!   with one (the other stopped); then 16 paced TCP streams while one gateway is killed
+//!   (-9): which flows each gateway forwarded before and after (nftables counters per
+//!   stream), how long the moved ones stalled, every stream intact.
 
 use crate::report::{self, cell, median, percentile, Table};
 use crate::system;
@@ -37,6 +42,8 @@ struct Options {
     rest_seconds: u64,
     quick: bool,
     update_docs: bool,
+    /// `--active-active`: that round alone.
+    only_active_active: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -46,6 +53,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
         rest_seconds: 30,
         quick: false,
         update_docs: false,
+        only_active_active: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -57,6 +65,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
                 o.rest_seconds = 5;
             }
             "--update-docs" => o.update_docs = true,
+            "--active-active" => o.only_active_active = true,
             "--kills" => {
                 o.kills = it
                     .next()
@@ -78,6 +87,9 @@ fn parse(args: &[String]) -> Result<Options, String> {
     }
     if o.quick && o.update_docs {
         return Err("--update-docs takes a full run, not --quick".into());
+    }
+    if o.only_active_active && o.update_docs {
+        return Err("--update-docs takes a full run, not --active-active alone".into());
     }
     Ok(o)
 }
@@ -194,6 +206,8 @@ struct Spec<'a> {
     gateway: &'a str,
     address: Option<&'a str>,
     subnet: &'a str,
+    /// `[fleet] mode`, when not the default.
+    mode: Option<&'a str>,
 }
 
 struct Fleet<'a> {
@@ -211,6 +225,7 @@ impl Fleet<'_> {
             gateway,
             address,
             subnet,
+            mode,
         } = spec;
         let ifname = unique_name("fb");
         let key = tunneld_crypto::PrivateKey::generate();
@@ -246,6 +261,9 @@ impl Fleet<'_> {
                 certs.join("client.pem").display(),
                 certs.join("client.key").display(),
             ));
+            if let Some(mode) = mode {
+                text.push_str(&format!("mode = \"{mode}\"\n"));
+            }
         }
         let config = self.dir.join(format!("{ifname}.toml"));
         fs::write(&config, text).map_err(|e| e.to_string())?;
@@ -462,6 +480,9 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
         dir,
         cluster: &cluster,
     };
+    if options.only_active_active {
+        return active_active(&fleet, &wan, options);
+    }
     let Failovers {
         kill,
         term,
@@ -538,15 +559,363 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
          a dead host forwards nothing, so there the LAN host's route is moved to the survivor \
          at the moment of death (the LAN's own failover, VRRP or the like, is the operator's \
          and adds its time if slower): the figure is the fleet's part. Joining: N sites in a \
-         mesh, then one more started; the time from its start until each of the N reaches it.\n\n{}\n{}{rest}",
+         mesh, then one more started; the time from its start until each of the N reaches it.\n\n{}\n{}{rest}\n{}",
         options.kills,
         table.render(),
         if failures.is_empty() {
             String::new()
         } else {
             format!("TCP streams that failed: {}.\n\n", failures.join("; "))
-        }
+        },
+        active_active(&fleet, &wan, options)?
     ))
+}
+
+/// The streams of the active-active round's kills, and their ports.
+const AA_STREAMS: u16 = 16;
+const AA_PORT: u16 = 7300;
+
+/// Packets each gateway forwarded to the LAN host per stream (by its port), from the
+/// counters of the `aa` table in its namespace.
+fn forwarded_per_stream(ns: &NetNs) -> Vec<u64> {
+    let text = ns.run(&["nft", "list", "chain", "inet", "aa", "counts"]);
+    (0..AA_STREAMS)
+        .map(|i| {
+            let needle = format!("tcp dport {} counter packets ", AA_PORT + i);
+            text.lines()
+                .find_map(|l| l.split(&needle).nth(1))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+/// iperf3 from `from` to `to_addr` (a server started in `to`): received bit/s.
+fn iperf(
+    from: &NetNs,
+    to: &NetNs,
+    to_addr: &str,
+    streams: u32,
+    seconds: u32,
+) -> Result<f64, String> {
+    let _server = Guard(
+        to.command("iperf3")
+            .args(["-s", "-1", "-B", to_addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start iperf3: {e}"))?,
+    );
+    wait_for("iperf3 listens", || {
+        String::from_utf8_lossy(&to.output(&["ss", "-ltnH"]).stdout).contains(":5201 ")
+    })?;
+    let out = system::output_within(
+        from.command("iperf3").args([
+            "-c",
+            to_addr,
+            "-t",
+            &seconds.to_string(),
+            "-P",
+            &streams.to_string(),
+            "-J",
+        ]),
+        Duration::from_secs(u64::from(seconds) + 20),
+    )?;
+    let json = String::from_utf8_lossy(&out.stdout);
+    crate::testbed::json_number_after(&json, "\"sum_received\"", "\"bits_per_second\"").ok_or_else(
+        || {
+            format!(
+                "iperf3 gave no result: {}",
+                json.chars().take(400).collect::<String>()
+            )
+        },
+    )
+}
+
+/// Bytes site A's gateway sent each peer (`wg show transfer`), by public key.
+fn sent_per_peer(ns: &NetNs, ifname: &str) -> std::collections::HashMap<String, u64> {
+    ns.run(&["wg", "show", ifname, "transfer"])
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            Some((f.first()?.to_string(), f.get(2)?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Site A (one gateway) and site F (two gateways, `mode = "active-active"`, a LAN host):
+/// throughput with both of F's gateways carrying and with one, then kills of one.
+fn active_active(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<String, String> {
+    let kills = options.kills;
+    eprintln!(
+        "==> active-active: throughput, then {kills} kill(s) of one of site F's two gateways"
+    );
+    let prefix = "/tunneld/bench-active-active";
+    let na = wan.host("192.0.2.41/24");
+    let nf: Vec<NetNs> = ["192.0.2.42/24", "192.0.2.43/24"]
+        .iter()
+        .map(|a| wan.host(a))
+        .collect();
+    let lan = NetNs::new();
+    lan.run(&["ip", "link", "add", "brf", "type", "bridge"]);
+    lan.run(&["ip", "addr", "add", "10.6.0.10/24", "dev", "brf"]);
+    lan.run(&["ip", "link", "set", "brf", "up"]);
+    // The LAN host sends through f1 (the LAN addresses' holder would do the same): what
+    // spreads is what the other sites send, and the streams go from A to the LAN host.
+    lan.run(&["ip", "route", "add", "10.0.0.0/8", "via", "10.6.0.2"]);
+    for (i, ns) in nf.iter().enumerate() {
+        let (inside, outside) = link(ns, &lan);
+        ns.run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("10.6.0.{}/24", 2 + i),
+            "dev",
+            &inside,
+        ]);
+        ns.run(&["ip", "link", "set", &inside, "up"]);
+        lan.run(&["ip", "link", "set", &outside, "master", "brf", "up"]);
+        ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        // A counter per stream of what this gateway forwards to the LAN host.
+        ns.run(&["nft", "add", "table", "inet", "aa"]);
+        ns.run(&[
+            "nft",
+            "add chain inet aa counts { type filter hook forward priority 0; policy accept; }",
+        ]);
+        for p in 0..AA_STREAMS {
+            ns.run(&[
+                "nft",
+                &format!(
+                    "add rule inet aa counts ip daddr 10.6.0.10 tcp dport {} counter",
+                    AA_PORT + p
+                ),
+            ]);
+        }
+    }
+    let a = fleet.gateway(
+        &na,
+        Some(prefix),
+        Spec {
+            underlay: "192.0.2.41",
+            site: "a",
+            gateway: "a1",
+            address: Some("10.1.0.1/32"),
+            subnet: "10.1.0.0/24",
+            mode: None,
+        },
+    )?;
+    let spec = |i: usize| Spec {
+        underlay: ["192.0.2.42", "192.0.2.43"][i],
+        site: "f",
+        gateway: ["f1", "f2"][i],
+        address: None,
+        subnet: "10.6.0.0/24",
+        mode: Some("active-active"),
+    };
+    let mut f = vec![fleet.gateway(&nf[0], Some(prefix), spec(0))?];
+    wait_for("f1 leads site f", || {
+        f[0].show(fleet.tunneld).contains("gateway f1 (active)")
+    })?;
+    f.push(fleet.gateway(&nf[1], Some(prefix), spec(1))?);
+    let keys: Vec<String> = f
+        .iter()
+        .map(|g| {
+            g.show(fleet.tunneld)
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("public key: ").map(str::to_string))
+                .unwrap_or_default()
+        })
+        .collect();
+    let routed_to_both = || {
+        let routes = na.run(&["wg", "show", &a.ifname, "allowed-ips"]);
+        keys.iter().all(|k| {
+            routes
+                .lines()
+                .any(|l| l.starts_with(k.as_str()) && l.contains("10.6.0.0/24"))
+        })
+    };
+    let sharing = |g: &Gateway| g.show(fleet.tunneld).contains("gateway f2 (sharing)");
+    wait_for("A routes site f to both of its gateways", || {
+        sharing(&f[1]) && routed_to_both()
+    })?;
+    wait_for("A reaches F's LAN", || {
+        na.output(&["ping", "-c", "1", "-W", "1", "10.6.0.10"])
+            .status
+            .success()
+    })?;
+
+    // Sixteen streams, so that the hash splits them about evenly.
+    let (streams, seconds) = (16, if options.quick { 3 } else { 10 });
+    let before = sent_per_peer(&na, &a.ifname);
+    let cpu = |g: &Gateway| cpu_seconds(&g.pid().into_iter().collect::<Vec<_>>());
+    let cpu_before = [cpu(&f[0]), cpu(&f[1]), cpu(&a)];
+    let both = iperf(&na, &lan, "10.6.0.10", streams, seconds)?;
+    let cpu_both = [
+        cpu(&f[0]) - cpu_before[0],
+        cpu(&f[1]) - cpu_before[1],
+        cpu(&a) - cpu_before[2],
+    ];
+    let after = sent_per_peer(&na, &a.ifname);
+    let through = |i: usize| {
+        after.get(&keys[i]).copied().unwrap_or(0) - before.get(&keys[i]).copied().unwrap_or(0)
+    };
+    let f2_share = through(1) as f64 / (through(0) + through(1)).max(1) as f64;
+    f[1].stop("TERM");
+    wait_for("A routes site f to f1 alone", || !routed_to_both())?;
+    let cpu_before = [cpu(&f[0]), cpu(&a)];
+    let one = iperf(&na, &lan, "10.6.0.10", streams, seconds)?;
+    let cpu_one = [cpu(&f[0]) - cpu_before[0], cpu(&a) - cpu_before[1]];
+    eprintln!(
+        "    {streams} streams, {seconds} s: {:.0} Mbit/s through both gateways (f2 carried {:.0} %; CPU f1 {:.1} s, f2 {:.1} s, a1 {:.1} s), {:.0} Mbit/s through one (CPU f1 {:.1} s, a1 {:.1} s)",
+        both / 1e6,
+        f2_share * 100.0,
+        cpu_both[0],
+        cpu_both[1],
+        cpu_both[2],
+        one / 1e6,
+        cpu_one[0],
+        cpu_one[1]
+    );
+
+    let (mut moved, mut on_killed, mut split, mut broken) =
+        (Vec::new(), Vec::new(), 0usize, Vec::new());
+    let (mut stalls_moved, mut stalls_kept, mut revoked) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..kills {
+        system::check_interrupted()?;
+        f[1].start(fleet.tunneld)?;
+        wait_for("f2 carries its share again", || {
+            sharing(&f[1]) && routed_to_both()
+        })?;
+        // The counters go on across rounds: this round's are the differences.
+        let start = [forwarded_per_stream(&nf[0]), forwarded_per_stream(&nf[1])];
+        let since = |now: Vec<u64>, start: &[u64]| -> Vec<u64> {
+            now.iter().zip(start).map(|(n, s)| n - s).collect()
+        };
+        let transfers = (0..AA_STREAMS)
+            .map(|i| {
+                let to = std::net::SocketAddr::new([10, 6, 0, 10].into(), AA_PORT + i);
+                Transfer::start(&na, &lan, to, 3.0)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        std::thread::sleep(Duration::from_millis(700));
+        let before = [
+            since(forwarded_per_stream(&nf[0]), &start[0]),
+            since(forwarded_per_stream(&nf[1]), &start[1]),
+        ];
+        let killed = unix_now();
+        f[1].stop("KILL");
+        let mut outcomes = Vec::new();
+        for t in transfers {
+            outcomes.push(t.finish());
+        }
+        let after_f1 = since(forwarded_per_stream(&nf[0]), &start[0]);
+        let mut moved_here = 0;
+        let mut on_f2 = 0;
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            let (was_f1, was_f2) = (before[0][i] > 0, before[1][i] > 0);
+            split += usize::from(was_f1 && was_f2);
+            on_f2 += usize::from(was_f2);
+            let stall = match outcome {
+                Ok(stall) => stall,
+                Err(e) => {
+                    broken.push(format!("kill {}, stream {i}: {e}", round + 1));
+                    continue;
+                }
+            };
+            if was_f2 {
+                moved_here += usize::from(after_f1[i] > before[0][i]);
+                stalls_moved.push(stall);
+            } else {
+                stalls_kept.push(stall);
+            }
+        }
+        let took = logged_after_line(&f[0].log_text(), "its lease revoked in etcd", killed);
+        revoked.push(took);
+        eprintln!(
+            "    kill {}: {on_f2} of {AA_STREAMS} streams were on f2, {moved_here} moved to f1 (f1 had f2's lease revoked {took:.3} s after the kill)",
+            round + 1
+        );
+        on_killed.push(on_f2 as f64);
+        moved.push(moved_here as f64);
+    }
+    let mut table = Table::new(&["measure", "p50 (median)", "p99", "samples"]);
+    table.row(&[
+        format!("throughput A → F, {streams} TCP streams, both gateways carrying"),
+        cell(both / 1e6, 0, " Mbit/s"),
+        String::new(),
+        format!(
+            "1 ({:.0} % through f2; CPU f1 {:.1} s, f2 {:.1} s, A's a1 {:.1} s)",
+            f2_share * 100.0,
+            cpu_both[0],
+            cpu_both[1],
+            cpu_both[2]
+        ),
+    ]);
+    table.row(&[
+        format!("throughput A → F, {streams} TCP streams, one gateway (the other stopped)"),
+        cell(one / 1e6, 0, " Mbit/s"),
+        String::new(),
+        format!("1 (CPU f1 {:.1} s, A's a1 {:.1} s)", cpu_one[0], cpu_one[1]),
+    ]);
+    for (name, samples) in [
+        (
+            format!("streams (of {AA_STREAMS}) on the gateway killed"),
+            &on_killed,
+        ),
+        ("of those, moved to the other gateway".to_string(), &moved),
+        (
+            "the killed gateway's lease revoked by the other (probes), after".to_string(),
+            &revoked,
+        ),
+        ("longest stall of a moved stream".to_string(), &stalls_moved),
+        (
+            "longest stall of a stream on the survivor".to_string(),
+            &stalls_kept,
+        ),
+    ] {
+        let unit = if name.starts_with("streams") || name.starts_with("of those") {
+            ""
+        } else {
+            " s"
+        };
+        let decimals = if unit.is_empty() { 1 } else { 2 };
+        table.row(&[
+            name,
+            cell(percentile(samples, 0.5), decimals, unit),
+            cell(percentile(samples, 0.99), decimals, unit),
+            samples.len().to_string(),
+        ]);
+    }
+    Ok(format!(
+        "Active-active: site F's two gateways with `mode = \"active-active\"`, site A's one \
+         gateway spreading flows over them by a hash of each flow (one worker per gateway). \
+         Throughput: iperf3, {streams} streams for {seconds} s from A to a host on F's LAN, its \
+         replies through f1; then again with f2 stopped. All three gateways, the LAN host and \
+         iperf3 share this machine's {} cores, so two gateways can add at most what the cores \
+         left over by one gateway and iperf3 allow: the figure says how much of a second \
+         gateway's capacity the machine let through, not what two hosts would carry (the \
+         gateways' CPU seconds show the work split between them; A's one gateway, one \
+         worker, encrypts every stream on one core either way). Kills: \
+         {AA_STREAMS} TCP streams from A to the LAN host (16 KiB every 10 ms for 3 s), f2 \
+         killed (-9) 0.7 s in, {kills} time(s); nftables counters in each gateway say which \
+         streams it forwarded before and after; streams on both gateways before the kill: \
+         {split}.{}\n\n{}",
+        std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        if broken.is_empty() {
+            " Every stream completed intact (no reset).".to_string()
+        } else {
+            format!(" Streams that failed: {}.", broken.join("; "))
+        },
+        table.render()
+    ))
+}
+
+/// Seconds from `event` (Unix time) to the last log line with `needle`.
+fn logged_after_line(log: &str, needle: &str, event: f64) -> f64 {
+    log.lines()
+        .rfind(|l| l.contains(needle))
+        .map_or(f64::NAN, |l| etcd::logged_after(l, event))
 }
 
 /// Seconds until traffic resumed, per way of losing the active gateway.
@@ -618,6 +987,7 @@ fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failove
             gateway: "a1",
             address: Some("10.1.0.1/32"),
             subnet: "10.1.0.0/24",
+            mode: None,
         },
     )?;
     let mut b = vec![fleet.gateway(
@@ -629,6 +999,7 @@ fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failove
             gateway: "b1",
             address: None,
             subnet: "10.2.0.0/24",
+            mode: None,
         },
     )?];
     wait_for("b1 leads site b", || {
@@ -643,6 +1014,7 @@ fn failovers(fleet: &Fleet, wan: &Underlay, options: &Options) -> Result<Failove
             gateway: "b2",
             address: None,
             subnet: "10.2.0.0/24",
+            mode: None,
         },
     )?);
     wait_for("A reaches B's LAN", || {
@@ -817,6 +1189,7 @@ fn join(
                 gateway: "g",
                 address: Some(&format!("10.64.{i}.1/32")),
                 subnet: &format!("10.64.{i}.0/24"),
+                mode: None,
             },
         )?;
         namespaces.push(ns);
@@ -850,6 +1223,7 @@ fn join(
             gateway: "g",
             address: Some("10.65.0.1/32"),
             subnet: "10.65.0.0/24",
+            mode: None,
         },
     )?;
     // One ping process per site, sending every 100 ms until the first reply (bounded):
@@ -896,6 +1270,7 @@ fn join(
             gateway: "",
             address: Some("10.66.0.1/32"),
             subnet: "",
+            mode: None,
         },
     )?;
     std::thread::sleep(Duration::from_secs(2));

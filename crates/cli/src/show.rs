@@ -263,6 +263,12 @@ fn show_fleet(out: &mut String, fleet: &[(String, String)]) {
         get("fleet_gateway"),
         get("fleet_role")
     );
+    if get("fleet_mode") == "active-active" {
+        say!(
+            out,
+            "  mode: active-active (every gateway of the site carries a share of its flows; the elected one holds the LAN addresses)"
+        );
+    }
     let held_by = get("fleet_name_held_by");
     if !held_by.is_empty() {
         say!(

@@ -15,8 +15,9 @@
 //! a live gateway's name is refused on both sides and never routed to (issue 49); the active
 //! gateway's record and election key, deleted by hand, come back; site B's active
 //! gateway's host dies (its links cut, nothing of it forwards) and the standby takes over,
-//! and when the host comes back its gateway stands by; a client without a certificate is
-//! refused. Failover and join times are printed (measured, not asserted beyond a
+//! and when the host comes back its gateway stands by; site F's two gateways run
+//! active-active (A's flows land on both, a kill -9 of one moves its flows to the other,
+//! every byte intact); a client without a certificate is refused. Failover and join times are printed (measured, not asserted beyond a
 //! generous bound: `cargo xtask bench-fleet` measures them).
 //!
 //! A second test, beside it on an underlay and etcd of its own, has sites behind NAT.
@@ -296,6 +297,27 @@ fn log_window(log: &str, event: f64, seconds: f64) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `wg show <if> allowed-ips`: each peer's allowed IPs, as one line.
+fn ns_allowed_ips(ns: &NetNs, ifname: &str) -> std::collections::BTreeMap<String, String> {
+    ns.run(&["wg", "show", ifname, "allowed-ips"])
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(k, r)| (k.to_string(), r.to_string()))
+        .collect()
+}
+
+/// `wg show <if> transfer`: each peer's bytes (received, sent).
+fn ns_transfer(ns: &NetNs, ifname: &str) -> std::collections::BTreeMap<String, (u64, u64)> {
+    ns.run(&["wg", "show", ifname, "transfer"])
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split('\t');
+            let key = f.next()?.to_string();
+            Some((key, (f.next()?.parse().ok()?, f.next()?.parse().ok()?)))
+        })
+        .collect()
 }
 
 fn count(text: &str, needle: &str) -> usize {
@@ -1188,6 +1210,122 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     );
     ping(&na, "10.2.0.10");
     ping(&lan, "10.1.0.1");
+
+    step("an active-active site: A spreads flows over both its gateways, and a kill -9 moves one's flows to the other");
+    let (nf1, nf2) = (wan.host("192.0.2.31/24"), wan.host("192.0.2.32/24"));
+    let flan = NetNs::new();
+    flan.run(&["ip", "link", "add", "brf", "type", "bridge"]);
+    flan.run(&["ip", "addr", "add", "10.6.0.10/24", "dev", "brf"]);
+    flan.run(&["ip", "link", "set", "brf", "up"]);
+    // The LAN host sends through the site's LAN address, which the elected gateway holds.
+    flan.run(&["ip", "route", "add", "10.0.0.0/8", "via", "10.6.0.1"]);
+    let mut f1 = Site::new(&members, "f", "f1", 6, 31, false);
+    let mut f2 = Site::new(&members, "f", "f2", 6, 32, false);
+    for (ns, site, own) in [(&nf1, &mut f1, "2"), (&nf2, &mut f2, "3")] {
+        let (inside, outside) = link(ns, &flan);
+        ns.run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("10.6.0.{own}/24"),
+            "dev",
+            &inside,
+        ]);
+        ns.run(&["ip", "link", "set", &inside, "up"]);
+        ns.run(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        flan.run(&["ip", "link", "set", &outside, "master", "brf", "up"]);
+        site.body.push_str(&format!(
+            "lan_interface = \"{inside}\"\nlan_addresses = [\"10.6.0.1/24\"]\nmode = \"active-active\"\n"
+        ));
+    }
+    let gf1 = f1.start(&nf1);
+    wait_until("f1 leads site F", || {
+        show(&nf1, &f1.ifname).contains("gateway f1 (active)")
+    });
+    let mut gf2 = f2.start(&nf2);
+    wait_until("f2 carries its share of site F", || {
+        show(&nf2, &f2.ifname).contains("gateway f2 (sharing)")
+    });
+    wait_peers(
+        &na,
+        &a.ifname,
+        &[&b1, &b2, &c, &d, &f1, &f2],
+        "A with site F",
+    );
+    // The shared prefixes show on both of F's gateways, in `wg show` and `tunneld show`.
+    wait_until("A routes site F to both of its gateways", || {
+        let routes = ns_allowed_ips(&na, &a.ifname);
+        [&f1, &f2].iter().all(|f| {
+            routes
+                .get(&f.public)
+                .is_some_and(|r| r.contains("10.6.0.0/24") && r.contains("fd00:6::/64"))
+        })
+    });
+    let shown = show(&na, &a.ifname);
+    assert!(
+        shown.contains("f/f1 (active)") && shown.contains("f/f2 (sharing)"),
+        "{shown}"
+    );
+    assert!(show(&nf2, &f2.ifname).contains("mode: active-active"));
+    // Both of F's gateways route site A themselves.
+    for (ns, f) in [(&nf1, &f1), (&nf2, &f2)] {
+        assert!(
+            ns_allowed_ips(ns, &f.ifname)[&a.public].contains("10.1.0.0/24"),
+            "{}",
+            ns.run(&["wg", "show", &f.ifname, "allowed-ips"])
+        );
+    }
+    reachable(&na, "10.6.0.10");
+    // Sixteen flows: all on one gateway by chance once in 2^15 runs.
+    let before = ns_transfer(&na, &a.ifname);
+    let flows: Vec<_> = (0..16u16)
+        .map(|i| {
+            let to = SocketAddr::new("10.6.0.10".parse().unwrap(), 7100 + i);
+            paced_transfer(&na, &flan, to, 4 << 20)
+        })
+        .collect();
+    let sent_to = |f: &Site, since: &std::collections::BTreeMap<String, (u64, u64)>| {
+        let now = ns_transfer(&na, &a.ifname);
+        now[&f.public].1 - since.get(&f.public).map_or(0, |t| t.1)
+    };
+    wait_until("flows on both of F's gateways", || {
+        sent_to(&f1, &before) > 256 << 10 && sent_to(&f2, &before) > 256 << 10
+    });
+    eprintln!(
+        "fleet: active-active site F: A sent {} KiB through f1 and {} KiB through f2 so far",
+        sent_to(&f1, &before) >> 10,
+        sent_to(&f2, &before) >> 10
+    );
+    // What F's gateways received, each of its share: their own counters agree.
+    for (ns, f) in [(&nf1, &f1), (&nf2, &f2)] {
+        assert!(
+            ns_transfer(ns, &f.ifname)[&a.public].0 > 256 << 10,
+            "{} received its share",
+            f.gateway
+        );
+    }
+    let killed = unix_now();
+    let at_kill = ns_transfer(&na, &a.ifname);
+    gf2.stop_with("KILL");
+    wait_peers(&na, &a.ifname, &[&b1, &b2, &c, &d, &f1], "A after f2 died");
+    let moved = logged_after(&ga.log_text(), "peer removed", killed);
+    let revoked = logged_after(&gf1.log_text(), "its lease revoked in etcd", killed);
+    for flow in flows {
+        flow.join()
+            .expect("every flow survives the kill, its bytes intact");
+    }
+    let after_f1 = sent_to(&f1, &at_kill);
+    eprintln!(
+        "fleet: kill -9 of f2: f1 had its lease revoked {revoked:.2} s later, A moved f2's flows to f1 {moved:.2} s after the kill; {} KiB went through f1 after it",
+        after_f1 >> 10
+    );
+    assert!(
+        revoked < 1.0,
+        "f1 found f2 dead by its probes:\n{}",
+        gf1.log_text()
+    );
+    assert!(show(&nf1, &f1.ifname).contains("gateway f1 (active)"));
+    drop((gf1, gf2));
 
     step("a gateway without a client certificate is refused by etcd");
     let mut e = Site::new(&members, "e", "e1", 5, 26, true);

@@ -23,6 +23,7 @@ const FLEET_FIELDS: &[&str] = &[
     "persistent_keepalive",
     "lan_interface",
     "lan_addresses",
+    "mode",
 ];
 
 /// The lease TTL when none is given, in seconds: a dead gateway's record goes this long
@@ -64,6 +65,46 @@ pub struct FleetConfig {
     pub persistent_keepalive: u16,
     /// The site's LAN side: addresses this gateway holds only while it is the active one.
     pub lan: Option<LanSide>,
+    /// How the site's gateways share its traffic (`mode`).
+    pub mode: SiteMode,
+}
+
+/// `mode`: how a site's gateways carry its traffic. It is the site's: every gateway writes
+/// its own in its record, and the site runs as its elected gateway's record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SiteMode {
+    /// `"active-standby"` (the default): the elected gateway carries everything; the others
+    /// stand by, each ready to take over.
+    #[default]
+    ActiveStandby,
+    /// `"active-active"`: every live gateway carries traffic; the other sites spread flows
+    /// over them by a hash of the flow. The LAN addresses stay with the elected one.
+    ActiveActive,
+}
+
+impl SiteMode {
+    /// The name `mode` takes in the config and in a gateway's record.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SiteMode::ActiveStandby => "active-standby",
+            SiteMode::ActiveActive => "active-active",
+        }
+    }
+
+    /// The mode a name says, if it names one.
+    pub fn parse(text: &str) -> Option<SiteMode> {
+        match text {
+            "active-standby" => Some(SiteMode::ActiveStandby),
+            "active-active" => Some(SiteMode::ActiveActive),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SiteMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// `lan_interface` and `lan_addresses`: the site's virtual addresses on its LAN, which the
@@ -293,6 +334,19 @@ pub(super) fn check_fleet(c: &mut Checker, value: &Value) -> Option<FleetConfig>
         .integer(t, path, "persistent_keepalive", 0, i64::from(u16::MAX))
         .map_or(DEFAULT_FLEET_KEEPALIVE, |n| n as u16);
     let lan = check_lan_side(c, t);
+    let mode = match c.string(t, path, "mode") {
+        Some(text) => SiteMode::parse(text).unwrap_or_else(|| {
+            c.error(
+                "fleet.mode",
+                format!(
+                    "{} is not a mode (write \"active-standby\" or \"active-active\")",
+                    quote(text)
+                ),
+            );
+            SiteMode::default()
+        }),
+        None => SiteMode::default(),
+    };
     if c.errors.len() > before {
         return None;
     }
@@ -309,6 +363,7 @@ pub(super) fn check_fleet(c: &mut Checker, value: &Value) -> Option<FleetConfig>
         lease_ttl,
         persistent_keepalive,
         lan,
+        mode,
     })
 }
 

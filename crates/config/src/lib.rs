@@ -73,7 +73,7 @@ mod fleet;
 mod proxy;
 mod tls;
 pub use fleet::{
-    name_problem as fleet_name_problem, FleetConfig, LanSide, DEFAULT_FLEET_KEEPALIVE,
+    name_problem as fleet_name_problem, FleetConfig, LanSide, SiteMode, DEFAULT_FLEET_KEEPALIVE,
     DEFAULT_LEASE_TTL, MAX_LEASE_TTL, MIN_LEASE_TTL,
 };
 pub use proxy::{

@@ -1404,6 +1404,9 @@ fn a_fleet_section_parses_with_its_defaults() {
          advertise = [\"192.0.2.1:51820\"]\nsubnets = [\"10.1.0.0/24\"]\nlease_ttl = 10\n",
     ));
     assert!(plain.fleet.unwrap().insecure);
+    assert_eq!(f.mode, config::SiteMode::ActiveStandby, "the default mode");
+    let both = ok(&fleet(&format!("{FLEET_OK}mode = \"active-active\"\n")));
+    assert_eq!(both.fleet.unwrap().mode, config::SiteMode::ActiveActive);
 }
 
 #[test]
@@ -1453,6 +1456,14 @@ fn fleet_errors_name_the_field_in_one_line() {
         (
             with("[\"10.2.0.1/24\", \"fd00:2::/64\"]", "[]"),
             "fleet.subnets: is empty",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}mode = \"active-passive\"\n")),
+            "fleet.mode: `active-passive` is not a mode (write \"active-standby\" or \"active-active\")",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}mode = 2\n")),
+            "fleet.mode: must be a string, not integer",
         ),
         (
             fleet(&format!("{FLEET_OK}lease_ttl = 1\n")),

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use store::{Claim, Etcd, EtcdOptions, Leadership, Store, StoreError, WatchEvents, Watched};
 use tunneld::{Gateway, PeerSettings};
-use tunneld_config::FleetConfig;
+use tunneld_config::{FleetConfig, SiteMode};
 use tunneld_crypto::PublicKey;
 
 /// Why the fleet could not start, in one line.
@@ -291,6 +291,7 @@ impl Fleet {
             endpoints: config.advertise.clone(),
             subnets: config.subnets.iter().map(|n| n.trunc()).collect(),
             role: Role::Standby,
+            mode: config.mode,
         };
         let member = Member {
             store,
@@ -312,6 +313,7 @@ impl Fleet {
             refusal_said: None,
             election_seen: false,
             leaders: HashMap::new(),
+            modes: HashMap::new(),
             backoff: MIN_BACKOFF,
             unanswered: 0,
             lan,
@@ -431,6 +433,8 @@ struct Member<S: Store> {
     election_seen: bool,
     /// Each site's active gateway at the last reconcile, to see failovers.
     leaders: HashMap<String, String>,
+    /// Each site's mode and the gateways whose record says another, as last logged.
+    modes: HashMap<String, (SiteMode, Vec<String>)>,
     backoff: Duration,
     /// Failed attempts in a row with no request answered in between: what says the store
     /// is unreachable. One member gone fails a stream or two while the others answer (a
@@ -892,7 +896,39 @@ impl<S: Store> Member<S> {
                 _ => {}
             }
         }
+        for (name, site) in &fleet.sites {
+            let now = (site.mode, site.dissenters.clone());
+            if self.modes.get(name) == Some(&now) {
+                continue;
+            }
+            if !site.dissenters.is_empty() {
+                let decides = site
+                    .active
+                    .as_deref()
+                    .map_or("its earliest record".to_string(), |a| {
+                        format!("its elected gateway {a}")
+                    });
+                tracing::warn!(
+                    "{}: site {name} runs {} as {decides} says; the record of {} says otherwise (give every gateway of a site the same `mode`)",
+                    self.name(),
+                    site.mode,
+                    site.dissenters.join(", ")
+                );
+            } else if self
+                .modes
+                .get(name)
+                .is_some_and(|(mode, _)| *mode != site.mode)
+            {
+                tracing::info!("{}: site {name} runs {} now", self.name(), site.mode);
+            }
+            self.modes.insert(name.clone(), now);
+        }
+        self.modes.retain(|name, _| fleet.sites.contains_key(name));
         let own_active = fleet.active_key(&self.record.site) == Some(self.record.public_key);
+        // An active-active site's every gateway carries traffic to the other sites; its
+        // elected one alone holds the LAN addresses.
+        let own_carries = self.refused_by.is_none()
+            && (own_active || fleet.carries(&self.record.site, &self.record.public_key));
         if self.refused_by.is_none() {
             // What the record says of it; `heal` writes it when it changes.
             self.record.role = if own_active {
@@ -912,8 +948,24 @@ impl<S: Store> Member<S> {
                 .map(|m| m.record.public_key)
                 .filter(|k| *k != self.record.public_key);
             // A standby watches its site's active gateway; a refused gateway watches nothing.
+            // In an active-active site each gateway watches the next one in the order of
+            // their keys, so that with two they watch each other and with more every one is
+            // watched by one.
+            let own_key = self.record.public_key;
+            fn next_of<'a>(
+                s: &'a reconcile::Site,
+                own: &PublicKey,
+            ) -> Option<&'a reconcile::Member> {
+                let mut keys: Vec<&reconcile::Member> = s.gateways.iter().collect();
+                keys.sort_by_key(|m| m.record.public_key.to_base64());
+                let at = keys.iter().position(|m| m.record.public_key == *own)?;
+                Some(keys[(at + 1) % keys.len()])
+            }
             let watched = site
-                .and_then(reconcile::Site::active_member)
+                .and_then(|s| match s.mode {
+                    SiteMode::ActiveActive => next_of(s, &own_key),
+                    SiteMode::ActiveStandby => s.active_member(),
+                })
                 .filter(|m| m.record.public_key != self.record.public_key)
                 .filter(|_| self.refused_by.is_none())
                 .and_then(|m| {
@@ -962,7 +1014,7 @@ impl<S: Store> Member<S> {
         } else {
             self.keepalive
         };
-        let mut wanted = fleet.wanted_peers(&self.record.site, own_active, keepalive);
+        let mut wanted = fleet.wanted_peers(&self.record.site, own_carries, keepalive);
         wanted.retain(|k, _| !self.refused_keys.contains(k));
         self.candidates = wanted.keys().map(|k| (*k, fleet.candidates(k))).collect();
         self.advertised = fleet
@@ -1147,6 +1199,9 @@ impl<S: Store> Member<S> {
                 if let Some(a) = &change.allowed_ips {
                     settings.allowed_ips.clone_from(a);
                 }
+                if let Some(a) = &change.shared_ips {
+                    settings.shared_ips.clone_from(a);
+                }
                 if let Some(k) = change.persistent_keepalive {
                     settings.persistent_keepalive = k;
                 }
@@ -1169,6 +1224,7 @@ impl<S: Store> Member<S> {
                     .allowed_ips
                     .iter()
                     .map(ToString::to_string)
+                    .chain(settings.shared_ips.iter().map(|n| format!("{n} (shared)")))
                     .collect();
                 match self.gateway.add_peer(settings.clone()) {
                     Ok(()) => {
@@ -1197,20 +1253,27 @@ impl<S: Store> Member<S> {
     /// and a gateway wrongly judged dead (the probe path cut, etcd reachable) sees its keys
     /// deleted in its watch and stands by at once.
     async fn take_over(&mut self, death: probe::Death) {
-        let lease = {
+        let (lease, held_lan) = {
             let state = self.shared.state();
-            state
-                .fleet
-                .sites
-                .get(&self.record.site)
+            let site = state.fleet.sites.get(&self.record.site);
+            let active = site
                 .and_then(reconcile::Site::active_member)
-                .filter(|m| m.record.public_key == death.public_key)
+                .is_some_and(|m| m.record.public_key == death.public_key);
+            // Any gateway of an active-active site: each carries flows of its own.
+            let member = site
+                .filter(|s| active || s.mode == SiteMode::ActiveActive)
+                .and_then(|s| {
+                    s.gateways
+                        .iter()
+                        .find(|m| m.record.public_key == death.public_key)
+                })
                 .filter(|m| m.record.public_key != self.record.public_key)
-                .map(|m| m.lease)
+                .map(|m| m.lease);
+            (member, active)
         };
         let Some(lease) = lease.filter(|l| *l != 0) else {
             tracing::debug!(
-                "{}: {} looked dead but no longer leads the site",
+                "{}: {} looked dead but no longer carries the site's traffic",
                 self.name(),
                 death.name
             );
@@ -1228,7 +1291,7 @@ impl<S: Store> Member<S> {
                 // before now, plus lease_ttl - FENCE_MARGIN) and the kernel's lateness. This
                 // one takes them a whole lease_ttl after the revocation, so that two gateways
                 // never hold them at once, even when the dead one was only cut off.
-                if let Some(lan) = &self.lan {
+                if let Some(lan) = self.lan.as_ref().filter(|_| held_lan) {
                     lan.hold_off(Instant::now() + Duration::from_secs(u64::from(self.ttl)));
                 }
                 tracing::info!(
@@ -1302,6 +1365,7 @@ mod tests {
             lease_ttl: 3,
             persistent_keepalive: 25,
             lan: None,
+            mode: tunneld_config::SiteMode::default(),
         }
     }
 

@@ -17,13 +17,18 @@
 //! - **duplicate names**: a gateway refused a name says so under
 //!   `gateways/<site>/<name>/refused/<lease>`; that is a conflict while a record of another
 //!   key holds the name, and it never routes anything;
-//! - every other site's active gateway is a peer, its subnets the allowed IPs.
+//! - **the site's mode** is its elected gateway's record's (`mode`; with none elected, its
+//!   earliest record's): records that say otherwise are named in `Site::dissenters`;
+//! - every gateway of every other site is a peer; an active-standby site's active gateway
+//!   gets its subnets as allowed IPs, each gateway of an active-active site gets its own as
+//!   shared prefixes (`PeerSettings::shared_ips`: flows spread over them by a hash).
 
 use crate::record::{seen_subject, Candidate, KeyKind, Keys, Record};
 use ipnet::IpNet;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use tunneld::{PeerChange, PeerSettings};
+use tunneld_config::SiteMode;
 use tunneld_crypto::PublicKey;
 
 /// One key as the store holds it.
@@ -110,6 +115,11 @@ pub struct Site {
     pub gateways: Vec<Member>,
     /// The gateway the site's election chose (the first candidate with its record).
     pub active: Option<String>,
+    /// How the site's gateways share its traffic: its elected gateway's record says, or
+    /// with none elected its earliest record (so a site has one mode at any time).
+    pub mode: SiteMode,
+    /// Gateways whose record says another mode than the site runs (a config mismatch).
+    pub dissenters: Vec<String>,
 }
 
 impl Site {
@@ -282,6 +292,18 @@ impl Fleet {
             }
         }
         fleet.seen.retain(|_, a| !a.is_empty());
+        for site in fleet.sites.values_mut() {
+            // Members are in order of creation: the first is the earliest record.
+            let decides = site.active_member().or(site.gateways.first());
+            site.mode = decides.map(|m| m.record.mode).unwrap_or_default();
+            let mode = site.mode;
+            site.dissenters = site
+                .gateways
+                .iter()
+                .filter(|m| m.record.mode != mode)
+                .map(|m| m.record.gateway.clone())
+                .collect();
+        }
         for (entry, claimant) in refusals {
             let holder = fleet
                 .sites
@@ -351,16 +373,33 @@ impl Fleet {
         all
     }
 
+    /// Whether the gateway of key `key` in `site` carries traffic to the other sites: the
+    /// site's active gateway, and in an active-active site every gateway whose record is in
+    /// the fleet (a refused or expired one is not).
+    pub fn carries(&self, site: &str, key: &PublicKey) -> bool {
+        let Some(s) = self.sites.get(site) else {
+            return false;
+        };
+        match s.mode {
+            SiteMode::ActiveStandby => s
+                .active_member()
+                .is_some_and(|m| m.record.public_key == *key),
+            SiteMode::ActiveActive => s.gateways.iter().any(|m| m.record.public_key == *key),
+        }
+    }
+
     /// The peers a gateway of `own_site` wants: every gateway of every other site, with
     /// `keepalive` as its keepalive, so that each path is handshaken before it is needed and a
-    /// failover only moves allowed IPs. Only a site's active gateway gets its subnets as
-    /// allowed IPs, and only on an active gateway (`own_active`): a standby routes nothing
-    /// (what reaches it for another site is its LAN's to send to the active one), and no
-    /// site routes to another's standby.
+    /// failover only moves allowed IPs. Only a gateway that carries traffic (`own_carries`,
+    /// see [`Fleet::carries`]) routes: a standby routes nothing (what reaches it for another
+    /// site is its LAN's to send to the active one). An active-standby site's active gateway
+    /// gets its subnets as allowed IPs, no other of its gateways any; each gateway of an
+    /// active-active site gets its own subnets as shared prefixes, so that flows spread over
+    /// them, and one that goes (its lease revoked or expired) takes only its own flows along.
     pub fn wanted_peers(
         &self,
         own_site: &str,
-        own_active: bool,
+        own_carries: bool,
         keepalive: u16,
     ) -> BTreeMap<PublicKey, PeerSettings> {
         self.sites
@@ -369,10 +408,18 @@ impl Fleet {
             .flat_map(|(_, site)| {
                 site.gateways.iter().map(move |m| {
                     let r = &m.record;
-                    let routes = own_active && site.active.as_deref() == Some(r.gateway.as_str());
                     let mut peer = PeerSettings::new(r.public_key).persistent_keepalive(keepalive);
-                    if routes {
-                        peer = peer.allowed_ips(r.subnets.iter().copied());
+                    let subnets = r.subnets.iter().copied();
+                    if own_carries {
+                        match site.mode {
+                            SiteMode::ActiveActive => peer = peer.shared_ips(subnets),
+                            SiteMode::ActiveStandby
+                                if site.active.as_deref() == Some(r.gateway.as_str()) =>
+                            {
+                                peer = peer.allowed_ips(subnets);
+                            }
+                            SiteMode::ActiveStandby => {}
+                        }
                     }
                     peer.endpoint = r.endpoints.first().copied();
                     (r.public_key, peer)
@@ -412,7 +459,7 @@ pub fn diff(
             continue;
         };
         if let Some(change) = PeerChange::between(have, want) {
-            if want.allowed_ips.is_empty() {
+            if want.allowed_ips.is_empty() && want.shared_ips.is_empty() {
                 ops.push(PeerOp::Update(change));
             } else {
                 gaining.push(PeerOp::Update(change));
@@ -444,6 +491,26 @@ mod tests {
         subnets: &[&str],
         rev: i64,
     ) -> Entry {
+        record_entry_in(
+            keys,
+            site,
+            gateway,
+            n,
+            subnets,
+            rev,
+            SiteMode::ActiveStandby,
+        )
+    }
+
+    fn record_entry_in(
+        keys: &Keys,
+        site: &str,
+        gateway: &str,
+        n: u8,
+        subnets: &[&str],
+        rev: i64,
+        mode: SiteMode,
+    ) -> Entry {
         let record = Record {
             site: site.into(),
             gateway: gateway.into(),
@@ -451,6 +518,7 @@ mod tests {
             endpoints: vec![format!("192.0.2.{n}:51820").parse().unwrap()],
             subnets: subnets.iter().map(|s| s.parse().unwrap()).collect(),
             role: Role::Standby,
+            mode,
         };
         Entry {
             key: keys.record(site, gateway),
@@ -474,6 +542,51 @@ mod tests {
             mod_revision: rev,
             lease: i64::from(n),
         }
+    }
+
+    #[test]
+    fn every_gateway_of_an_active_active_site_carries_a_share() {
+        let keys = Keys::new("/f");
+        let both = SiteMode::ActiveActive;
+        let entries = vec![
+            record_entry(&keys, "a", "a1", 1, &["10.1.0.0/24"], 1),
+            election_entry(&keys, "a", "a1", 1, 2),
+            record_entry_in(&keys, "b", "b1", 2, &["10.2.0.0/24"], 3, both),
+            record_entry_in(&keys, "b", "b2", 3, &["10.2.0.0/24"], 4, both),
+            election_entry(&keys, "b", "b1", 2, 5),
+            election_entry(&keys, "b", "b2", 3, 6),
+        ];
+        let view = View::from_entries(entries.clone(), 6);
+        let fleet = Fleet::resolve(&view, &keys, ("a", "a1", &key(1)));
+        assert_eq!(fleet.sites["b"].mode, both);
+        assert!(fleet.sites["b"].dissenters.is_empty());
+        let wanted = fleet.wanted_peers("a", true, 25);
+        for k in [key(2), key(3)] {
+            assert_eq!(wanted[&k].shared_ips, vec!["10.2.0.0/24".parse().unwrap()]);
+            assert!(wanted[&k].allowed_ips.is_empty());
+        }
+        // b2 is not elected, and carries: it routes site A itself.
+        let b2 = Fleet::resolve(&view, &keys, ("b", "b2", &key(3)));
+        assert!(!b2.is_active("b", "b2") && b2.carries("b", &key(3)));
+        assert_eq!(b2.wanted_peers("b", true, 25)[&key(1)].allowed_ips.len(), 1);
+        // b2's record says active-standby: the elected b1's says how the site runs.
+        let mut split = entries;
+        split[3] = record_entry(&keys, "b", "b2", 3, &["10.2.0.0/24"], 4);
+        let fleet = Fleet::resolve(
+            &View::from_entries(split.clone(), 6),
+            &keys,
+            ("a", "a1", &key(1)),
+        );
+        assert_eq!(fleet.sites["b"].mode, both);
+        assert_eq!(fleet.sites["b"].dissenters, vec!["b2".to_string()]);
+        // And the other way round: an active-standby leader makes the site active-standby.
+        split[2] = record_entry(&keys, "b", "b1", 2, &["10.2.0.0/24"], 3);
+        split[3] = record_entry_in(&keys, "b", "b2", 3, &["10.2.0.0/24"], 4, both);
+        let fleet = Fleet::resolve(&View::from_entries(split, 6), &keys, ("a", "a1", &key(1)));
+        assert_eq!(fleet.sites["b"].mode, SiteMode::ActiveStandby);
+        assert!(!fleet.carries("b", &key(3)));
+        let wanted = fleet.wanted_peers("a", true, 25);
+        assert!(wanted[&key(3)].allowed_ips.is_empty() && wanted[&key(3)].shared_ips.is_empty());
     }
 
     #[test]
@@ -709,20 +822,25 @@ mod tests {
     /// A random store: records, election keys and refused claims of a few sites and
     /// names, with keys and leases drawn from small sets so that they collide.
     fn store() -> impl Strategy<Value = Vec<Entry>> {
-        let item = (0u8..3, 0u8..3, 0u8..3, 1u8..6, 1i64..5);
+        let item = (0u8..3, 0u8..3, 0u8..3, 1u8..6, 1i64..5, prop::bool::ANY);
         prop::collection::vec(item, 0..24).prop_map(|items| {
             let keys = Keys::new("/f");
             items
                 .into_iter()
                 .enumerate()
-                .map(|(i, (kind, site, name, n, lease))| {
+                .map(|(i, (kind, site, name, n, lease, both))| {
+                    let mode = if both {
+                        SiteMode::ActiveActive
+                    } else {
+                        SiteMode::ActiveStandby
+                    };
                     let rev = i as i64 + 1;
                     let (site, name) = (format!("s{site}"), format!("g{name}"));
                     let subnet = format!("10.{}.0.0/24", &site[1..]);
                     match kind {
                         0 => Entry {
                             lease,
-                            ..record_entry(&keys, &site, &name, n, &[subnet.as_str()], rev)
+                            ..record_entry_in(&keys, &site, &name, n, &[subnet.as_str()], rev, mode)
                         },
                         1 => Entry {
                             key: format!("{}/{rev:x}", keys.election(&site)),
@@ -744,19 +862,24 @@ mod tests {
     }
 
     fn peer_strategy() -> impl Strategy<Value = (u8, PeerSettings)> {
-        (1u8..12, 1u8..4, 0u8..3, prop::bool::ANY).prop_map(|(n, port, net, keepalive)| {
-            (
-                n,
-                PeerSettings::new(key(n))
+        (1u8..12, 1u8..4, 0u8..3, prop::bool::ANY, 0u8..3).prop_map(
+            |(n, port, net, keepalive, routes)| {
+                let peer = PeerSettings::new(key(n))
                     .endpoint(
                         format!("192.0.2.{n}:{}", 51820 + u16::from(port))
                             .parse()
                             .unwrap(),
                     )
-                    .allowed_ip(format!("10.{n}.{net}.0/24").parse().unwrap())
-                    .persistent_keepalive(if keepalive { 25 } else { 0 }),
-            )
-        })
+                    .persistent_keepalive(if keepalive { 25 } else { 0 });
+                let subnet: IpNet = format!("10.{n}.{net}.0/24").parse().unwrap();
+                let peer = match routes {
+                    0 => peer,
+                    1 => peer.allowed_ip(subnet),
+                    _ => peer.shared_ips([subnet]),
+                };
+                (n, peer)
+            },
+        )
     }
 
     fn peers() -> impl Strategy<Value = BTreeMap<PublicKey, PeerSettings>> {
@@ -782,6 +905,9 @@ mod tests {
                     }
                     if let Some(a) = &c.allowed_ips {
                         p.allowed_ips.clone_from(a);
+                    }
+                    if let Some(a) = &c.shared_ips {
+                        p.shared_ips.clone_from(a);
                     }
                     if let Some(k) = c.persistent_keepalive {
                         p.persistent_keepalive = k;
@@ -924,6 +1050,67 @@ mod tests {
             }
             // The first record written is never refused.
             prop_assert!(accepted.iter().any(|m| m.create_revision == 1));
+        }
+
+        /// Modes: a site has the mode its elected gateway's record says (its earliest
+        /// record's with none elected), and the others are its dissenters. Every gateway of
+        /// an active-active site carries, and every carrying gateway elsewhere shares the
+        /// site's subnets among exactly its live gateways; an active-standby site is routed
+        /// to its active gateway alone. A gateway's record going (its lease revoked) takes it
+        /// out of the group and changes nothing else routed (unless its record was the one
+        /// that decided the site's mode).
+        #[test]
+        fn an_active_active_site_is_shared_among_exactly_its_live_gateways(entries in store()) {
+            let keys = Keys::new("/f");
+            let own = ("me", "me", &key(9));
+            let view = View::from_entries(entries.clone(), 100);
+            let fleet = Fleet::resolve(&view, &keys, own);
+            let wanted = fleet.wanted_peers("me", true, 25);
+            for (name, site) in &fleet.sites {
+                let decides = site.active_member().or(site.gateways.first()).unwrap();
+                prop_assert_eq!(site.mode, decides.record.mode);
+                for m in &site.gateways {
+                    prop_assert_eq!(site.dissenters.contains(&m.record.gateway), m.record.mode != site.mode);
+                    let peer = &wanted[&m.record.public_key];
+                    match site.mode {
+                        SiteMode::ActiveActive => {
+                            prop_assert!(fleet.carries(name, &m.record.public_key));
+                            prop_assert_eq!(&peer.shared_ips, &m.record.subnets);
+                            prop_assert!(peer.allowed_ips.is_empty());
+                        }
+                        SiteMode::ActiveStandby => {
+                            let active = site.active.as_deref() == Some(m.record.gateway.as_str());
+                            prop_assert_eq!(fleet.carries(name, &m.record.public_key), active);
+                            prop_assert!(peer.shared_ips.is_empty());
+                            prop_assert_eq!(peer.allowed_ips.is_empty(), !active);
+                        }
+                    }
+                }
+            }
+            // Every record that goes, one at a time.
+            for gone in fleet.sites.values().flat_map(|s| &s.gateways) {
+                // Not the one whose record decides the site's mode: its going may change it.
+                let site = &fleet.sites[&gone.record.site];
+                let decides = site.active_member().or(site.gateways.first()).unwrap();
+                if site.mode != SiteMode::ActiveActive || decides.record.gateway == gone.record.gateway {
+                    continue;
+                }
+                let mut after = view.clone();
+                after.apply(Change::Delete { key: keys.record(&gone.record.site, &gone.record.gateway), revision: 101 });
+                let after = Fleet::resolve(&after, &keys, own);
+                let members = |f: &Fleet| -> Vec<PublicKey> {
+                    f.sites.values().flat_map(|s| &s.gateways).map(|m| m.record.public_key).collect()
+                };
+                let mut expected = members(&fleet);
+                expected.retain(|k| *k != gone.record.public_key);
+                if members(&after) != expected {
+                    // Its going let in a record it had kept out (the same key): another case.
+                    continue;
+                }
+                let mut before = wanted.clone();
+                before.remove(&gone.record.public_key);
+                prop_assert_eq!(after.wanted_peers("me", true, 25), before);
+            }
         }
     }
 }

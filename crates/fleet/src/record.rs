@@ -18,6 +18,7 @@
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
+use tunneld_config::SiteMode;
 use tunneld_crypto::PublicKey;
 
 /// A record longer than this is refused unread: a gateway's own is a few hundred bytes.
@@ -53,6 +54,8 @@ pub struct Record {
     /// The networks its site serves.
     pub subnets: Vec<IpNet>,
     pub role: Role,
+    /// The site's mode as this gateway's config says it (the elected gateway's is the site's).
+    pub mode: SiteMode,
 }
 
 /// The record's JSON: strings, so that a hand-written one is easy to read and to refuse.
@@ -63,6 +66,11 @@ struct Json {
     endpoints: Vec<String>,
     subnets: Vec<String>,
     role: Role,
+    /// Absent: active-standby, which is what a gateway older than the modes runs. A mode this
+    /// gateway does not know reads as active-standby too: every gateway of the site still
+    /// routes the site then, through its elected one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode: Option<String>,
 }
 
 impl Record {
@@ -73,6 +81,7 @@ impl Record {
             endpoints: self.endpoints.iter().map(ToString::to_string).collect(),
             subnets: self.subnets.iter().map(ToString::to_string).collect(),
             role: self.role,
+            mode: (self.mode != SiteMode::ActiveStandby).then(|| self.mode.as_str().to_string()),
         };
         serde_json::to_vec(&json).unwrap_or_default()
     }
@@ -125,6 +134,11 @@ impl Record {
             endpoints,
             subnets,
             role: json.role,
+            mode: json
+                .mode
+                .as_deref()
+                .and_then(SiteMode::parse)
+                .unwrap_or_default(),
         })
     }
 }
@@ -281,6 +295,7 @@ mod tests {
             endpoints: vec!["192.0.2.2:51820".parse().unwrap()],
             subnets: vec!["10.2.0.0/24".parse().unwrap()],
             role: Role::Standby,
+            mode: SiteMode::ActiveStandby,
         }
     }
 
@@ -288,6 +303,20 @@ mod tests {
     fn a_record_reads_back_as_written() {
         let r = record();
         assert_eq!(Record::parse("b", "b1", &r.to_json()).unwrap(), r);
+        // An active-standby record is what a gateway older than the modes writes.
+        assert!(!String::from_utf8(r.to_json()).unwrap().contains("mode"));
+        let both = Record {
+            mode: SiteMode::ActiveActive,
+            ..record()
+        };
+        assert_eq!(Record::parse("b", "b1", &both.to_json()).unwrap(), both);
+        let newer = String::from_utf8(both.to_json())
+            .unwrap()
+            .replace("active-active", "some-later-mode");
+        assert_eq!(
+            Record::parse("b", "b1", newer.as_bytes()).unwrap().mode,
+            SiteMode::ActiveStandby
+        );
     }
 
     #[test]

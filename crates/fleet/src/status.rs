@@ -15,7 +15,11 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 pub struct GatewayStatus {
     pub site: String,
     pub gateway: String,
+    /// Elected by its site (it holds the LAN addresses, and in an active-standby site it
+    /// alone carries the site's traffic).
     pub active: bool,
+    /// Its site is active-active: it carries a share of the site's traffic, elected or not.
+    pub sharing: bool,
     pub public_key: tunneld_crypto::PublicKey,
     pub endpoint: Option<std::net::SocketAddr>,
     pub subnets: Vec<ipnet::IpNet>,
@@ -71,6 +75,8 @@ pub struct FleetStatus {
     pub gateway: String,
     /// Whether this gateway leads its site.
     pub active: bool,
+    /// Its site's mode, as the site runs it (its elected gateway's record says).
+    pub mode: tunneld_config::SiteMode,
     /// Whether the store has answered since start (until then the gateway is in no fleet).
     pub joined: bool,
     /// `Some` while another gateway holds this gateway's name.
@@ -238,6 +244,7 @@ impl Shared {
                     site: site_name.clone(),
                     gateway: r.gateway.clone(),
                     active: site.active.as_deref() == Some(r.gateway.as_str()),
+                    sharing: site.mode == tunneld_config::SiteMode::ActiveActive,
                     public_key: r.public_key,
                     endpoint: r.endpoints.first().copied(),
                     subnets: r.subnets.clone(),
@@ -262,6 +269,12 @@ impl Shared {
             site: self.site.clone(),
             gateway: self.gateway.clone(),
             active: state.active,
+            mode: state
+                .fleet
+                .sites
+                .get(&self.site)
+                .map(|s| s.mode)
+                .unwrap_or_default(),
             joined: state.joined,
             refused: state.refused.clone(),
             name_conflicts,
@@ -313,12 +326,19 @@ impl tunneld::FrontEnd for Shared {
             "not joined".to_string()
         } else if s.active {
             Role::Active.to_string()
+        } else if s
+            .gateways
+            .iter()
+            .any(|g| g.site == s.site && g.gateway == s.gateway && g.sharing)
+        {
+            "sharing".to_string()
         } else {
             Role::Standby.to_string()
         };
         let _ = writeln!(out, "fleet_site={}", s.site);
         let _ = writeln!(out, "fleet_gateway={}", s.gateway);
         let _ = writeln!(out, "fleet_role={role}");
+        let _ = writeln!(out, "fleet_mode={}", s.mode);
         if let Some(r) = &s.refused {
             let holder = r.holder.map_or("unreadable".into(), |k| k.to_base64());
             let at = r.endpoint.map_or(String::new(), |e| format!(" at {e}"));
@@ -373,7 +393,13 @@ impl tunneld::FrontEnd for Shared {
         }
         for g in &s.gateways {
             let _ = writeln!(out, "gateway={}/{}", g.site, g.gateway);
-            let _ = writeln!(out, "role={}", if g.active { "active" } else { "standby" });
+            // An active-active site's gateway that is not elected carries its share: "sharing".
+            let role = match (g.active, g.sharing) {
+                (true, _) => "active",
+                (false, true) => "sharing",
+                (false, false) => "standby",
+            };
+            let _ = writeln!(out, "role={role}");
             let _ = writeln!(out, "public_key={}", g.public_key.to_base64());
             if let Some(e) = g.endpoint {
                 let _ = writeln!(out, "endpoint={e}");

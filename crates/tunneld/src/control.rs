@@ -268,6 +268,7 @@ impl Control {
         update.persistent_keepalive = Some(peer.persistent_keepalive);
         update.replace_allowed_ips = true;
         update.allowed_ips = peer.allowed_ips.clone();
+        update.shared_ips = Some(peer.shared_ips.clone());
         self.set_peers(vec![update])?;
         self.added.insert(peer.public_key, peer);
         Ok(())
@@ -311,6 +312,9 @@ impl Control {
                 if !peer.allowed_ips.contains(net) {
                     peer.allowed_ips.push(*net);
                 }
+            }
+            if let Some(shared) = &update.shared_ips {
+                peer.shared_ips.clone_from(shared);
             }
         }
     }

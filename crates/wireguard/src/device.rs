@@ -92,6 +92,13 @@ pub struct PeerSettings {
     /// The prefixes routed to the peer and accepted from it (cryptokey routing). Default
     /// none: nothing is routed to it, and nothing it sends is accepted.
     pub allowed_ips: Vec<IpNet>,
+    /// Prefixes shared with the other peers that share them too (ECMP): an outgoing packet
+    /// to one goes to one of those peers, chosen by a hash of its flow (a flow stays on one
+    /// peer), and a packet from any of them with its source in it is accepted. Only the
+    /// library's peer operations set them (the UAPI text and config files cannot): an
+    /// allowed IP claimed for one peer takes the prefix from all of them, as WireGuard
+    /// moves an allowed IP. Default none.
+    pub shared_ips: Vec<IpNet>,
     /// Seconds between keepalives when nothing else is sent (0: off), to keep a NAT
     /// mapping open. Default 0.
     pub persistent_keepalive: u16,
@@ -119,6 +126,7 @@ impl PeerSettings {
             preshared_key: None,
             endpoint: None,
             allowed_ips: Vec::new(),
+            shared_ips: Vec::new(),
             persistent_keepalive: 0,
             parallel: 1,
         }
@@ -154,6 +162,12 @@ impl PeerSettings {
         self
     }
 
+    /// Replaces the prefixes shared with other peers (see the field).
+    pub fn shared_ips(mut self, nets: impl IntoIterator<Item = IpNet>) -> PeerSettings {
+        self.shared_ips = nets.into_iter().collect();
+        self
+    }
+
     /// Sets how many WireGuard sessions carry the peer (`parallel = K`; 1: a plain peer).
     pub fn parallel(mut self, sessions: u8) -> PeerSettings {
         self.parallel = sessions;
@@ -186,6 +200,8 @@ pub struct PeerChange {
     /// Replaces every allowed IP (the gateway's routes follow; the user-space tunnel resets
     /// connections to addresses it no longer routes).
     pub allowed_ips: Option<Vec<IpNet>>,
+    /// Replaces every prefix shared with other peers ([`PeerSettings::shared_ips`]).
+    pub shared_ips: Option<Vec<IpNet>>,
     /// Seconds; 0 turns it off.
     pub persistent_keepalive: Option<u16>,
     /// `Some(None)` removes the preshared key. A new key starts a new session at once.
@@ -199,6 +215,7 @@ impl PeerChange {
             public_key,
             endpoint: None,
             allowed_ips: None,
+            shared_ips: None,
             persistent_keepalive: None,
             preshared_key: None,
         }
@@ -213,6 +230,12 @@ impl PeerChange {
     /// Sets the new allowed IPs (replacing all of them).
     pub fn allowed_ips(mut self, allowed_ips: Vec<IpNet>) -> PeerChange {
         self.allowed_ips = Some(allowed_ips);
+        self
+    }
+
+    /// Sets the new shared prefixes (replacing all of them).
+    pub fn shared_ips(mut self, shared_ips: Vec<IpNet>) -> PeerChange {
+        self.shared_ips = Some(shared_ips);
         self
     }
 
@@ -250,6 +273,9 @@ impl PeerChange {
         if have.allowed_ips != want.allowed_ips {
             change.allowed_ips = Some(want.allowed_ips.clone());
         }
+        if have.shared_ips != want.shared_ips {
+            change.shared_ips = Some(want.shared_ips.clone());
+        }
         if have.persistent_keepalive != want.persistent_keepalive {
             change.persistent_keepalive = Some(want.persistent_keepalive);
         }
@@ -272,6 +298,7 @@ impl From<PeerChange> for PeerUpdate {
             update.replace_allowed_ips = true;
             update.allowed_ips = allowed_ips;
         }
+        update.shared_ips = change.shared_ips;
         update
     }
 }
@@ -496,6 +523,55 @@ impl Load {
     }
 }
 
+/// What a prefix routes to: one peer (WireGuard's allowed IP) or a group of peers sharing
+/// it (`PeerSettings::shared_ips`). Indices into `Device::peers` and `Device::groups`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Peer(usize),
+    Group(usize),
+}
+
+/// The peers sharing one prefix, each with the seed its weight in a flow's choice comes from.
+#[derive(Debug)]
+struct Group {
+    members: Vec<(usize, u64)>,
+}
+
+impl Group {
+    /// The member that carries a flow of hash `flow`: the highest weight (rendezvous
+    /// hashing). Weights come from the flow and the member's key only, so every worker and
+    /// every device with the same members chooses alike, and a member's leaving moves only
+    /// its own flows (each other flow's highest weight is still there).
+    fn choose(&self, flow: u32) -> Option<usize> {
+        if let [(only, _)] = self.members[..] {
+            return Some(only);
+        }
+        self.members
+            .iter()
+            .max_by_key(|(_, seed)| member_weight(flow, *seed))
+            .map(|(slot, _)| *slot)
+    }
+
+    fn has(&self, slot: usize) -> bool {
+        self.members.iter().any(|(s, _)| *s == slot)
+    }
+}
+
+/// A member's seed: a peer's public key is uniformly random, so its first bytes do.
+fn member_seed(key: &PublicKey) -> u64 {
+    let b = key.as_bytes();
+    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
+/// The weight of a member of seed `seed` for a flow of hash `flow` (MurmurHash3's final mix
+/// of the two, so that every bit of both moves the result).
+fn member_weight(flow: u32, seed: u64) -> u64 {
+    let mut h = seed ^ u64::from(flow).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h = (h ^ (h >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
 pub struct Device {
     private_key: PrivateKey,
     local: Local,
@@ -511,7 +587,9 @@ pub struct Device {
     /// receiver indices: see `for_worker`.
     slot_stride: usize,
     slot_offset: usize,
-    routes: AllowedIps<usize>,
+    routes: AllowedIps<Route>,
+    /// The groups `Route::Group` names; `None`: a place free for the next.
+    groups: Vec<Option<Group>>,
     /// TCP SYNs crossing the tunnel get their MSS lowered to this (IPv4, IPv6), if set.
     clamp_mss: Option<(u16, u16)>,
     /// A device that only checks requests (`Device::checker`): peers get no static secret.
@@ -593,6 +671,7 @@ impl Device {
             free: Vec::new(),
             by_key: HashMap::new(),
             routes: AllowedIps::new(),
+            groups: Vec::new(),
             clamp_mss: None,
             checking: false,
             cookies,
@@ -626,6 +705,7 @@ impl Device {
             persistent_keepalive: Some(p.persistent_keepalive),
             replace_allowed_ips: true,
             allowed_ips: p.allowed_ips,
+            shared_ips: Some(p.shared_ips),
         })
     }
 
@@ -691,8 +771,14 @@ impl Device {
             live_allowed.sort_unstable();
             let new_psk = live.preshared_key != p.preshared_key;
             let new_allowed = live_allowed != allowed;
+            let mut shared: Vec<IpNet> = p.shared_ips.iter().map(IpNet::trunc).collect();
+            shared.sort_unstable();
+            shared.dedup();
+            let mut live_shared = live.shared_ips.clone();
+            live_shared.sort_unstable();
+            let new_shared = live_shared != shared;
             let new_keepalive = live.persistent_keepalive != p.persistent_keepalive;
-            if !(new_psk || new_allowed || new_keepalive || endpoint.is_some()) {
+            if !(new_psk || new_allowed || new_shared || new_keepalive || endpoint.is_some()) {
                 continue;
             }
             let _ = self.update_peer(PeerUpdate {
@@ -704,6 +790,7 @@ impl Device {
                 persistent_keepalive: Some(p.persistent_keepalive),
                 replace_allowed_ips: new_allowed,
                 allowed_ips: if new_allowed { allowed } else { Vec::new() },
+                shared_ips: new_shared.then_some(shared),
             });
             if new_psk {
                 // A new key takes effect at once, in a new session, rather than at the next
@@ -771,9 +858,25 @@ impl Device {
         self.routes.iter().map(|(net, _)| net).collect()
     }
 
-    /// The peer whose allowed IPs route `ip` (the longest prefix), if any.
+    /// The peer whose allowed IPs route `ip` (the longest prefix), if any; for a shared
+    /// prefix, the member that carries flows of hash `flow_hash(…)` 0 (the hash of a packet
+    /// with no ports).
     pub fn peer_for(&self, ip: IpAddr) -> Option<PublicKey> {
-        let slot = *self.routes.lookup(ip)?;
+        let slot = match *self.routes.lookup(ip)? {
+            Route::Peer(slot) => slot,
+            Route::Group(g) => self.groups.get(g)?.as_ref()?.choose(0)?,
+        };
+        Some(self.peers.get(slot)?.as_ref()?.public_key)
+    }
+
+    /// The peer that carries `packet` (an IP packet to send): [`Device::peer_for`] its
+    /// destination, a shared prefix's member chosen by the packet's flow.
+    pub fn peer_for_packet(&self, packet: &[u8]) -> Option<PublicKey> {
+        let dst = packet::destination(packet)?;
+        let slot = match *self.routes.lookup(dst)? {
+            Route::Peer(slot) => slot,
+            Route::Group(g) => self.groups.get(g)?.as_ref()?.choose(flow_hash(packet))?,
+        };
         Some(self.peers.get(slot)?.as_ref()?.public_key)
     }
 
@@ -815,9 +918,24 @@ impl Device {
             self.stats.drop(DropReason::NotIp);
             return Disposition::Done;
         };
-        let Some(slot) = self.routes.lookup_cached(dst) else {
-            self.stats.drop(DropReason::NoRoute);
-            return Disposition::Done;
+        let slot = match self.routes.lookup_cached(dst) {
+            Some(Route::Peer(slot)) => slot,
+            Some(Route::Group(g)) => {
+                match self.groups[g]
+                    .as_ref()
+                    .and_then(|g| g.choose(flow_hash(&frame[..len])))
+                {
+                    Some(slot) => slot,
+                    None => {
+                        self.stats.drop(DropReason::NoRoute);
+                        return Disposition::Done;
+                    }
+                }
+            }
+            None => {
+                self.stats.drop(DropReason::NoRoute);
+                return Disposition::Done;
+            }
         };
         let Some(peer) = self.peers[slot].as_ref() else {
             self.stats.drop(DropReason::NoRoute);
@@ -1141,7 +1259,12 @@ impl Device {
         };
         match peer.sessions.receive_data(data, buf, now) {
             Ok(Opened::Packet { len, source }) => {
-                if self.routes.lookup_cached(source) == Some(slot) {
+                let allowed = match self.routes.lookup_cached(source) {
+                    Some(Route::Peer(s)) => s == slot,
+                    Some(Route::Group(g)) => self.groups[g].as_ref().is_some_and(|g| g.has(slot)),
+                    None => false,
+                };
+                if allowed {
                     if let Some(mss) = self.clamp_mss {
                         if packet::clamp_mss(&mut buf[..len], mss) {
                             self.stats.mss_clamped += 1;
@@ -1486,7 +1609,13 @@ impl Device {
                 tx_bytes: peer.tx_bytes,
                 rx_bytes: peer.rx_bytes,
                 persistent_keepalive: peer.persistent_keepalive,
-                allowed_ips: peer.allowed_ips.clone(),
+                // A shared prefix shows on every peer sharing it.
+                allowed_ips: peer
+                    .allowed_ips
+                    .iter()
+                    .chain(&peer.shared_ips)
+                    .copied()
+                    .collect(),
             })
             .collect();
         DeviceSnapshot {
@@ -1568,9 +1697,12 @@ impl Device {
             // take out: no walk over every route.
             if let Some(peer) = self.peers[slot].take() {
                 for net in peer.allowed_ips {
-                    if self.routes.get(net) == Some(&slot) {
+                    if self.routes.get(net) == Some(&Route::Peer(slot)) {
                         self.routes.remove(net);
                     }
+                }
+                for net in peer.shared_ips {
+                    self.leave_group(slot, net);
                 }
             }
             self.free.push(slot);
@@ -1631,15 +1763,29 @@ impl Device {
                 self.routes.remove(net);
             }
         }
+        if let Some(shared) = update.shared_ips {
+            let before = self.peers[slot]
+                .as_mut()
+                .map(|p| std::mem::take(&mut p.shared_ips))
+                .unwrap_or_default();
+            let shared: Vec<IpNet> = shared.into_iter().map(|n| n.trunc()).collect();
+            // Leaving only the groups it is no longer in keeps the others' membership (and
+            // so the flows on it) untouched.
+            for net in before.iter().filter(|n| !shared.contains(n)) {
+                self.leave_group(slot, *net);
+            }
+            if let Some(peer) = self.peers[slot].as_mut() {
+                peer.shared_ips = before.into_iter().filter(|n| shared.contains(n)).collect();
+            }
+            for net in shared {
+                self.join_group(slot, net);
+            }
+        }
         for net in update.allowed_ips {
             let net = net.trunc();
             // A prefix moves to the peer that claims it last, as in the kernel.
-            if let Some(previous) = self.routes.insert(net, slot) {
-                if previous != slot {
-                    if let Some(Some(other)) = self.peers.get_mut(previous) {
-                        other.allowed_ips.retain(|n| *n != net);
-                    }
-                }
+            if let Some(previous) = self.routes.insert(net, Route::Peer(slot)) {
+                self.release(net, previous, slot);
             }
             if let Some(peer) = self.peers[slot].as_mut() {
                 if !peer.allowed_ips.contains(&net) {
@@ -1648,6 +1794,90 @@ impl Device {
             }
         }
         Ok(())
+    }
+
+    /// Takes `net` off the peers `previous` (what routed it before) names, but `slot`:
+    /// another claim has just replaced it in `routes`.
+    fn release(&mut self, net: IpNet, previous: Route, slot: usize) {
+        match previous {
+            Route::Peer(p) if p == slot => {}
+            Route::Peer(p) => {
+                if let Some(Some(other)) = self.peers.get_mut(p) {
+                    other.allowed_ips.retain(|n| *n != net);
+                }
+            }
+            Route::Group(g) => {
+                let group = self.groups.get_mut(g).and_then(Option::take);
+                for (member, _) in group.map(|g| g.members).unwrap_or_default() {
+                    if let Some(Some(other)) = self.peers.get_mut(member) {
+                        other.shared_ips.retain(|n| *n != net);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes peer `slot` a member of `net`'s group: made if `net` has none, taking the prefix
+    /// from a peer that held it alone (this one too), as any later claim of an allowed IP.
+    fn join_group(&mut self, slot: usize, net: IpNet) {
+        let Some(key) = self
+            .peers
+            .get(slot)
+            .and_then(Option::as_ref)
+            .map(|p| p.public_key)
+        else {
+            return;
+        };
+        let member = (slot, member_seed(&key));
+        match self.routes.get(net).copied() {
+            Some(Route::Group(g)) => {
+                if let Some(group) = self.groups.get_mut(g).and_then(Option::as_mut) {
+                    if !group.has(slot) {
+                        group.members.push(member);
+                    }
+                }
+            }
+            _ => {
+                let group = Some(Group {
+                    members: vec![member],
+                });
+                let g = match self.groups.iter().position(Option::is_none) {
+                    Some(free) => {
+                        self.groups[free] = group;
+                        free
+                    }
+                    None => {
+                        self.groups.push(group);
+                        self.groups.len() - 1
+                    }
+                };
+                if let Some(Route::Peer(p)) = self.routes.insert(net, Route::Group(g)) {
+                    if let Some(Some(other)) = self.peers.get_mut(p) {
+                        other.allowed_ips.retain(|n| *n != net);
+                    }
+                }
+            }
+        }
+        if let Some(peer) = self.peers[slot].as_mut() {
+            if !peer.shared_ips.contains(&net) {
+                peer.shared_ips.push(net);
+            }
+        }
+    }
+
+    /// Takes peer `slot` out of `net`'s group; the last member out takes the route with it.
+    fn leave_group(&mut self, slot: usize, net: IpNet) {
+        let Some(Route::Group(g)) = self.routes.get(net).copied() else {
+            return;
+        };
+        let Some(group) = self.groups.get_mut(g).and_then(Option::as_mut) else {
+            return;
+        };
+        group.members.retain(|(s, _)| *s != slot);
+        if group.members.is_empty() {
+            self.groups[g] = None;
+            self.routes.remove(net);
+        }
     }
 
     /// The slot peer `local` writes into its receiver indices.

@@ -12,7 +12,11 @@ pub(crate) struct Peer {
     pub preshared_key: Option<PresharedKey>,
     pub sessions: Sessions,
     pub endpoint: Option<SocketAddr>,
+    /// The prefixes routed to this peer alone (WireGuard's allowed IPs).
     pub allowed_ips: Vec<IpNet>,
+    /// The prefixes it shares with other peers (`PeerSettings::shared_ips`): each is a
+    /// `Group` of the device's.
+    pub shared_ips: Vec<IpNet>,
     /// Seconds; 0 = off.
     pub persistent_keepalive: u16,
     pub last_sent: Option<Instant>,
@@ -44,6 +48,7 @@ impl std::fmt::Debug for Peer {
             .field("public_key", &self.public_key)
             .field("endpoint", &self.endpoint)
             .field("allowed_ips", &self.allowed_ips)
+            .field("shared_ips", &self.shared_ips)
             .finish_non_exhaustive()
     }
 }
@@ -56,6 +61,7 @@ impl Peer {
             sessions,
             endpoint: None,
             allowed_ips: Vec::new(),
+            shared_ips: Vec::new(),
             persistent_keepalive: 0,
             last_sent: None,
             tx_bytes: 0,

@@ -61,6 +61,10 @@ pub struct PeerUpdate {
     pub replace_allowed_ips: bool,
     /// Truncated to their networks.
     pub allowed_ips: Vec<IpNet>,
+    /// `Some`: replaces the prefixes the peer shares with other peers (`PeerSettings::
+    /// shared_ips`). Never set by the UAPI text, which has no such key: only the control
+    /// handle's peer operations share a prefix.
+    pub shared_ips: Option<Vec<IpNet>>,
 }
 
 impl PeerUpdate {
@@ -75,6 +79,7 @@ impl PeerUpdate {
             persistent_keepalive: None,
             replace_allowed_ips: false,
             allowed_ips: Vec::new(),
+            shared_ips: None,
         }
     }
 }

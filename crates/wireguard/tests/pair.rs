@@ -658,6 +658,7 @@ fn changing_allowed_ips_live_keeps_the_session() {
                     persistent_keepalive: None,
                     replace_allowed_ips: true,
                     allowed_ips: vec![net("10.0.0.2/32"), net("10.3.0.0/16")],
+                    shared_ips: None,
                 }],
             },
             now,
