@@ -111,9 +111,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
 }
 
 /// A gateway's config and process.
-struct Gateway {
+pub(crate) struct Gateway {
     ns_name: String,
-    ifname: String,
+    pub(crate) ifname: String,
     config: PathBuf,
     log: PathBuf,
     process: Option<std::process::Child>,
@@ -155,11 +155,11 @@ impl Gateway {
         let _ = fs::remove_file(format!("/var/run/wireguard/{}.sock", self.ifname));
     }
 
-    fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.process.as_ref().map(std::process::Child::id)
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
@@ -188,23 +188,28 @@ impl Drop for Gateway {
 
 /// A gateway to start: its underlay address, site and name, own address (/32) and its
 /// site's subnet.
-struct Spec<'a> {
-    underlay: &'a str,
-    site: &'a str,
-    gateway: &'a str,
-    address: Option<&'a str>,
-    subnet: &'a str,
+pub(crate) struct Spec<'a> {
+    pub(crate) underlay: &'a str,
+    pub(crate) site: &'a str,
+    pub(crate) gateway: &'a str,
+    pub(crate) address: Option<&'a str>,
+    pub(crate) subnet: &'a str,
 }
 
-struct Fleet<'a> {
-    tunneld: &'a Path,
-    dir: &'a Path,
-    cluster: &'a Cluster,
+pub(crate) struct Fleet<'a> {
+    pub(crate) tunneld: &'a Path,
+    pub(crate) dir: &'a Path,
+    pub(crate) cluster: &'a Cluster,
 }
 
 impl Fleet<'_> {
     /// A gateway in `ns` as `spec` says; with no `prefix`, one without `[fleet]`.
-    fn gateway(&self, ns: &NetNs, prefix: Option<&str>, spec: Spec) -> Result<Gateway, String> {
+    pub(crate) fn gateway(
+        &self,
+        ns: &NetNs,
+        prefix: Option<&str>,
+        spec: Spec,
+    ) -> Result<Gateway, String> {
         let Spec {
             underlay,
             site,
@@ -261,7 +266,7 @@ impl Fleet<'_> {
     }
 }
 
-fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -957,7 +962,7 @@ fn etcd_messages(cluster: &Cluster, ns: &NetNs) -> Result<f64, String> {
 }
 
 /// A plain HTTP/1.0 GET (etcd's metrics listener), bounded in time.
-fn http_get(host: &str, path: &str) -> Result<String, String> {
+pub(crate) fn http_get(host: &str, path: &str) -> Result<String, String> {
     use std::io::Read as _;
     let addr: std::net::SocketAddr = host.parse().map_err(|_| format!("bad address {host}"))?;
     let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
@@ -976,7 +981,7 @@ fn http_get(host: &str, path: &str) -> Result<String, String> {
 }
 
 /// Where a process's threads are (gdb's backtraces, when gdb is there), for a report.
-fn stacks(pid: u32) -> String {
+pub(crate) fn stacks(pid: u32) -> String {
     Command::new("gdb")
         .args([
             "-p",
