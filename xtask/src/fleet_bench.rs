@@ -200,6 +200,8 @@ pub(crate) struct Fleet<'a> {
     pub(crate) tunneld: &'a Path,
     pub(crate) dir: &'a Path,
     pub(crate) cluster: &'a Cluster,
+    /// `[fleet] lease_ttl`, when not the default.
+    pub(crate) lease_ttl: Option<u16>,
 }
 
 impl Fleet<'_> {
@@ -251,6 +253,9 @@ impl Fleet<'_> {
                 certs.join("client.pem").display(),
                 certs.join("client.key").display(),
             ));
+            if let Some(ttl) = self.lease_ttl {
+                text.push_str(&format!("lease_ttl = {ttl}\n"));
+            }
         }
         let config = self.dir.join(format!("{ifname}.toml"));
         fs::write(&config, text).map_err(|e| e.to_string())?;
@@ -466,6 +471,7 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
         tunneld,
         dir,
         cluster: &cluster,
+        lease_ttl: None,
     };
     let Failovers {
         kill,

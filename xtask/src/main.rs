@@ -73,12 +73,12 @@ commands:
                    each, default 10), time for a new site to be reachable from N = 10 and
                    50 others, etcd requests per gateway per minute, CPU and memory at rest;
                    report in target/bench-report/fleet-report.md
-  bench-fleet-scale [--quick] [--sizes N,...] [--rest S] [--update-docs]
-                   the fleet's full mesh at N sites (default 50,200; --quick: 20), one
-                   `tunneld up` per site in namespaces, three etcd members: mesh time, a new
-                   site known to all and pinged, etcd requests and events, CPU and memory
-                   at rest (default 60 s), extrapolated to 10 000 sites; report in
-                   target/bench-report/fleet-scale-report.md
+  bench-fleet-scale [--quick] [--sizes N,...] [--rest S] [--lease-ttl S] [--update-docs]
+                   the fleet's full mesh at N sites (default 50,200; --quick: 20, about
+                   20 s), one `tunneld up` per site in namespaces, three etcd members: mesh
+                   time, a new site known to all and pinged, etcd requests and events, CPU
+                   and memory at rest (default 60 s), extrapolated to 10 000 sites; lease
+                   TTL 10 s by default; report in target/bench-report/fleet-scale-report.md
   bench-hub [--quick] [--rounds N] [--peers N,...] [--no-up] [--spread S]
              [--baseline TUNNELD] [--update-docs]
                    a hub with N peers (default 1000,10000,100000), tunneld beside
