@@ -123,9 +123,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
 }
 
 /// A gateway's config and process.
-struct Gateway {
+pub(crate) struct Gateway {
     ns_name: String,
-    ifname: String,
+    pub(crate) ifname: String,
     config: PathBuf,
     log: PathBuf,
     process: Option<std::process::Child>,
@@ -167,11 +167,11 @@ impl Gateway {
         let _ = fs::remove_file(format!("/var/run/wireguard/{}.sock", self.ifname));
     }
 
-    fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.process.as_ref().map(std::process::Child::id)
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
@@ -200,25 +200,32 @@ impl Drop for Gateway {
 
 /// A gateway to start: its underlay address, site and name, own address (/32) and its
 /// site's subnet.
-struct Spec<'a> {
-    underlay: &'a str,
-    site: &'a str,
-    gateway: &'a str,
-    address: Option<&'a str>,
-    subnet: &'a str,
+pub(crate) struct Spec<'a> {
+    pub(crate) underlay: &'a str,
+    pub(crate) site: &'a str,
+    pub(crate) gateway: &'a str,
+    pub(crate) address: Option<&'a str>,
+    pub(crate) subnet: &'a str,
     /// `[fleet] mode`, when not the default.
-    mode: Option<&'a str>,
+    pub(crate) mode: Option<&'a str>,
 }
 
-struct Fleet<'a> {
-    tunneld: &'a Path,
-    dir: &'a Path,
-    cluster: &'a Cluster,
+pub(crate) struct Fleet<'a> {
+    pub(crate) tunneld: &'a Path,
+    pub(crate) dir: &'a Path,
+    pub(crate) cluster: &'a Cluster,
+    /// `[fleet] lease_ttl`, when not the default.
+    pub(crate) lease_ttl: Option<u16>,
 }
 
 impl Fleet<'_> {
     /// A gateway in `ns` as `spec` says; with no `prefix`, one without `[fleet]`.
-    fn gateway(&self, ns: &NetNs, prefix: Option<&str>, spec: Spec) -> Result<Gateway, String> {
+    pub(crate) fn gateway(
+        &self,
+        ns: &NetNs,
+        prefix: Option<&str>,
+        spec: Spec,
+    ) -> Result<Gateway, String> {
         let Spec {
             underlay,
             site,
@@ -264,6 +271,9 @@ impl Fleet<'_> {
             if let Some(mode) = mode {
                 text.push_str(&format!("mode = \"{mode}\"\n"));
             }
+            if let Some(ttl) = self.lease_ttl {
+                text.push_str(&format!("lease_ttl = {ttl}\n"));
+            }
         }
         let config = self.dir.join(format!("{ifname}.toml"));
         fs::write(&config, text).map_err(|e| e.to_string())?;
@@ -279,7 +289,7 @@ impl Fleet<'_> {
     }
 }
 
-fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -479,6 +489,7 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<String, Stri
         tunneld,
         dir,
         cluster: &cluster,
+        lease_ttl: None,
     };
     if options.only_active_active {
         return active_active(&fleet, &wan, options);
@@ -1341,7 +1352,7 @@ fn etcd_messages(cluster: &Cluster, ns: &NetNs) -> Result<f64, String> {
 }
 
 /// A plain HTTP/1.0 GET (etcd's metrics listener), bounded in time.
-fn http_get(host: &str, path: &str) -> Result<String, String> {
+pub(crate) fn http_get(host: &str, path: &str) -> Result<String, String> {
     use std::io::Read as _;
     let addr: std::net::SocketAddr = host.parse().map_err(|_| format!("bad address {host}"))?;
     let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
@@ -1360,7 +1371,7 @@ fn http_get(host: &str, path: &str) -> Result<String, String> {
 }
 
 /// Where a process's threads are (gdb's backtraces, when gdb is there), for a report.
-fn stacks(pid: u32) -> String {
+pub(crate) fn stacks(pid: u32) -> String {
     Command::new("gdb")
         .args([
             "-p",

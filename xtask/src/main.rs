@@ -8,6 +8,7 @@ mod demo;
 mod docs_commands;
 mod embedded_bench;
 mod fleet_bench;
+mod fleet_scale;
 mod fuzz;
 mod hub_bench;
 mod kernel_wg;
@@ -72,6 +73,12 @@ commands:
                    each, default 10), time for a new site to be reachable from N = 10 and
                    50 others, etcd requests per gateway per minute, CPU and memory at rest;
                    report in target/bench-report/fleet-report.md
+  bench-fleet-scale [--quick] [--sizes N,...] [--rest S] [--lease-ttl S] [--update-docs]
+                   the fleet's full mesh at N sites (default 50,200; --quick: 20, about
+                   20 s), one `tunneld up` per site in namespaces, three etcd members: mesh
+                   time, a new site known to all and pinged, etcd requests and events, CPU
+                   and memory at rest (default 60 s), extrapolated to 10 000 sites; lease
+                   TTL 10 s by default; report in target/bench-report/fleet-scale-report.md
   bench-hub [--quick] [--rounds N] [--peers N,...] [--no-up] [--spread S]
              [--baseline TUNNELD] [--update-docs]
                    a hub with N peers (default 1000,10000,100000), tunneld beside
@@ -131,6 +138,7 @@ fn main() -> ExitCode {
                 | "bench-embedded"
                 | "bench-proxy"
                 | "bench-fleet"
+                | "bench-fleet-scale"
                 | "bench-hub"
         )
     ) {
@@ -144,6 +152,7 @@ fn main() -> ExitCode {
         Some("bench-embedded") => embedded_bench::run(&args[1..]),
         Some("bench-proxy") => proxy_bench::run(&args[1..]),
         Some("bench-fleet") => fleet_bench::run(&args[1..]),
+        Some("bench-fleet-scale") => fleet_scale::run(&args[1..]),
         Some("bench-hub") => hub_bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("tlsfuzzer") => tlsfuzzer::run(&args[1..]),

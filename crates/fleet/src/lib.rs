@@ -398,6 +398,34 @@ enum Interruption {
     Compacted,
 }
 
+/// Applies what the watch has already delivered beyond the change just applied, so that
+/// one reconcile follows a burst of changes rather than one per change: a reconcile reads
+/// the whole fleet (O(N)), and when N sites join at once every gateway is sent about 3N
+/// changes; reconciling after each made the mesh's CPU grow as N³ and, at N = 200 on a
+/// shared machine, starved the store's keep-alives until leases lapsed (measured with
+/// `cargo xtask bench-fleet-scale`). Bounded, so that a flood cannot hold off the
+/// keep-alive: at most [`CATCH_UP_LIMIT`] answers.
+async fn catch_up<W: WatchEvents>(watch: &mut W, view: &mut View) -> Option<Interruption> {
+    for _ in 0..CATCH_UP_LIMIT {
+        // Polled once: ready now or left for the loop (the watch's next answer is
+        // cancel-safe, as the loop's select! already needs).
+        match tokio::time::timeout(Duration::ZERO, watch.next()).await {
+            Ok(Ok(Watched::Changes(changes))) => {
+                for change in changes {
+                    view.apply(change);
+                }
+            }
+            Ok(Ok(Watched::Compacted)) => return Some(Interruption::Compacted),
+            Ok(Err(e)) => return Some(Interruption::Lost(e)),
+            Err(_) => break,
+        }
+    }
+    None
+}
+
+/// The most watch answers one reconcile waits to take in.
+const CATCH_UP_LIMIT: usize = 1024;
+
 /// The fleet member's state, on its thread.
 struct Member<S: Store> {
     store: S,
@@ -622,6 +650,9 @@ impl<S: Store> Member<S> {
                     Ok(Watched::Changes(changes)) => {
                         for change in changes {
                             view.apply(change);
+                        }
+                        if let Some(interruption) = catch_up(&mut watch, &mut view).await {
+                            return interruption;
                         }
                         self.reconcile(&view);
                         if let Err(e) = self.heal(&view, lease).await {
