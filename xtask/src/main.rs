@@ -521,6 +521,12 @@ fn test() -> ExitCode {
             eprintln!("bench-fleet --quick: {e}");
             failures.push("bench-fleet --quick".into());
         }
+        // A mesh of twenty sites, a newcomer and the store at rest: about 15 s.
+        eprintln!("==> fleet scale smoke run: cargo xtask bench-fleet-scale --quick");
+        if let Err(e) = fleet_scale::run(&["--quick".to_string()]) {
+            eprintln!("bench-fleet-scale --quick: {e}");
+            failures.push("bench-fleet-scale --quick".into());
+        }
     } else if let Err(e) = skip_step(
         "benchmark harness smoke run",
         "needs root for network namespaces",
