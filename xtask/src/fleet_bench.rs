@@ -1237,26 +1237,40 @@ fn join(
             mode: None,
         },
     )?;
-    // One ping process per site, sending every 100 ms until the first reply (bounded):
-    // cheap enough for 50 at once, and its -D time is when the reply came.
+    // Per site, a ping every 100 ms until the first reply, started again when one ends
+    // without (at once while the site has no route to the new one yet: ping gives up on
+    // "network unreachable"); 60 s at most. Its -D time is when the reply came.
     let started_unix = unix_now() - started.elapsed().as_secs_f64();
-    let pingers: Vec<std::process::Child> = namespaces
-        .iter()
-        .map(|ns| {
-            ns.command("ping")
-                .args(["-D", "-n", "-c", "1", "-i", "0.1", "-w", "60", "10.65.0.1"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|e| format!("cannot start ping: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let replies: Vec<Option<f64>> = std::thread::scope(|scope| {
+        let pingers: Vec<_> = namespaces
+            .iter()
+            .map(|ns| {
+                scope.spawn(move || {
+                    while Instant::now() < deadline {
+                        let out = ns
+                            .command("ping")
+                            .args(["-D", "-n", "-c", "1", "-i", "0.1", "-w", "1", "10.65.0.1"])
+                            .stderr(Stdio::null())
+                            .output()
+                            .ok()?;
+                        let stdout = String::from_utf8_lossy(&out.stdout);
+                        if let Some(at) = etcd::ping_reply_times(&stdout).first() {
+                            return Some(*at);
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    None
+                })
+            })
+            .collect();
+        pingers
+            .into_iter()
+            .map(|p| p.join().ok().flatten())
+            .collect()
+    });
     let mut joined = Vec::new();
-    for pinger in pingers {
-        let out = pinger.wait_with_output().map_err(|e| e.to_string())?;
-        let reply = etcd::ping_reply_times(&String::from_utf8_lossy(&out.stdout))
-            .first()
-            .copied();
+    for reply in replies {
         match reply {
             Some(at) => joined.push(at - started_unix),
             None => {
