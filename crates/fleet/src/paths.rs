@@ -4,7 +4,7 @@
 //! A gateway behind NAT is reached where its NAT maps it, which only those who receive from
 //! it see. So every gateway publishes, under its own record, the address each peer's
 //! authenticated datagrams came from when that is not one the peer advertises
-//! ([`Paths::observations`]); the reconcile adds those to the peer's candidates
+//! ([`observations`]); the reconcile adds those to the peer's candidates
 //! (`Fleet::candidates`). A peer with no live session is searched: its candidates are tried
 //! one after the other, [`ATTEMPT`] apart, each with a handshake sent at once
 //! (`Gateway::move_peer`), in rounds that back off from [`FIRST_ROUND`] to [`LAST_ROUND`].
