@@ -1397,6 +1397,14 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one() {
     let _e1 = e1_site.start(&e1.site);
     let _e2 = e2_site.start(&e2.site);
     let _d = d_site.start(&d.site);
+    // E3 and E4 would punch through to each other but for a firewall between them.
+    let e3 = Nat::new(&wan, "192.0.2.44/24", 4, NatKind::EndpointIndependent);
+    let e4 = Nat::new(&wan, "192.0.2.45/24", 5, NatKind::EndpointIndependent);
+    e3.block(&e4.public);
+    let e3_site = nat_site(&cluster, "e3", 44, &e3);
+    let e4_site = nat_site(&cluster, "e4", 45, &e4);
+    let _e3 = e3_site.start(&e3.site);
+    let _e4 = e4_site.start(&e4.site);
 
     step("NAT: the public site reaches each site behind NAT (they come to it)");
     for (nat, n) in [(&e1, 41), (&e2, 42), (&d, 43)] {
@@ -1457,7 +1465,10 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one() {
     let via = "path relayed via p/gw (192.0.2.31:";
     let deadline = Instant::now() + Duration::from_secs(5);
     let (shown_e1, shown_d) = loop {
-        let (e, dd) = (show(&e1.site, &e1_site.ifname), show(&d.site, &d_site.ifname));
+        let (e, dd) = (
+            show(&e1.site, &e1_site.ifname),
+            show(&d.site, &d_site.ifname),
+        );
         if (e.contains(via) && dd.contains(via)) || Instant::now() > deadline {
             break (e, dd);
         }
@@ -1501,6 +1512,35 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one() {
         "P's WireGuard authenticated {p_more} bytes from E1 and D during the relayed transfer"
     );
     println!("    {}", relay_line.trim());
+
+    step("NAT: E3 and E4, relayed while a firewall parts them, go direct once it is gone");
+    reachable(&e3.site, "10.45.0.1");
+    let shown = show(&e3.site, &e3_site.ifname);
+    assert!(
+        shown.contains(via),
+        "E3 does not say it goes through P's relay to E4:\n{shown}"
+    );
+    e3.unblock();
+    let unblocked = Instant::now();
+    let direct = format!("path direct via {}:", e4.public);
+    let deadline = unblocked + Duration::from_secs(30);
+    let shown = loop {
+        let shown = show(&e3.site, &e3_site.ifname);
+        if shown.contains(&direct) || Instant::now() > deadline {
+            break shown;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        shown.contains(&direct),
+        "E3 did not move to a direct path to E4 within 30 s of the firewall's end:\n{shown}"
+    );
+    reachable(&e3.site, "10.45.0.1");
+    println!(
+        "    E3 and E4 direct {:.2?} after the firewall went (a try every {} s)",
+        unblocked.elapsed(),
+        10
+    );
 
     step("NAT: a flush of D's NAT is recovered from through the relay");
     d.flush();

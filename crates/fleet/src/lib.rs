@@ -286,20 +286,19 @@ impl Fleet {
         };
         shared.state().probes = probes.clone();
         let relay_public = config.advertise.first().map(|e| e.ip());
-        let relay = match (config.relay, &settings.static_key, relay_public) {
-            (false, _, _) => None,
-            (true, Some(key), Some(public)) => {
-                let relay = Arc::new(Mutex::new(relay::Relay::new(key.clone(), public)));
-                shared.state().relay = Some(relay.clone());
-                Some(relay)
-            }
-            (true, _, _) => {
-                return Err(Error::Settings(
+        let relay =
+            match (config.relay, &settings.static_key, relay_public) {
+                (false, _, _) => None,
+                (true, Some(key), Some(public)) => {
+                    let relay = Arc::new(Mutex::new(relay::Relay::new(key.clone(), public)));
+                    shared.state().relay = Some(relay.clone());
+                    Some(relay)
+                }
+                (true, _, _) => return Err(Error::Settings(
                     "fleet: relay = true needs the gateway's private key and an advertised address"
                         .into(),
-                ))
-            }
-        };
+                )),
+            };
         let registrations = settings
             .static_key
             .as_ref()
@@ -1208,14 +1207,13 @@ impl<S: Store> Member<S> {
                     self.name(),
                     self.peer_name(&p.public_key)
                 ),
-                (
-                    Some(paths::PathState::Relayed { .. }),
-                    paths::PathState::Up { via, .. },
-                ) => tracing::info!(
-                    "{}: {} reached directly at {via}, no longer through its relay",
-                    self.name(),
-                    self.peer_name(&p.public_key)
-                ),
+                (Some(paths::PathState::Relayed { .. }), paths::PathState::Up { via, .. }) => {
+                    tracing::info!(
+                        "{}: {} reached directly at {via}, no longer through its relay",
+                        self.name(),
+                        self.peer_name(&p.public_key)
+                    )
+                }
                 (Some(before), paths::PathState::Relayed { via, .. })
                     if !matches!(before, paths::PathState::Relayed { .. }) =>
                 {
@@ -1250,7 +1248,13 @@ impl<S: Store> Member<S> {
         self.tell_wants(&tick.want_relay, lease).await?;
         self.tend_relay(lease).await?;
         let advertised = &self.advertised;
-        let told = paths::observations(&peers, |k| advertised.get(k).cloned().unwrap_or_default());
+        // A peer met through a relay is at the relay's port: nothing to tell of where it is.
+        let relay_ports = &self.relay_ports;
+        let told = paths::observations(&peers, |k| {
+            let mut not_its_own = advertised.get(k).cloned().unwrap_or_default();
+            not_its_own.extend(relay_ports.get(k).map(|(_, at)| *at));
+            not_its_own
+        });
         let (site, gateway) = (self.record.site.clone(), self.record.gateway.clone());
         for (key, at) in &told {
             if self.told.get(key) == Some(at) {
@@ -1307,7 +1311,10 @@ impl<S: Store> Member<S> {
             self.register_stamp,
         );
         if let Err(e) = self.gateway.send_datagram(*at, datagram) {
-            tracing::debug!("{}: cannot register with the relay at {at}: {e}", self.name());
+            tracing::debug!(
+                "{}: cannot register with the relay at {at}: {e}",
+                self.name()
+            );
         }
     }
 
@@ -1384,7 +1391,9 @@ impl<S: Store> Member<S> {
                 .fleet
                 .relay_wanted
                 .iter()
-                .filter(|(asker, subject, r)| *r == own && live.contains(asker) && live.contains(subject))
+                .filter(|(asker, subject, r)| {
+                    *r == own && live.contains(asker) && live.contains(subject)
+                })
                 .filter(|(asker, subject, _)| asker != subject && *asker != own && *subject != own)
                 .map(|(asker, subject, _)| relay::Pair::new(*asker, *subject))
                 .collect()

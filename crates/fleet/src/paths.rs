@@ -349,7 +349,9 @@ impl Paths {
             let direct = candidates(&key);
             if !direct.is_empty() {
                 if own.as_bytes() < key.as_bytes() {
-                    let to = direct[(slot % direct.len() as u64) as usize];
+                    // Where others saw it (last) before what it advertises, which is
+                    // what a site behind NAT cannot be reached at.
+                    let to = direct[direct.len() - 1 - (slot % direct.len() as u64) as usize];
                     r.try_at = Some((now + PUNCH_LEAD, to));
                 } else {
                     tick.punches.extend(direct);

@@ -485,7 +485,9 @@ impl Fleet {
             .map(|m| m.record.endpoints.clone())
             .unwrap_or_default();
         for address in self.seen.get(key).into_iter().flatten() {
-            if !all.contains(address) {
+            // A relay's port is where a gateway met it through the relay, not where it is.
+            let relayed = self.relayed.values().any(|(_, at)| at == address);
+            if !all.contains(address) && !relayed {
                 all.push(*address);
             }
         }

@@ -69,7 +69,10 @@ impl Pair {
 
     pub fn from_hex(s: &str) -> Option<Pair> {
         let (a, b) = s.split_once('-')?;
-        let (a, b) = (crate::record::seen_subject(a)?, crate::record::seen_subject(b)?);
+        let (a, b) = (
+            crate::record::seen_subject(a)?,
+            crate::record::seen_subject(b)?,
+        );
         (a.as_bytes() < b.as_bytes()).then_some(Pair(a, b))
     }
 }
@@ -107,7 +110,12 @@ pub(crate) fn relay_keys(own: PrivateKey) -> PairKeys {
 
 /// The side a registration for `pair` at `port` names (0 or 1) and its stamp, if it is
 /// one and its MAC holds (`keys`: one per side, from the relay's static key).
-fn registered(datagram: &[u8], pair: &Pair, port: u16, keys: &[[u8; 32]; 2]) -> Option<(usize, u64)> {
+fn registered(
+    datagram: &[u8],
+    pair: &Pair,
+    port: u16,
+    keys: &[[u8; 32]; 2],
+) -> Option<(usize, u64)> {
     if datagram.len() != REGISTRATION_LEN || &datagram[..4] != MAGIC {
         return None;
     }
@@ -433,7 +441,14 @@ mod tests {
         let (sa, sb, stranger) = (open(), open(), open());
         let register = |s: &Std, own: &PrivateKey, peer: PublicKey, stamp| {
             let mut keys = relay_keys(own.clone());
-            let r = registration(&mut keys, &own.public_key(), &peer, &relay.public_key(), port, stamp);
+            let r = registration(
+                &mut keys,
+                &own.public_key(),
+                &peer,
+                &relay.public_key(),
+                port,
+                stamp,
+            );
             s.send_to(&r, to).unwrap();
             r
         };
@@ -444,11 +459,15 @@ mod tests {
         // The registrations and the first datagram race the thread: send until it crosses.
         let got = loop {
             sa.send_to(b"\x04\0\0\0ciphertext", to).unwrap();
-            sb.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+            sb.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
             if let Ok((n, from)) = sb.recv_from(&mut buf) {
                 break (buf[..n].to_vec(), from);
             }
-            assert!(std::time::Instant::now() < deadline, "nothing crossed the relay");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nothing crossed the relay"
+            );
         };
         assert_eq!(got, (b"\x04\0\0\0ciphertext".to_vec(), to));
         sb.send_to(b"back", to).unwrap();
@@ -459,8 +478,12 @@ mod tests {
         // A stranger replays A's registration and sends: nothing reaches B, A stays.
         stranger.send_to(&from_a, to).unwrap();
         stranger.send_to(b"not from a side", to).unwrap();
-        sb.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
-        assert!(sb.recv_from(&mut buf).is_err(), "a stranger's datagram crossed");
+        sb.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert!(
+            sb.recv_from(&mut buf).is_err(),
+            "a stranger's datagram crossed"
+        );
         let view = &server.view()[0];
         assert_eq!(view.port, port);
         assert!(view.sides.contains(&Some(sa.local_addr().unwrap())));
