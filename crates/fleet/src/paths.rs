@@ -88,7 +88,9 @@ struct Relayed {
     /// The wall-clock slot of the last try of a direct path.
     slot: u64,
     /// A direct address to try at a moment (the lower-keyed side's part).
-    try_at: Option<(Instant, SocketAddr)>,
+    try_at: Option<Instant>,
+    /// The direct addresses left to try in this slot, in order.
+    trying: Vec<SocketAddr>,
     /// A try under way: where, since when.
     trial: Option<(SocketAddr, Instant)>,
 }
@@ -177,6 +179,7 @@ impl Paths {
                         registered: now,
                         slot: upgrade_slot(wall, own, &key),
                         try_at: None,
+                        trying: Vec::new(),
                         trial: None,
                     },
                 );
@@ -310,11 +313,20 @@ impl Paths {
                 self.up.insert(key, (to, now));
                 return true;
             }
-            if now.saturating_duration_since(started) < TRIAL {
+            // Each address but the last gets an attempt's time; the last a whole trial's.
+            let window = if r.trying.is_empty() { TRIAL } else { ATTEMPT };
+            if now.saturating_duration_since(started) < window {
                 tick.want_relay.insert(key);
                 return true;
             }
             r.trial = None;
+            if !r.trying.is_empty() {
+                let next = r.trying.remove(0);
+                r.trial = Some((next, now));
+                tick.moves.push((key, next));
+                tick.want_relay.insert(key);
+                return true;
+            }
             if peer.endpoint == Some(to) {
                 // No answer there and nothing through the relay moved it back: back now.
                 if let Some(at) = relay_at {
@@ -351,16 +363,17 @@ impl Paths {
                 if own.as_bytes() < key.as_bytes() {
                     // Where others saw it (last) before what it advertises, which is
                     // what a site behind NAT cannot be reached at.
-                    let to = direct[direct.len() - 1 - (slot % direct.len() as u64) as usize];
-                    r.try_at = Some((now + PUNCH_LEAD, to));
+                    r.trying = direct.into_iter().rev().collect();
+                    r.try_at = Some(now + PUNCH_LEAD);
                 } else {
                     tick.punches.extend(direct);
                 }
             }
         }
-        if let Some((at_time, to)) = r.try_at {
-            if now >= at_time {
+        if let Some(at_time) = r.try_at {
+            if now >= at_time && !r.trying.is_empty() {
                 r.try_at = None;
+                let to = r.trying.remove(0);
                 r.trial = Some((to, now));
                 tick.moves.push((key, to));
             }
@@ -538,6 +551,86 @@ mod tests {
             paths.tick(later, &[now.clone()], |_| both.clone()),
             vec![(peer, both[1])]
         );
+    }
+
+    /// A peer with no session whose pair a relay serves goes through it (registering first,
+    /// and again until a session stands); once relayed, the lower-keyed side tries the
+    /// direct addresses in one slot, seen ones first, and comes back without an answer.
+    #[test]
+    fn a_relayed_peer_goes_through_its_relay_and_tries_a_direct_path_once_a_slot() {
+        let (a, b) = (key(), key());
+        let (own, peer) = if a.as_bytes() < b.as_bytes() {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        let relay = addr("192.0.2.31:40000");
+        let direct = vec![addr("198.51.100.2:51820"), addr("192.0.2.61:51820")];
+        let mut paths = Paths::default();
+        let t0 = Instant::now();
+        let wall = Duration::from_secs(1_000_000);
+        let mut now = silent(peer, "198.51.100.2:51820");
+        let mut tick = |paths: &mut Paths, t: Duration, p: &PeerNow, served: bool| {
+            paths.tick_relayed(
+                t0 + t,
+                wall + t,
+                &own,
+                std::slice::from_ref(p),
+                |_| direct.clone(),
+                |_| served.then_some(relay),
+            )
+        };
+        // No relay yet: the direct search, and after RELAY_AFTER a relay is wanted.
+        let first = tick(&mut paths, Duration::ZERO, &now, false);
+        assert_eq!(first.moves, vec![(peer, direct[0])]);
+        assert!(first.want_relay.is_empty());
+        assert!(tick(&mut paths, RELAY_AFTER, &now, false)
+            .want_relay
+            .contains(&peer));
+        // The relay serves the pair: register, move, and again until a session stands.
+        let served = tick(&mut paths, RELAY_AFTER, &now, true);
+        assert_eq!(
+            (served.register, served.moves),
+            (vec![peer], vec![(peer, relay)])
+        );
+        now.endpoint = Some(relay);
+        let again = RELAY_AFTER + RELAY_RETRY;
+        assert_eq!(
+            tick(&mut paths, again, &now, true).moves,
+            vec![(peer, relay)]
+        );
+        now.since_handshake = Some(Duration::from_millis(10));
+        now.rx_bytes = 92;
+        let relayed = tick(&mut paths, again + ATTEMPT, &now, true);
+        assert!(relayed.moves.is_empty() && relayed.want_relay.contains(&peer));
+        assert!(matches!(
+            paths.state(&peer),
+            Some(PathState::Relayed { via, .. }) if via == relay
+        ));
+        // Within the next slot: the seen address, then the advertised one, then back.
+        let mut tried = Vec::new();
+        let mut t = again + ATTEMPT;
+        let handshake_at = again + ATTEMPT - Duration::from_millis(10);
+        while t < again + UPGRADE_EVERY + 2 * TRIAL + ATTEMPT * 4 {
+            t += Duration::from_millis(100);
+            now.since_handshake = Some(t - handshake_at);
+            for (_, to) in tick(&mut paths, t, &now, true).moves {
+                tried.push(to);
+                now.endpoint = Some(to);
+            }
+        }
+        assert_eq!(tried, vec![direct[1], direct[0], relay]);
+        assert!(matches!(
+            paths.state(&peer),
+            Some(PathState::Relayed { .. })
+        ));
+        // The other side's try reached this one: its datagrams come straight from it.
+        now.endpoint = Some(direct[1]);
+        tick(&mut paths, t + ATTEMPT, &now, true);
+        assert!(matches!(
+            paths.state(&peer),
+            Some(PathState::Up { via, .. }) if via == direct[1]
+        ));
     }
 
     #[test]
