@@ -7,6 +7,12 @@
 //! - `gateways/<site>/<gateway>/refused/<lease id, hex>`: a gateway that claimed that name
 //!   and was refused, its record as it would have written it, under its lease: how the
 //!   holder (and everyone) learns of the duplicate;
+//! - `gateways/<site>/<gateway>/seen/<key hex>`: where that gateway sees the gateway of that
+//!   key (a NAT's address), under its lease;
+//! - `gateways/<site>/<gateway>/relay/<key hex>`: that gateway asks the relay whose key is
+//!   the value for a port to reach the gateway of that key, under its lease;
+//! - `gateways/<site>/<gateway>/relaying/<low key hex>-<high key hex>`: that relay serves
+//!   the pair on the UDP port in the value, under its lease;
 //! - `elections/<site>/<lease id, hex>`: the site's election (etcd's election service
 //!   writes these keys under each candidate's lease); the value is a [`Candidate`]: the
 //!   gateway's name and public key.
