@@ -1396,8 +1396,20 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     let e3 = Nat::new(&wan, "192.0.2.44/24", 4, NatKind::EndpointIndependent);
     let e4 = Nat::new(&wan, "192.0.2.45/24", 5, NatKind::EndpointIndependent);
     e3.block(&e4.public);
+    // T can send only TCP to port 443 (and its fleet's etcd).
+    let t = Nat::new(&wan, "192.0.2.47/24", 7, NatKind::Tcp443Only);
+    t.allow_tcp("192.0.2.11", 2379);
+    let certs = cluster.certs();
     let mut p_site = Site::new(&cluster, "p", "gw", 31, 31, true);
-    p_site.body.push_str("relay = true\n");
+    // The relay's TLS listener: the cluster's CA signed a certificate for the name
+    // "gateway", which serves.
+    p_site.body.push_str(&format!(
+        "relay = true\nrelay_tls = \"192.0.2.31:443\"\nrelay_tls_name = \"gateway\"\n\n\
+         [[tls.listen]]\nlisten = \"192.0.2.31:443\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\
+         forward_to = \"wireguard\"\n",
+        certs.join("client.pem").display(),
+        certs.join("client.key").display()
+    ));
     let q_site = Site::new(&cluster, "q", "gw", 32, 32, true);
     let e1_site = nat_site(&cluster, "e1", 41, &e1);
     let e2_site = nat_site(&cluster, "e2", 42, &e2);
@@ -1405,6 +1417,11 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     let d2_site = nat_site(&cluster, "d2", 46, &d2);
     let e3_site = nat_site(&cluster, "e3", 44, &e3);
     let e4_site = nat_site(&cluster, "e4", 45, &e4);
+    let mut t_site = nat_site(&cluster, "t", 47, &t);
+    t_site.body.push_str(&format!(
+        "transport = \"tls\"\nrelay_ca_file = \"{}\"\n",
+        certs.join("ca.pem").display()
+    ));
     let _p = p_site.start(&np);
     let started = Instant::now();
     let _q = q_site.start(&nq);
@@ -1414,6 +1431,7 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     let _d2 = d2_site.start(&d2.site);
     let _e3 = e3_site.start(&e3.site);
     let _e4 = e4_site.start(&e4.site);
+    let _t = t_site.start(&t.site);
 
     // (site, its namespace, its number, whether it is behind an endpoint-dependent NAT or
     // public): what decides a pair's path.
@@ -1422,14 +1440,16 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         Public,
         Independent,
         Dependent,
+        TcpOnly,
     }
-    let matrix: [(&Site, &NetNs, u8, Kind); 6] = [
+    let matrix: [(&Site, &NetNs, u8, Kind); 7] = [
         (&p_site, &np, 31, Kind::Public),
         (&q_site, &nq, 32, Kind::Public),
         (&e1_site, &e1.site, 41, Kind::Independent),
         (&e2_site, &e2.site, 42, Kind::Independent),
         (&d1_site, &d1.site, 43, Kind::Dependent),
         (&d2_site, &d2.site, 46, Kind::Dependent),
+        (&t_site, &t.site, 47, Kind::TcpOnly),
     ];
     step("NAT: every pair of the matrix pings, both ways");
     for (i, (a, a_ns, _, _)) in matrix.iter().enumerate() {
@@ -1463,13 +1483,18 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
             if a.name == b.name {
                 continue;
             }
-            let relayed = *a_kind != Kind::Public
-                && *b_kind != Kind::Public
-                && (*a_kind == Kind::Dependent || *b_kind == Kind::Dependent);
-            let want = if relayed {
-                "path relayed via p/gw (192.0.2.31:"
-            } else {
-                "path direct via "
+            // T reaches P's own listener; every other pair with T goes through it.
+            let with_p = a.name == "p" || b.name == "p";
+            let relayed = match (a_kind, b_kind) {
+                (Kind::TcpOnly, _) | (_, Kind::TcpOnly) => !with_p,
+                (Kind::Public, _) | (_, Kind::Public) => false,
+                _ => *a_kind == Kind::Dependent || *b_kind == Kind::Dependent,
+            };
+            let want = match (relayed, *a_kind == Kind::TcpOnly) {
+                (true, true) => "path relayed via p/gw (192.0.2.31:443)",
+                (true, false) => "path relayed via p/gw (192.0.2.31:",
+                (false, true) => "path direct via 192.0.2.31:443",
+                (false, false) => "path direct via ",
             };
             let line = loop {
                 let line = path_to(a, a_ns, b);
@@ -1502,12 +1527,22 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         wg_dump(&np, &p_site.ifname)
             .iter()
             .skip(1)
-            .filter(|f| f[0] != q_site.public)
+            .filter(|f| f[0] != q_site.public && f[0] != t_site.public)
             .map(|f| f[5].parse::<u64>().unwrap_or(0))
             .sum()
     };
     let (p_before, relayed_before) = (received_at_p(), scrape_relay_bytes(&p_site.ifname));
-    let pairs = [(0, 1), (1, 2), (1, 4), (2, 3), (2, 4), (4, 5)];
+    let pairs = [
+        (0, 1),
+        (1, 2),
+        (1, 4),
+        (2, 3),
+        (2, 4),
+        (4, 5),
+        (1, 6),
+        (2, 6),
+        (4, 6),
+    ];
     for (i, j) in pairs {
         let (a, a_ns, _, _) = matrix[i];
         let (_, b_ns, n, _) = matrix[j];
@@ -1528,8 +1563,8 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     let forwarded = scrape_relay_bytes(&p_site.ifname) - relayed_before;
     let p_more = received_at_p() - p_before;
     assert!(
-        forwarded >= 2 * (16 << 20),
-        "the relay forwarded {forwarded} bytes for two relayed 16 MiB transfers"
+        forwarded >= 5 * (16 << 20),
+        "the relay forwarded {forwarded} bytes for five relayed 16 MiB transfers"
     );
     assert!(
         p_more < 1 << 20,

@@ -39,8 +39,9 @@ pub const REGISTER_EVERY: Duration = Duration::from_secs(1);
 /// other.
 pub const UPGRADE_EVERY: Duration = Duration::from_secs(10);
 /// How long after the higher-keyed side's punches the lower-keyed side tries the direct
-/// address, and how long its handshake there has to complete.
-const PUNCH_LEAD: Duration = Duration::from_millis(150);
+/// address (more than a tick of `PATHS_EVERY`: the two sides' ticks are not in step), and
+/// how long its handshake there has to complete.
+const PUNCH_LEAD: Duration = Duration::from_millis(450);
 const TRIAL: Duration = Duration::from_secs(1);
 
 /// What the gateway says of one peer at a tick.
