@@ -1226,6 +1226,16 @@ impl<S: Store> Member<S> {
         for key in &tick.register {
             self.register_with_relay(key);
         }
+        for (key, at) in &tick.tries {
+            match self.gateway.try_path(key, *at) {
+                Ok(()) => tracing::debug!(
+                    "{}: trying a direct path to {} at {at}",
+                    self.name(),
+                    self.peer_name(key)
+                ),
+                Err(e) => tracing::debug!("{}: cannot try {at}: {e}", self.name()),
+            }
+        }
         for to in &tick.punches {
             // Opens this side's NAT toward the other side's try of a direct path; the other
             // side's worker drops it unread (no WireGuard message).

@@ -36,7 +36,9 @@ pub const RELAY_RETRY: Duration = Duration::from_millis(400);
 pub const REGISTER_EVERY: Duration = Duration::from_secs(1);
 /// A relayed pair tries a direct path once in each such slot of the wall clock (at an
 /// offset of the pair's own), so both sides try at the same moment without asking each
-/// other.
+/// other: the higher-keyed side punches, the lower-keyed one sends a handshake to each
+/// direct address in turn without moving off the relay (`Gateway::try_path`); an answer
+/// moves it, as roaming does.
 pub const UPGRADE_EVERY: Duration = Duration::from_secs(10);
 /// How long after the higher-keyed side's punches the lower-keyed side tries the direct
 /// address (more than a tick of `PATHS_EVERY`: the two sides' ticks are not in step), and
@@ -71,6 +73,9 @@ pub enum PathState {
 pub struct Tick {
     /// Peers to move to an address, each with a handshake at once.
     pub moves: Vec<(PublicKey, SocketAddr)>,
+    /// Peers to send a handshake at an address without moving them (a relayed peer's
+    /// direct address: an answer from there moves it).
+    pub tries: Vec<(PublicKey, SocketAddr)>,
     /// Peers whose relay to register with now (before any move to it).
     pub register: Vec<PublicKey>,
     /// Addresses to send a punch to from the WireGuard socket (opening this side's NAT
@@ -324,16 +329,7 @@ impl Paths {
             if !r.trying.is_empty() {
                 let next = r.trying.remove(0);
                 r.trial = Some((next, now));
-                tick.moves.push((key, next));
-                tick.want_relay.insert(key);
-                return true;
-            }
-            if peer.endpoint == Some(to) {
-                // No answer there and nothing through the relay moved it back: back now.
-                if let Some(at) = relay_at {
-                    tick.register.push(key);
-                    tick.moves.push((key, at));
-                }
+                tick.tries.push((key, next));
                 tick.want_relay.insert(key);
                 return true;
             }
@@ -376,7 +372,7 @@ impl Paths {
                 r.try_at = None;
                 let to = r.trying.remove(0);
                 r.trial = Some((to, now));
-                tick.moves.push((key, to));
+                tick.tries.push((key, to));
             }
         }
         true
@@ -608,24 +604,26 @@ mod tests {
             paths.state(&peer),
             Some(PathState::Relayed { via, .. }) if via == relay
         ));
-        // Within the next slot: the seen address, then the advertised one, then back.
+        // Within the next slot: a handshake to the seen address, then to the advertised
+        // one, none moving the peer off the relay.
         let mut tried = Vec::new();
         let mut t = again + ATTEMPT;
         let handshake_at = again + ATTEMPT - Duration::from_millis(10);
         // One slot starts within UPGRADE_EVERY (where in it depends on the pair).
-        while t < again + UPGRADE_EVERY + 2 * TRIAL + ATTEMPT * 4 && !tried.contains(&relay) {
+        while t < again + UPGRADE_EVERY + 2 * TRIAL + ATTEMPT * 4 && tried.len() < 2 {
             t += Duration::from_millis(100);
             now.since_handshake = Some(t - handshake_at);
-            for (_, to) in tick(&mut paths, t, &now, true).moves {
-                tried.push(to);
-                now.endpoint = Some(to);
-            }
+            let ticked = tick(&mut paths, t, &now, true);
+            assert!(ticked.moves.is_empty(), "a try moves nothing");
+            tried.extend(ticked.tries.into_iter().map(|(_, to)| to));
         }
-        assert_eq!(tried, vec![direct[1], direct[0], relay]);
-        assert!(matches!(
-            paths.state(&peer),
-            Some(PathState::Relayed { .. })
-        ));
+        assert_eq!(tried, vec![direct[1], direct[0]]);
+        for _ in 0..15 {
+            t += Duration::from_millis(100);
+            now.since_handshake = Some(t - handshake_at);
+            tick(&mut paths, t, &now, true);
+        }
+        assert!(matches!(paths.state(&peer), Some(PathState::Relayed { .. })));
         // The other side's try reached this one: its datagrams come straight from it.
         now.endpoint = Some(direct[1]);
         tick(&mut paths, t + ATTEMPT, &now, true);

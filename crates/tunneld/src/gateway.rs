@@ -557,6 +557,14 @@ impl Gateway {
         }
     }
 
+    /// Sends the peer a handshake initiation at `to` without moving it: a path to try
+    /// beside the one in use (the fleet tries a relayed peer's direct address so). If the
+    /// peer answers from `to`, its authenticated answer moves it there, as roaming moves any
+    /// peer; if not, nothing changed.
+    pub fn try_path(&self, peer: &PublicKey, to: std::net::SocketAddr) -> Result<(), Error> {
+        lock(&self.interface()?.control).try_path(*peer, to)
+    }
+
     /// Removes a peer, its sessions and its routes.
     pub fn remove_peer(&self, public_key: &PublicKey) -> Result<(), Error> {
         lock(&self.interface()?.control).remove_peer(*public_key)
