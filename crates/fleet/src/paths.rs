@@ -623,7 +623,10 @@ mod tests {
             now.since_handshake = Some(t - handshake_at);
             tick(&mut paths, t, &now, true);
         }
-        assert!(matches!(paths.state(&peer), Some(PathState::Relayed { .. })));
+        assert!(matches!(
+            paths.state(&peer),
+            Some(PathState::Relayed { .. })
+        ));
         // The other side's try reached this one: its datagrams come straight from it.
         now.endpoint = Some(direct[1]);
         tick(&mut paths, t + ATTEMPT, &now, true);

@@ -1570,7 +1570,15 @@ impl Device {
             let forced = std::mem::take(&mut peer.handshake_forced);
             let to = peer.path_to_try.take();
             if (std::mem::take(&mut peer.handshake_requested) || forced)
-                && !Self::initiate(&self.local, peer, now, forced, to, underlay, &mut self.stats)
+                && !Self::initiate(
+                    &self.local,
+                    peer,
+                    now,
+                    forced,
+                    to,
+                    underlay,
+                    &mut self.stats,
+                )
             {
                 return;
             }
@@ -1600,8 +1608,7 @@ impl Device {
                             None,
                             underlay,
                             &mut self.stats,
-                        )
-                        {
+                        ) {
                             return;
                         }
                     }
