@@ -1626,6 +1626,30 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         "    E3 and E4 direct {:.2?} after the firewall went (a try every 10 s)",
         unblocked.elapsed()
     );
+
+    step("NAT: the firewall back, E3 and E4 find their direct path dead and go back to the relay");
+    e3.block(&e4.public);
+    let blocked = Instant::now();
+    // Keepalives go out every second from both (they are behind NAT); SILENT_AFTER (15 s)
+    // without an answer is a dead path.
+    let deadline = blocked + Duration::from_secs(40);
+    let line = loop {
+        let line = path_to(&e3_site, &e3.site, &e4_site);
+        if line.contains("path relayed via p/gw") || Instant::now() > deadline {
+            break line;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        line.contains("path relayed via p/gw"),
+        "E3 did not go back to the relay within 40 s of the firewall's return:\n{line}"
+    );
+    reachable(&e3.site, "10.45.0.1");
+    reachable(&e4.site, "10.44.0.1");
+    println!(
+        "    E3 and E4 relayed again {:.2?} after the firewall came back",
+        blocked.elapsed()
+    );
 }
 
 /// The bytes the relay of interface `ifname` forwarded, from its UAPI socket

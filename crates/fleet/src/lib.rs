@@ -1202,6 +1202,7 @@ impl<S: Store> Member<S> {
                 endpoint: p.endpoint,
                 since_handshake: p.last_handshake.map(|t| wall.saturating_sub(t)),
                 rx_bytes: p.rx_bytes,
+                tx_bytes: p.tx_bytes,
             })
             .collect();
         let now = Instant::now();
