@@ -1380,11 +1380,11 @@ fn nat_site(cluster: &Cluster, name: &'static str, n: u8, nat: &Nat) -> Site {
 fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_otherwise() {
     let test =
         "sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_otherwise";
-    if !require(test) || !require_tool(test, "conntrack") {
+    if !require(test) || !require_tool(test, "conntrack") || !require_tool(test, "promtool") {
         return;
     }
     let wan = Underlay::new("192.0.2.1/24");
-    step("NAT: one etcd member, two public sites (P relays) and six behind NAT");
+    step("NAT: one etcd member, two public sites (P relays) and eight behind NAT");
     let cluster = Cluster::start(&wan, &MEMBERS[..1], true);
     let np = wan.host("192.0.2.31/24");
     let nq = wan.host("192.0.2.32/24");
@@ -1483,14 +1483,6 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         }
     }
     step("NAT: direct where a side is public or both NATs map independently, else relayed");
-    let path_to = |from: &Site, ns: &NetNs, to: &Site| -> String {
-        let shown = show(ns, &from.ifname);
-        shown
-            .lines()
-            .find(|l| l.starts_with(&format!("  {}/gw ", to.name)))
-            .unwrap_or_default()
-            .to_string()
-    };
     let deadline = Instant::now() + Duration::from_secs(10);
     for (a, a_ns, _, a_kind) in &matrix {
         for (b, _, _, b_kind) in &matrix {
@@ -1510,13 +1502,7 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
                 (false, true) => "path direct via 192.0.2.31:443",
                 (false, false) => "path direct via ",
             };
-            let line = loop {
-                let line = path_to(a, a_ns, b);
-                if line.contains(want) || Instant::now() > deadline {
-                    break line;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            };
+            let line = path_within(a, a_ns, b, want, deadline);
             assert!(
                 line.contains(want),
                 "{} to {}: want {want:?}, show says:\n{line}\n{}",
@@ -1611,7 +1597,7 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         metrics.contains("tunneld_fleet_paths_relayed{site=\"e1\",gateway=\"gw\"} 4"),
         "E1 goes through the relay to D1, D2, T and T2:\n{metrics}"
     );
-    promtool_checks(metrics.split_once("\r\n\r\n").map_or("", |(_, body)| body));
+    common::promtool_checks(metrics.split_once("\r\n\r\n").map_or("", |(_, body)| body));
 
     step("NAT: a flush of E1's NAT (its mappings forgotten) is recovered from, direct");
     e1.flush();
@@ -1636,7 +1622,13 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
 
     step("NAT: E3 and E4, relayed while a firewall parts them, go direct once it is gone");
     reachable(&e3.site, "10.45.0.1");
-    let line = path_to(&e3_site, &e3.site, &e4_site);
+    let line = path_within(
+        &e3_site,
+        &e3.site,
+        &e4_site,
+        "path relayed via p/gw",
+        Instant::now(),
+    );
     assert!(
         line.contains("path relayed via p/gw"),
         "E3 does not say it goes through P's relay to E4:\n{line}"
@@ -1645,13 +1637,7 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     let unblocked = Instant::now();
     let direct = format!("path direct via {}:", e4.public);
     let deadline = unblocked + Duration::from_secs(30);
-    let line = loop {
-        let line = path_to(&e3_site, &e3.site, &e4_site);
-        if line.contains(&direct) || Instant::now() > deadline {
-            break line;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let line = path_within(&e3_site, &e3.site, &e4_site, &direct, deadline);
     assert!(
         line.contains(&direct),
         "E3 did not move to a direct path to E4 within 30 s of the firewall's end:\n{line}"
@@ -1669,13 +1655,13 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     // Keepalives go out every second from both (they are behind NAT); SILENT_AFTER (15 s)
     // without an answer is a dead path.
     let deadline = blocked + Duration::from_secs(40);
-    let line = loop {
-        let line = path_to(&e3_site, &e3.site, &e4_site);
-        if line.contains("path relayed via p/gw") || Instant::now() > deadline {
-            break line;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let line = path_within(
+        &e3_site,
+        &e3.site,
+        &e4_site,
+        "path relayed via p/gw",
+        deadline,
+    );
     assert!(
         line.contains("path relayed via p/gw"),
         "E3 did not go back to the relay within 40 s of the firewall's return:\n{line}"
@@ -1688,32 +1674,20 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     );
 }
 
-/// Prometheus's own checker passes `metrics` (when promtool is here: the metrics test
-/// requires it).
-fn promtool_checks(metrics: &str) {
-    let Ok(mut promtool) = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    else {
-        return;
-    };
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(metrics.as_bytes())
-        .unwrap();
-    let checked = promtool.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&checked.stdout).into_owned()
-        + &String::from_utf8_lossy(&checked.stderr);
-    assert!(
-        checked.status.success() && said.trim().is_empty(),
-        "promtool check metrics: {}\n{said}",
-        checked.status
-    );
+/// `from`'s `tunneld show` line for the gateway of site `to`, once it holds `want` or at
+/// `deadline` (shown five times a second).
+fn path_within(from: &Site, ns: &NetNs, to: &Site, want: &str, deadline: Instant) -> String {
+    loop {
+        let line = show(ns, &from.ifname)
+            .lines()
+            .find(|l| l.starts_with(&format!("  {}/gw ", to.name)))
+            .unwrap_or_default()
+            .to_string();
+        if line.contains(want) || Instant::now() > deadline {
+            return line;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The bytes the relay of interface `ifname` forwarded, from its UAPI socket

@@ -85,27 +85,7 @@ fn a_scrape_shows_the_traffic_and_other_requests_get_http_errors() {
             "GET /metrics HTTP/1.1\r\nHost: tunneld\r\nAccept: */*\r\n\r\n",
         );
         let body = reply.split_once("\r\n\r\n").unwrap().1.to_string();
-        let mut promtool = std::process::Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        promtool
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(body.as_bytes())
-            .unwrap();
-        let checked = promtool.wait_with_output().unwrap();
-        let said = String::from_utf8_lossy(&checked.stdout).into_owned()
-            + &String::from_utf8_lossy(&checked.stderr);
-        assert!(
-            checked.status.success() && said.trim().is_empty(),
-            "promtool check metrics: {}\n{said}",
-            checked.status
-        );
+        promtool_checks(&body);
     }
 
     step("what is not a scrape gets its HTTP error");

@@ -309,12 +309,15 @@ impl UdpSocket {
             };
             let (first, first_iov) = (i, k);
             let merged = usize::from(batch.segment_size(i));
-            if merged > 0 && batch.payload(i).len() > merged && !gso {
+            let holds_several = merged > 0 && batch.payload(i).len() > merged;
+            if holds_several && !gso {
                 // Without GSO it cannot leave as its datagrams: never as one big one.
                 i += 1;
                 continue;
             }
-            if merged > 0 && batch.payload(i).len() > merged {
+            // The message's iovecs, the datagram size the kernel cuts at, and how many
+            // datagrams it carries.
+            let (iovs, segment, datagrams) = if holds_several {
                 // A frame that holds several datagrams, as UDP GRO received them, leaves as
                 // those datagrams in one GSO send (a relay forwards them so, unchanged).
                 let p = batch.payload(i);
@@ -323,60 +326,41 @@ impl UdpSocket {
                     iov_base: p.as_ptr().cast_mut().cast(),
                     iov_len: p.len(),
                 };
-                let hdr = &mut s.hdrs[m].msg_hdr;
-                hdr.msg_name = ptr::addr_of_mut!(s.names[m]).cast();
-                hdr.msg_namelen = namelen;
-                hdr.msg_iov = ptr::addr_of_mut!(s.iovs[k]);
-                hdr.msg_iovlen = 1;
-                hdr.msg_flags = 0;
-                hdr.msg_control = s.cmsgs[m].0.as_mut_ptr().cast();
-                hdr.msg_controllen = space as _;
-                // SAFETY: as below: the control buffer has room for CMSG_SPACE(2).
-                unsafe {
-                    let c = libc::CMSG_FIRSTHDR(hdr);
-                    (*c).cmsg_level = libc::SOL_UDP;
-                    (*c).cmsg_type = libc::UDP_SEGMENT;
-                    (*c).cmsg_len = cmsg_len as _;
-                    ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), merged as u16);
-                }
-                s.hdrs[m].msg_len = 0;
-                s.first[m] = i;
-                s.segments[m] = p.len().div_ceil(merged);
                 k += 1;
                 i += 1;
-                m += 1;
-                continue;
-            }
-            let segment = batch.payload(i).len();
-            let mut total = 0;
-            loop {
-                let p = batch.payload(i);
-                s.iovs[k] = libc::iovec {
-                    // The kernel only reads through this pointer (sendmmsg).
-                    iov_base: p.as_ptr().cast_mut().cast(),
-                    iov_len: p.len(),
-                };
-                k += 1;
-                i += 1;
-                total += p.len();
-                let run = i - first;
-                let next_fits = i < batch.len()
-                    && batch.addr(i) == addr
-                    && (1..=segment).contains(&batch.payload(i).len())
-                    && total + batch.payload(i).len() <= GSO_MAX_BYTES;
-                // A shorter datagram can only end a run.
-                if !gso || p.len() < segment || run == GSO_MAX_SEGMENTS || !next_fits {
-                    break;
+                (1, merged, p.len().div_ceil(merged))
+            } else {
+                let segment = batch.payload(i).len();
+                let mut total = 0;
+                loop {
+                    let p = batch.payload(i);
+                    s.iovs[k] = libc::iovec {
+                        // The kernel only reads through this pointer (sendmmsg).
+                        iov_base: p.as_ptr().cast_mut().cast(),
+                        iov_len: p.len(),
+                    };
+                    k += 1;
+                    i += 1;
+                    total += p.len();
+                    let run = i - first;
+                    let next_fits = i < batch.len()
+                        && batch.addr(i) == addr
+                        && (1..=segment).contains(&batch.payload(i).len())
+                        && total + batch.payload(i).len() <= GSO_MAX_BYTES;
+                    // A shorter datagram can only end a run.
+                    if !gso || p.len() < segment || run == GSO_MAX_SEGMENTS || !next_fits {
+                        break;
+                    }
                 }
-            }
-            let run = i - first;
+                (i - first, segment, i - first)
+            };
             let hdr = &mut s.hdrs[m].msg_hdr;
             hdr.msg_name = ptr::addr_of_mut!(s.names[m]).cast();
             hdr.msg_namelen = namelen;
             hdr.msg_iov = ptr::addr_of_mut!(s.iovs[first_iov]);
-            hdr.msg_iovlen = run as _;
+            hdr.msg_iovlen = iovs as _;
             hdr.msg_flags = 0;
-            if run > 1 {
+            if datagrams > 1 {
                 hdr.msg_control = s.cmsgs[m].0.as_mut_ptr().cast();
                 hdr.msg_controllen = space as _;
                 // SAFETY: the control buffer is 32 aligned bytes, more than CMSG_SPACE(2), so
@@ -394,7 +378,7 @@ impl UdpSocket {
             }
             s.hdrs[m].msg_len = 0;
             s.first[m] = first;
-            s.segments[m] = run;
+            s.segments[m] = datagrams;
             m += 1;
         }
         m

@@ -351,3 +351,61 @@ fn gro_merges_runs_and_datagrams_splits_them_back() {
         "the kernel merged nothing: GRO did not take effect"
     );
 }
+
+/// A frame the kernel merged on receipt (UDP GRO), sent on as it is, leaves as the same
+/// datagrams (one GSO send): how a relay forwards what it cannot read.
+#[test]
+fn a_merged_frame_sent_on_leaves_as_its_datagrams() {
+    let mut a = bind(LOCAL4);
+    let mut relay = bind(LOCAL4);
+    let mut c = bind(LOCAL4);
+    relay.set_gro(true);
+    c.set_gro(false);
+    assert!(relay.gro() && relay.gso(), "UDP GRO and GSO on this kernel");
+    let relay_addr = addr_of(&relay, LOCAL4);
+    let lens: Vec<usize> = (0..40).map(|i| if i == 39 { 300 } else { 1200 }).collect();
+    let mut out = Batch::new();
+    for (i, len) in lens.iter().enumerate() {
+        out.next_free().unwrap()[..*len].copy_from_slice(&content(i, *len, 9));
+        out.commit(*len, relay_addr);
+    }
+    assert_eq!(a.send_batch(&mut out).unwrap(), lens.len());
+
+    let until = Instant::now() + Duration::from_secs(5);
+    let (mut got, mut forwarded) = (Batch::new(), 0);
+    let mut merged_frames = 0;
+    while forwarded < lens.len() && Instant::now() < until {
+        got.clear();
+        relay.recv_batch(&mut got).expect("recv_batch");
+        for i in 0..got.len() {
+            forwarded += got.datagrams(i).count();
+            merged_frames += usize::from(got.segment_size(i) > 0);
+            // On to C: same bytes, same segment size.
+            let (len, segment) = (got.payload(i).len(), got.segment_size(i));
+            got.set(i, len, addr_of(&c, LOCAL4));
+            got.set_segment_size(i, segment);
+        }
+        assert_eq!(
+            relay.send_batch(&mut got).unwrap(),
+            (0..got.len())
+                .map(|i| got.datagrams(i).count())
+                .sum::<usize>()
+        );
+        if forwarded < lens.len() {
+            wait_readable(relay.fd().unwrap(), until);
+        }
+    }
+    assert!(
+        merged_frames > 0,
+        "the kernel merged nothing: GRO did not take effect"
+    );
+    let mut at_c = Batch::new();
+    recv_n(&mut c, &mut at_c, lens.len());
+    for (i, len) in lens.iter().enumerate() {
+        assert!(
+            at_c.payload(i) == content(i, *len, 9),
+            "datagram {i} as sent"
+        );
+        assert_eq!(at_c.addr(i), relay_addr);
+    }
+}

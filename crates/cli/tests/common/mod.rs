@@ -522,3 +522,30 @@ impl Drop for Dnsmasq {
         tunneld_testnet::stop_process(&mut self.child);
     }
 }
+
+/// Prometheus's own checker (`promtool check metrics`, its lint included) passes `metrics`,
+/// a scrape's body.
+pub fn promtool_checks(metrics: &str) {
+    use std::io::Write;
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned()
+        + &String::from_utf8_lossy(&checked.stderr);
+    assert!(
+        checked.status.success() && said.trim().is_empty(),
+        "promtool check metrics: {}\n{said}",
+        checked.status
+    );
+}
