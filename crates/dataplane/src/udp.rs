@@ -127,6 +127,14 @@ impl Scratch {
     }
 }
 
+/// An iovec over `bytes` for a send: the kernel only reads through its pointer (sendmmsg).
+fn read_only_iovec(bytes: &[u8]) -> libc::iovec {
+    libc::iovec {
+        iov_base: bytes.as_ptr().cast_mut().cast(),
+        iov_len: bytes.len(),
+    }
+}
+
 impl UdpSocket {
     /// Binds `[::]:port` with IPV6_V6ONLY off, so IPv4 and IPv6 peers share the socket (port 0:
     /// any free port). Falls back to `0.0.0.0:port` where the kernel has no IPv6.
@@ -321,11 +329,7 @@ impl UdpSocket {
                 // A frame that holds several datagrams, as UDP GRO received them, leaves as
                 // those datagrams in one GSO send (a relay forwards them so, unchanged).
                 let p = batch.payload(i);
-                s.iovs[k] = libc::iovec {
-                    // The kernel only reads through this pointer (sendmmsg).
-                    iov_base: p.as_ptr().cast_mut().cast(),
-                    iov_len: p.len(),
-                };
+                s.iovs[k] = read_only_iovec(p);
                 k += 1;
                 i += 1;
                 (1, merged, p.len().div_ceil(merged))
@@ -334,11 +338,7 @@ impl UdpSocket {
                 let mut total = 0;
                 loop {
                     let p = batch.payload(i);
-                    s.iovs[k] = libc::iovec {
-                        // The kernel only reads through this pointer (sendmmsg).
-                        iov_base: p.as_ptr().cast_mut().cast(),
-                        iov_len: p.len(),
-                    };
+                    s.iovs[k] = read_only_iovec(p);
                     k += 1;
                     i += 1;
                     total += p.len();

@@ -208,6 +208,15 @@ impl Claims {
     }
 }
 
+/// The value of a key written under a lease, read by `parse` (trimmed): what no gateway
+/// keeps alive says nothing now.
+fn leased<T>(entry: &Entry, parse: impl FnOnce(&str) -> Option<T>) -> Option<T> {
+    if entry.lease == 0 {
+        return None;
+    }
+    parse(std::str::from_utf8(&entry.value).ok()?.trim())
+}
+
 /// The fleet as one gateway sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fleet {
@@ -270,13 +279,8 @@ impl Fleet {
                     gateway,
                     subject,
                 } => {
-                    let address = std::str::from_utf8(&entry.value)
-                        .ok()
-                        .and_then(|v| v.parse::<SocketAddr>().ok());
-                    // Only under a lease: what no gateway keeps alive says nothing now.
-                    if let (Some(subject), Some(address), true) =
-                        (seen_subject(subject), address, entry.lease != 0)
-                    {
+                    let address = leased(entry, |v| v.parse::<SocketAddr>().ok());
+                    if let (Some(subject), Some(address)) = (seen_subject(subject), address) {
                         sightings.push(((site, gateway, entry.lease), subject, address));
                     }
                 }
@@ -285,12 +289,8 @@ impl Fleet {
                     gateway,
                     subject,
                 } => {
-                    let relay = std::str::from_utf8(&entry.value)
-                        .ok()
-                        .and_then(|v| PublicKey::from_base64(v.trim()).ok());
-                    if let (Some(subject), Some(relay), true) =
-                        (seen_subject(subject), relay, entry.lease != 0)
-                    {
+                    let relay = leased(entry, |v| PublicKey::from_base64(v).ok());
+                    if let (Some(subject), Some(relay)) = (seen_subject(subject), relay) {
                         wants.push(((site, gateway, entry.lease), subject, relay));
                     }
                 }
@@ -299,13 +299,8 @@ impl Fleet {
                     gateway,
                     pair,
                 } => {
-                    let port = std::str::from_utf8(&entry.value)
-                        .ok()
-                        .and_then(|v| v.trim().parse::<u16>().ok())
-                        .filter(|p| *p != 0);
-                    if let (Some(pair), Some(port), true) =
-                        (Pair::from_hex(pair), port, entry.lease != 0)
-                    {
+                    let port = leased(entry, |v| v.parse::<u16>().ok().filter(|p| *p != 0));
+                    if let (Some(pair), Some(port)) = (Pair::from_hex(pair), port) {
                         serving.push(((site, gateway, entry.lease), pair, port));
                     }
                 }
