@@ -562,7 +562,13 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
     fn serve_control(&mut self) -> bool {
         loop {
             match self.control.try_recv() {
-                Ok(Control::Run(job)) => job(&mut self.device, Instant::now()),
+                Ok(Control::Run(job)) => {
+                    let now = Instant::now();
+                    job(&mut self.device, now);
+                    // A handshake the job forced (a peer moved, a path to try) leaves now.
+                    self.device.send_forced(now, &mut self.underlay_tx);
+                    self.flush_network();
+                }
                 Ok(Control::Send(to, datagram)) => self.send_own(to, &datagram),
                 Ok(Control::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => return false,
                 Err(mpsc::TryRecvError::Empty) => return true,

@@ -601,6 +601,9 @@ pub struct Device {
     shares: FairShare,
     load: Load,
     stats: Stats,
+    /// Peers whose handshake was forced (a move, a path to try) since the last
+    /// `send_forced` or tick: their initiations need not wait for the timers.
+    forced: Vec<usize>,
     rng: Box<dyn CryptoRngCore + Send>,
     /// The wall clock at `started` (from the `Environment`), for a new key's timestamps.
     unix_at_start: Duration,
@@ -679,6 +682,7 @@ impl Device {
             shares: FairShare::default(),
             load: Load::default(),
             stats: Stats::default(),
+            forced: Vec::new(),
             rng,
             unix_at_start: unix_now,
             started: now,
@@ -1517,6 +1521,7 @@ impl Device {
             Some(p) => {
                 p.endpoint = Some(endpoint);
                 p.handshake_forced = true;
+                self.forced.push(slot);
                 true
             }
             None => false,
@@ -1535,15 +1540,41 @@ impl Device {
             Some(p) => {
                 p.path_to_try = Some(to);
                 p.handshake_forced = true;
+                self.forced.push(slot);
                 true
             }
             None => false,
         }
     }
 
+    /// Sends now the initiations `move_peer` and `try_path` forced (those of the peers this
+    /// device carries), rather than at the next tick: a path tried is tried at once, and a
+    /// move right after another does not take the first one's initiation away. The worker
+    /// calls it after the control plane's jobs.
+    pub fn send_forced(&mut self, now: Instant, underlay: &mut impl DatagramSink) {
+        for slot in std::mem::take(&mut self.forced) {
+            let Some(Some(peer)) = self.peers.get_mut(slot) else {
+                continue;
+            };
+            if !peer.owned || !peer.handshake_forced {
+                continue;
+            }
+            peer.handshake_forced = false;
+            let to = peer.path_to_try.take();
+            if !Self::initiate(&self.local, peer, now, true, to, underlay, &mut self.stats) {
+                // No room in the batch: the tick sends it.
+                peer.handshake_forced = true;
+                peer.path_to_try = to;
+                return;
+            }
+        }
+    }
+
     /// Runs the protocol timers (handshake retries, rekeys, keepalives) of every peer.
     /// Call it every few hundred milliseconds.
     pub fn tick(&mut self, now: Instant, underlay: &mut impl DatagramSink) {
+        // The timers below send what is still forced.
+        self.forced.clear();
         self.limiter.sweep(now);
         self.shares.sweep(now);
         // Another worker runs the timers of the sessions it carries.

@@ -1183,8 +1183,20 @@ fn a_path_tried_moves_the_peer_only_when_it_answers_from_there() {
     let initiations = pair.initiations_from(Side::A);
     assert!(pair.a.try_path(&b_key, B_ADDR.parse().unwrap()));
     pair.lose = Box::new(|from, d| from == Side::B && d[0] == 2);
-    pair.advance(Duration::from_millis(250));
+    // It leaves at once (as the worker sends it after the control plane's job), not at the
+    // next tick.
+    let mut out = Collect::new();
+    let now = pair.now;
+    pair.a.send_forced(now, &mut out);
+    pair.emit(Side::A, out);
+    pair.deliver();
     assert_eq!(pair.initiations_from(Side::A), initiations + 1);
+    pair.advance(Duration::from_millis(250));
+    assert_eq!(
+        pair.initiations_from(Side::A),
+        initiations + 1,
+        "sent once, not again at the tick"
+    );
     assert_eq!(
         pair.sent_to.iter().rev().find(|(s, _)| *s == Side::A),
         Some(&(Side::A, B_ADDR.parse().unwrap())),
