@@ -333,6 +333,20 @@ fn show_fleet(out: &mut String, fleet: &[(String, String)]) {
             get("fleet_takeovers")
         );
     }
+    // `pairs bytes datagrams dropped`.
+    let relay = get("fleet_relay");
+    if !relay.is_empty() {
+        let n: Vec<u64> = relay.split(' ').map(|w| w.parse().unwrap_or(0)).collect();
+        let at = |i: usize| n.get(i).copied().unwrap_or(0);
+        say!(
+            out,
+            "  relay: serving {} pairs; forwarded {} in {} datagrams (ciphertext), dropped {}",
+            at(0),
+            bytes(at(1)),
+            at(2),
+            at(3)
+        );
+    }
     say!(
         out,
         "  failovers seen: {}, records rejected: {}, name conflicts: {}, store errors: {}",

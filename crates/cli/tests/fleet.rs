@@ -1387,7 +1387,8 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one() {
     let e1 = Nat::new(&wan, "192.0.2.41/24", 1, NatKind::EndpointIndependent);
     let e2 = Nat::new(&wan, "192.0.2.42/24", 2, NatKind::EndpointIndependent);
     let d = Nat::new(&wan, "192.0.2.43/24", 3, NatKind::EndpointDependent);
-    let p_site = Site::new(&cluster, "p", "gw", 31, 31, true);
+    let mut p_site = Site::new(&cluster, "p", "gw", 31, 31, true);
+    p_site.body.push_str("relay = true\n");
     let e1_site = nat_site(&cluster, "e1", 41, &e1);
     let e2_site = nat_site(&cluster, "e2", 42, &e2);
     let d_site = nat_site(&cluster, "d", 43, &d);
@@ -1396,6 +1397,14 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one() {
     let _e1 = e1_site.start(&e1.site);
     let _e2 = e2_site.start(&e2.site);
     let _d = d_site.start(&d.site);
+    // E3 and E4 would punch through to each other but for a firewall between them.
+    let e3 = Nat::new(&wan, "192.0.2.44/24", 4, NatKind::EndpointIndependent);
+    let e4 = Nat::new(&wan, "192.0.2.45/24", 5, NatKind::EndpointIndependent);
+    e3.block(&e4.public);
+    let e3_site = nat_site(&cluster, "e3", 44, &e3);
+    let e4_site = nat_site(&cluster, "e4", 45, &e4);
+    let _e3 = e3_site.start(&e3.site);
+    let _e4 = e4_site.start(&e4.site);
 
     step("NAT: the public site reaches each site behind NAT (they come to it)");
     for (nat, n) in [(&e1, 41), (&e2, 42), (&d, 43)] {
@@ -1443,4 +1452,127 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one() {
         "    E1 reaches E2 again {:.2?} after the flush",
         flushed.elapsed().max(took)
     );
+
+    // D's NAT gives each destination a port of its own, and E1's lets in only what comes
+    // from where E1 sent: no hole meets. They go through P's relay.
+    step("NAT: E1 and D (no direct path) meet through P's relay");
+    let took = reachable(&e1.site, "10.43.0.1");
+    println!(
+        "    E1 reaches D through the relay {:.2?} after they started ({took:.2?} of pings)",
+        started.elapsed()
+    );
+    reachable(&d.site, "10.41.0.1");
+    let via = "path relayed via p/gw (192.0.2.31:";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (shown_e1, shown_d) = loop {
+        let (e, dd) = (
+            show(&e1.site, &e1_site.ifname),
+            show(&d.site, &d_site.ifname),
+        );
+        if (e.contains(via) && dd.contains(via)) || Instant::now() > deadline {
+            break (e, dd);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        shown_e1.contains(via) && shown_d.contains(via),
+        "E1 and D do not say they go through P's relay:\n{shown_e1}\n{shown_d}"
+    );
+    let received_at_p = |ns: &NetNs| -> u64 {
+        // What P's own WireGuard authenticated from E1 and D (the relay's traffic is not it).
+        wg_dump(ns, &p_site.ifname)
+            .iter()
+            .skip(1)
+            .filter(|f| f[0] == e1_site.public || f[0] == d_site.public)
+            .map(|f| f[5].parse::<u64>().unwrap_or(0))
+            .sum()
+    };
+    let p_received = received_at_p(&np);
+    common::tcp_transfer(
+        &e1.site,
+        &d.site,
+        "10.43.0.1:5201".parse().unwrap(),
+        16 << 20,
+    );
+    // The relay forwarded the 16 MiB as ciphertext; its own WireGuard saw none of it (it is
+    // no party to E1's and D's sessions and holds none of their keys).
+    let relay_line = show(&np, &p_site.ifname)
+        .lines()
+        .find(|l| l.contains("relay: serving"))
+        .unwrap_or_default()
+        .to_string();
+    let forwarded = scrape_relay_bytes(&p_site.ifname);
+    assert!(
+        forwarded >= 16 << 20,
+        "the relay forwarded {forwarded} bytes for a 16 MiB transfer: {relay_line}"
+    );
+    let p_more = received_at_p(&np) - p_received;
+    assert!(
+        p_more < 1 << 20,
+        "P's WireGuard authenticated {p_more} bytes from E1 and D during the relayed transfer"
+    );
+    println!("    {}", relay_line.trim());
+
+    step("NAT: E3 and E4, relayed while a firewall parts them, go direct once it is gone");
+    reachable(&e3.site, "10.45.0.1");
+    let shown = show(&e3.site, &e3_site.ifname);
+    assert!(
+        shown.contains(via),
+        "E3 does not say it goes through P's relay to E4:\n{shown}"
+    );
+    e3.unblock();
+    let unblocked = Instant::now();
+    let direct = format!("path direct via {}:", e4.public);
+    let deadline = unblocked + Duration::from_secs(30);
+    let shown = loop {
+        let shown = show(&e3.site, &e3_site.ifname);
+        if shown.contains(&direct) || Instant::now() > deadline {
+            break shown;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        shown.contains(&direct),
+        "E3 did not move to a direct path to E4 within 30 s of the firewall's end:\n{shown}"
+    );
+    reachable(&e3.site, "10.45.0.1");
+    println!(
+        "    E3 and E4 direct {:.2?} after the firewall went (a try every {} s)",
+        unblocked.elapsed(),
+        10
+    );
+
+    step("NAT: a flush of D's NAT is recovered from through the relay");
+    d.flush();
+    let flushed = Instant::now();
+    let took = reachable(&d.site, "10.41.0.1");
+    reachable(&e1.site, "10.43.0.1");
+    println!(
+        "    D reaches E1 again {:.2?} after the flush",
+        flushed.elapsed().max(took)
+    );
+}
+
+/// The bytes the relay of interface `ifname` forwarded, from its UAPI socket
+/// (`fleet_relay`, as `tunneld show` reads it).
+fn scrape_relay_bytes(ifname: &str) -> u64 {
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(common::socket_path(ifname)).expect("UAPI socket");
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    stream.write_all(b"fleet=1\n\n").unwrap();
+    let mut text = String::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = stream.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if text.ends_with("\n\n") {
+            break;
+        }
+    }
+    text.lines()
+        .find_map(|l| l.strip_prefix("fleet_relay="))
+        .and_then(|v| v.split(' ').nth(1)?.parse().ok())
+        .unwrap_or(0)
 }

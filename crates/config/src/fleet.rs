@@ -24,6 +24,7 @@ const FLEET_FIELDS: &[&str] = &[
     "lan_interface",
     "lan_addresses",
     "mode",
+    "relay",
 ];
 
 /// The lease TTL when none is given, in seconds: a dead gateway's record goes this long
@@ -67,6 +68,10 @@ pub struct FleetConfig {
     pub lan: Option<LanSide>,
     /// How the site's gateways share its traffic (`mode`).
     pub mode: SiteMode,
+    /// `relay = true`: this gateway, reachable at its advertised address, forwards the
+    /// WireGuard datagrams of pairs of gateways that find no direct path (sites behind NATs
+    /// that map each destination apart), without decrypting them.
+    pub relay: bool,
 }
 
 /// `mode`: how a site's gateways carry its traffic. It is the site's: every gateway writes
@@ -347,6 +352,17 @@ pub(super) fn check_fleet(c: &mut Checker, value: &Value) -> Option<FleetConfig>
         }),
         None => SiteMode::default(),
     };
+    let relay = match t.get("relay") {
+        None => false,
+        Some(Value::Boolean(b)) => *b,
+        Some(other) => {
+            c.error(
+                "fleet.relay",
+                format!("must be true or false, not {}", other.type_str()),
+            );
+            false
+        }
+    };
     if c.errors.len() > before {
         return None;
     }
@@ -364,6 +380,7 @@ pub(super) fn check_fleet(c: &mut Checker, value: &Value) -> Option<FleetConfig>
         persistent_keepalive,
         lan,
         mode,
+        relay,
     })
 }
 

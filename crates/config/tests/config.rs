@@ -1407,6 +1407,9 @@ fn a_fleet_section_parses_with_its_defaults() {
     assert_eq!(f.mode, config::SiteMode::ActiveStandby, "the default mode");
     let both = ok(&fleet(&format!("{FLEET_OK}mode = \"active-active\"\n")));
     assert_eq!(both.fleet.unwrap().mode, config::SiteMode::ActiveActive);
+    assert!(!f.relay, "no relay by default");
+    let relay = ok(&fleet(&format!("{FLEET_OK}relay = true\n")));
+    assert!(relay.fleet.unwrap().relay);
 }
 
 #[test]
@@ -1464,6 +1467,10 @@ fn fleet_errors_name_the_field_in_one_line() {
         (
             fleet(&format!("{FLEET_OK}mode = 2\n")),
             "fleet.mode: must be a string, not integer",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}relay = \"yes\"\n")),
+            "fleet.relay: must be true or false, not string",
         ),
         (
             fleet(&format!("{FLEET_OK}lease_ttl = 1\n")),

@@ -295,6 +295,11 @@ impl Batch {
         }
     }
 
+    /// The datagram size of frame `i` if it holds several (see [`Batch::datagrams`]), else 0.
+    pub fn segment_size(&self, i: usize) -> u16 {
+        self.segment_sizes[i]
+    }
+
     pub fn set_segment_size(&mut self, i: usize, size: u16) {
         self.segment_sizes[i] = size;
     }

@@ -232,6 +232,28 @@ impl UdpSocket {
         })
     }
 
+    /// Blocks until a datagram waits or `timeout` passes (whole milliseconds); whether one
+    /// waits. For a thread that serves this socket alone (the fleet's relay).
+    pub fn wait_readable(&self, timeout: std::time::Duration) -> io::Result<bool> {
+        let mut fd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: `fd` is one valid pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(&mut fd, 1, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(rc > 0)
+    }
+
     /// The address the socket is bound to (`[::]:port` for a dual-stack socket).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
@@ -286,6 +308,45 @@ impl UdpSocket {
                 continue;
             };
             let (first, first_iov) = (i, k);
+            let merged = usize::from(batch.segment_size(i));
+            if merged > 0 && batch.payload(i).len() > merged && !gso {
+                // Without GSO it cannot leave as its datagrams: never as one big one.
+                i += 1;
+                continue;
+            }
+            if merged > 0 && batch.payload(i).len() > merged {
+                // A frame that holds several datagrams, as UDP GRO received them, leaves as
+                // those datagrams in one GSO send (a relay forwards them so, unchanged).
+                let p = batch.payload(i);
+                s.iovs[k] = libc::iovec {
+                    // The kernel only reads through this pointer (sendmmsg).
+                    iov_base: p.as_ptr().cast_mut().cast(),
+                    iov_len: p.len(),
+                };
+                let hdr = &mut s.hdrs[m].msg_hdr;
+                hdr.msg_name = ptr::addr_of_mut!(s.names[m]).cast();
+                hdr.msg_namelen = namelen;
+                hdr.msg_iov = ptr::addr_of_mut!(s.iovs[k]);
+                hdr.msg_iovlen = 1;
+                hdr.msg_flags = 0;
+                hdr.msg_control = s.cmsgs[m].0.as_mut_ptr().cast();
+                hdr.msg_controllen = space as _;
+                // SAFETY: as below: the control buffer has room for CMSG_SPACE(2).
+                unsafe {
+                    let c = libc::CMSG_FIRSTHDR(hdr);
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = libc::UDP_SEGMENT;
+                    (*c).cmsg_len = cmsg_len as _;
+                    ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), merged as u16);
+                }
+                s.hdrs[m].msg_len = 0;
+                s.first[m] = i;
+                s.segments[m] = p.len().div_ceil(merged);
+                k += 1;
+                i += 1;
+                m += 1;
+                continue;
+            }
             let segment = batch.payload(i).len();
             let mut total = 0;
             loop {

@@ -31,6 +31,8 @@ type Job = Box<dyn FnOnce(&mut Device, Instant) + Send>;
 
 enum Control {
     Run(Job),
+    /// A datagram of the control plane's own, sent from the worker's socket.
+    Send(std::net::SocketAddr, Vec<u8>),
     Shutdown,
 }
 
@@ -79,6 +81,15 @@ impl WorkerHandle {
         Some(reply_rx)
     }
 
+    /// Sends `datagram` to `to` from the worker's own socket, between batches: so that it
+    /// leaves from the port WireGuard's datagrams leave from and a NAT maps it as it maps
+    /// them (the fleet registers with a relay so). `false` if the worker has stopped.
+    pub fn send_datagram(&self, to: std::net::SocketAddr, datagram: Vec<u8>) -> bool {
+        let sent = self.sender.send(Control::Send(to, datagram)).is_ok();
+        self.waker.wake();
+        sent
+    }
+
     /// Asks the worker to stop after its current batch.
     pub fn shutdown(&self) {
         let _ = self.sender.send(Control::Shutdown);
@@ -110,6 +121,14 @@ impl Workers {
             .into_iter()
             .map(|reply| reply.and_then(|r| r.recv().ok()))
             .collect()
+    }
+
+    /// [`WorkerHandle::send_datagram`] on the first worker (every worker's socket has the
+    /// same port); `false` if it has stopped.
+    pub fn send_datagram(&self, to: std::net::SocketAddr, datagram: Vec<u8>) -> bool {
+        self.handles
+            .first()
+            .is_some_and(|h| h.send_datagram(to, datagram))
     }
 
     /// Runs `f` on the first worker only, for what every worker's device knows alike (each
@@ -525,11 +544,26 @@ impl<P: PacketIo, D: DatagramIo> Worker<P, D> {
         self.send_shortfall += write(&mut self.overlay, &mut self.overlay_tx);
     }
 
+    /// A control-plane datagram out now, after what the batch holds.
+    fn send_own(&mut self, to: std::net::SocketAddr, datagram: &[u8]) {
+        use tunneld_wireguard::DatagramSink;
+        if self.underlay_tx.is_full() {
+            self.flush_network();
+        }
+        if let Some(slot) = self.underlay_tx.slot() {
+            let len = datagram.len().min(slot.len());
+            slot[..len].copy_from_slice(&datagram[..len]);
+            self.underlay_tx.push(len, to);
+        }
+        self.flush_network();
+    }
+
     /// Runs queued control jobs. Returns `false` when the worker must stop.
     fn serve_control(&mut self) -> bool {
         loop {
             match self.control.try_recv() {
                 Ok(Control::Run(job)) => job(&mut self.device, Instant::now()),
+                Ok(Control::Send(to, datagram)) => self.send_own(to, &datagram),
                 Ok(Control::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => return false,
                 Err(mpsc::TryRecvError::Empty) => return true,
             }

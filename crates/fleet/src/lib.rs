@@ -21,6 +21,7 @@ pub mod paths;
 pub mod probe;
 pub mod reconcile;
 pub mod record;
+pub mod relay;
 mod status;
 pub mod store;
 
@@ -32,11 +33,11 @@ pub use status::{
 use reconcile::{diff, Fleet as FleetView, PeerOp, View};
 use record::{Candidate, Keys, Record, Role};
 use status::Shared;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use store::{Claim, Etcd, EtcdOptions, Leadership, Store, StoreError, WatchEvents, Watched};
 use tunneld::{Gateway, PeerSettings};
@@ -284,6 +285,24 @@ impl Fleet {
             _ => None,
         };
         shared.state().probes = probes.clone();
+        let relay_public = config.advertise.first().map(|e| e.ip());
+        let relay =
+            match (config.relay, &settings.static_key, relay_public) {
+                (false, _, _) => None,
+                (true, Some(key), Some(public)) => {
+                    let relay = Arc::new(Mutex::new(relay::Relay::new(key.clone(), public)));
+                    shared.state().relay = Some(relay.clone());
+                    Some(relay)
+                }
+                (true, _, _) => return Err(Error::Settings(
+                    "fleet: relay = true needs the gateway's private key and an advertised address"
+                        .into(),
+                )),
+            };
+        let registrations = settings
+            .static_key
+            .as_ref()
+            .map(|k| relay::relay_keys(k.clone()));
         let record = Record {
             site: config.site.clone(),
             gateway: settings.gateway.clone(),
@@ -292,6 +311,7 @@ impl Fleet {
             subnets: config.subnets.iter().map(|n| n.trunc()).collect(),
             role: Role::Standby,
             mode: config.mode,
+            relay: config.relay,
         };
         let member = Member {
             store,
@@ -324,6 +344,12 @@ impl Fleet {
             told: BTreeMap::new(),
             told_lease: None,
             behind_nat: false,
+            relay,
+            relaying_told: BTreeMap::new(),
+            relay_ports: HashMap::new(),
+            wants_told: BTreeMap::new(),
+            registrations,
+            register_stamp: 0,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -484,6 +510,20 @@ struct Member<S: Store> {
     /// Whether others see this gateway elsewhere than it advertises (its keepalives are
     /// then `NAT_KEEPALIVE`).
     behind_nat: bool,
+    /// This gateway's relay, when it is one (`[fleet] relay = true`), and the ports it has
+    /// told the fleet it serves pairs on (`relaying/` keys, under `told_lease`).
+    relay: Option<Arc<Mutex<relay::Relay>>>,
+    relaying_told: BTreeMap<relay::Pair, u16>,
+    /// For each peer a relay serves this gateway's pair with: the relay's key and the
+    /// pair's port on it, as the last reconcile read them.
+    relay_ports: HashMap<PublicKey, (PublicKey, SocketAddr)>,
+    /// The relay this gateway asked for each peer (`relay/` keys, under `told_lease`).
+    wants_told: BTreeMap<PublicKey, PublicKey>,
+    /// Registration keys (from this gateway's static key; `None`: the embedder gave none,
+    /// and no relay can be used).
+    registrations: Option<probe::PairKeys>,
+    /// The last registration's stamp: each one's is higher.
+    register_stamp: u64,
 }
 
 /// The keepalive of a gateway behind NAT toward its peers (seconds): after its NAT forgets
@@ -492,6 +532,10 @@ const NAT_KEEPALIVE: u16 = 1;
 
 /// How often the paths to the fleet's peers are looked at.
 const PATHS_EVERY: Duration = Duration::from_millis(200);
+
+/// What a relayed side sends toward the other side's direct addresses before that side
+/// tries them (no WireGuard message: dropped unread where it lands).
+const PUNCH: &[u8] = b"tfh1";
 
 /// Failed attempts in a row, with nothing answered in between, after which the store
 /// counts as unreachable.
@@ -1048,6 +1092,13 @@ impl<S: Store> Member<S> {
         let mut wanted = fleet.wanted_peers(&self.record.site, own_carries, keepalive);
         wanted.retain(|k, _| !self.refused_keys.contains(k));
         self.candidates = wanted.keys().map(|k| (*k, fleet.candidates(k))).collect();
+        let own_key = self.record.public_key;
+        self.relay_ports = fleet
+            .relayed
+            .iter()
+            .filter_map(|(pair, at)| Some((pair.other(&own_key)?, *at)))
+            .filter(|(peer, _)| wanted.contains_key(peer))
+            .collect();
         self.advertised = fleet
             .sites
             .values()
@@ -1117,10 +1168,24 @@ impl<S: Store> Member<S> {
             .filter_map(|p| Some((p.public_key, self.paths.state(&p.public_key)?)))
             .collect();
         let candidates = &self.candidates;
-        let moves = self.paths.tick(now, &peers, |k| {
-            candidates.get(k).cloned().unwrap_or_default()
-        });
-        for (key, at) in moves {
+        let relay_ports = &self.relay_ports;
+        let tick = self.paths.tick_relayed(
+            now,
+            wall,
+            &self.record.public_key,
+            &peers,
+            |k| candidates.get(k).cloned().unwrap_or_default(),
+            |k| relay_ports.get(k).map(|(_, at)| *at),
+        );
+        for key in &tick.register {
+            self.register_with_relay(key);
+        }
+        for to in &tick.punches {
+            // Opens this side's NAT toward the other side's try of a direct path; the other
+            // side's worker drops it unread (no WireGuard message).
+            let _ = self.gateway.send_datagram(*to, PUNCH.to_vec());
+        }
+        for (key, at) in tick.moves {
             match self.gateway.move_peer(&key, at) {
                 Ok(()) => {
                     tracing::debug!("{}: trying {at} for {}", self.name(), self.peer_name(&key))
@@ -1133,30 +1198,63 @@ impl<S: Store> Member<S> {
             let Some(state) = self.paths.state(&p.public_key) else {
                 continue;
             };
-            if let (
-                Some(paths::PathState::Searching { tried, .. }),
-                paths::PathState::Up { via, .. },
-            ) = (before.get(&p.public_key), &state)
-            {
-                if *tried > 0 {
+            match (before.get(&p.public_key), &state) {
+                (
+                    Some(paths::PathState::Searching { tried, .. }),
+                    paths::PathState::Up { via, .. },
+                ) if *tried > 0 => tracing::info!(
+                    "{}: {} reached at {via} ({tried} addresses tried)",
+                    self.name(),
+                    self.peer_name(&p.public_key)
+                ),
+                (Some(paths::PathState::Relayed { .. }), paths::PathState::Up { via, .. }) => {
                     tracing::info!(
-                        "{}: {} reached at {via} ({tried} addresses tried)",
+                        "{}: {} reached directly at {via}, no longer through its relay",
                         self.name(),
                         self.peer_name(&p.public_key)
-                    );
+                    )
                 }
+                (Some(before), paths::PathState::Relayed { via, .. })
+                    if !matches!(before, paths::PathState::Relayed { .. }) =>
+                {
+                    tracing::info!(
+                        "{}: {} reached through the relay at {via} (no direct path)",
+                        self.name(),
+                        self.peer_name(&p.public_key)
+                    )
+                }
+                _ => {}
             }
             states.insert(p.public_key, state);
         }
-        self.shared.state().paths = states;
+        let path_relays: HashMap<PublicKey, String> = states
+            .iter()
+            .filter(|(_, s)| matches!(s, paths::PathState::Relayed { .. }))
+            .filter_map(|(k, _)| Some((*k, self.peer_name(&self.relay_ports.get(k)?.0))))
+            .collect();
+        {
+            let mut state = self.shared.state();
+            state.paths = states;
+            state.path_relays = path_relays;
+        }
 
         if self.told_lease != Some(lease) {
             // Keys under another lease went with it.
             self.told.clear();
+            self.wants_told.clear();
+            self.relaying_told.clear();
             self.told_lease = Some(lease);
         }
+        self.tell_wants(&tick.want_relay, lease).await?;
+        self.tend_relay(lease).await?;
         let advertised = &self.advertised;
-        let told = paths::observations(&peers, |k| advertised.get(k).cloned().unwrap_or_default());
+        // A peer met through a relay is at the relay's port: nothing to tell of where it is.
+        let relay_ports = &self.relay_ports;
+        let told = paths::observations(&peers, |k| {
+            let mut not_its_own = advertised.get(k).cloned().unwrap_or_default();
+            not_its_own.extend(relay_ports.get(k).map(|(_, at)| *at));
+            not_its_own
+        });
         let (site, gateway) = (self.record.site.clone(), self.record.gateway.clone());
         for (key, at) in &told {
             if self.told.get(key) == Some(at) {
@@ -1188,6 +1286,166 @@ impl<S: Store> Member<S> {
                 .await
                 .map_err(|_| StoreError("etcd did not answer in time".into()))??;
             self.told.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// Sends this gateway's registration for its pair with `peer` to the relay serving it,
+    /// from the WireGuard socket (so the relay learns where this gateway's NAT maps it).
+    fn register_with_relay(&mut self, peer: &PublicKey) {
+        let (Some((relay, at)), Some(keys)) = (self.relay_ports.get(peer), &mut self.registrations)
+        else {
+            return;
+        };
+        let wall = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64;
+        self.register_stamp = wall.max(self.register_stamp + 1);
+        let datagram = relay::registration(
+            keys,
+            &self.record.public_key,
+            peer,
+            relay,
+            at.port(),
+            self.register_stamp,
+        );
+        if let Err(e) = self.gateway.send_datagram(*at, datagram) {
+            tracing::debug!(
+                "{}: cannot register with the relay at {at}: {e}",
+                self.name()
+            );
+        }
+    }
+
+    /// Asks the fleet for a relay to each peer in `wanted` (the relay every side agrees on,
+    /// `Fleet::relay_for`), under the lease; takes back what is no longer wanted.
+    async fn tell_wants(
+        &mut self,
+        wanted: &std::collections::BTreeSet<PublicKey>,
+        lease: i64,
+    ) -> Result<(), StoreError> {
+        let own = self.record.public_key;
+        let choice: BTreeMap<PublicKey, PublicKey> = {
+            let state = self.shared.state();
+            wanted
+                .iter()
+                .filter_map(|peer| {
+                    Some((*peer, state.fleet.relay_for(&relay::Pair::new(own, *peer))?))
+                })
+                .collect()
+        };
+        let (site, gateway) = (self.record.site.clone(), self.record.gateway.clone());
+        for (peer, relay) in &choice {
+            if self.wants_told.get(peer) == Some(relay) {
+                continue;
+            }
+            let key = self.keys.relay_wanted(&site, &gateway, peer);
+            tokio::time::timeout(
+                self.request_timeout,
+                self.store.put(&key, relay.to_base64().into_bytes(), lease),
+            )
+            .await
+            .map_err(|_| StoreError("etcd did not answer in time".into()))??;
+            tracing::info!(
+                "{}: no direct path to {}: asking the relay {}",
+                self.name(),
+                self.peer_name(peer),
+                self.peer_name(relay)
+            );
+            self.wants_told.insert(*peer, *relay);
+        }
+        let gone: Vec<PublicKey> = self
+            .wants_told
+            .keys()
+            .filter(|k| !choice.contains_key(k))
+            .copied()
+            .collect();
+        for peer in gone {
+            let key = self.keys.relay_wanted(&site, &gateway, &peer);
+            tokio::time::timeout(self.request_timeout, self.store.delete(&key))
+                .await
+                .map_err(|_| StoreError("etcd did not answer in time".into()))??;
+            self.wants_told.remove(&peer);
+        }
+        Ok(())
+    }
+
+    /// A relay's part: a port for each pair some side of which asks this relay (both sides
+    /// in the fleet), closed when none does; the ports told the fleet under the lease.
+    async fn tend_relay(&mut self, lease: i64) -> Result<(), StoreError> {
+        let Some(relay) = self.relay.clone() else {
+            return Ok(());
+        };
+        let own = self.record.public_key;
+        let pairs: BTreeSet<relay::Pair> = {
+            let state = self.shared.state();
+            let live: HashSet<PublicKey> = state
+                .fleet
+                .sites
+                .values()
+                .flat_map(|s| &s.gateways)
+                .map(|m| m.record.public_key)
+                .collect();
+            state
+                .fleet
+                .relay_wanted
+                .iter()
+                .filter(|(asker, subject, r)| {
+                    *r == own && live.contains(asker) && live.contains(subject)
+                })
+                .filter(|(asker, subject, _)| asker != subject && *asker != own && *subject != own)
+                .map(|(asker, subject, _)| relay::Pair::new(*asker, *subject))
+                .collect()
+        };
+        let ports = {
+            let mut relay = status::lock_relay(&relay);
+            relay.retain(|p| pairs.contains(p));
+            for pair in &pairs {
+                if let Err(e) = relay.allocate(*pair) {
+                    tracing::warn!("{}: cannot open a relay port: {e}", self.name());
+                }
+            }
+            relay.ports()
+        };
+        let (site, gateway) = (self.record.site.clone(), self.record.gateway.clone());
+        for (pair, port) in &ports {
+            if self.relaying_told.get(pair) == Some(port) {
+                continue;
+            }
+            let key = self.keys.relaying(&site, &gateway, pair);
+            tokio::time::timeout(
+                self.request_timeout,
+                self.store.put(&key, port.to_string().into_bytes(), lease),
+            )
+            .await
+            .map_err(|_| StoreError("etcd did not answer in time".into()))??;
+            tracing::info!(
+                "{}: relaying between {} and {} on UDP port {port}",
+                self.name(),
+                self.peer_name(&pair.0),
+                self.peer_name(&pair.1)
+            );
+            self.relaying_told.insert(*pair, *port);
+        }
+        let gone: Vec<relay::Pair> = self
+            .relaying_told
+            .keys()
+            .filter(|p| !ports.contains_key(p))
+            .copied()
+            .collect();
+        for pair in gone {
+            let key = self.keys.relaying(&site, &gateway, &pair);
+            tokio::time::timeout(self.request_timeout, self.store.delete(&key))
+                .await
+                .map_err(|_| StoreError("etcd did not answer in time".into()))??;
+            tracing::info!(
+                "{}: no longer relaying between {} and {}",
+                self.name(),
+                self.peer_name(&pair.0),
+                self.peer_name(&pair.1)
+            );
+            self.relaying_told.remove(&pair);
         }
         Ok(())
     }
@@ -1397,6 +1655,7 @@ mod tests {
             persistent_keepalive: 25,
             lan: None,
             mode: tunneld_config::SiteMode::default(),
+            relay: false,
         }
     }
 

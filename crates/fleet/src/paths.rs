@@ -26,6 +26,22 @@ pub const FIRST_ROUND: Duration = Duration::from_secs(1);
 pub const LAST_ROUND: Duration = Duration::from_secs(16);
 /// A session older than this is none (WireGuard's REJECT_AFTER_TIME).
 const SESSION_LIFE: Duration = Duration::from_secs(180);
+/// Searching this long with no session: the gateway asks for a relay.
+pub const RELAY_AFTER: Duration = Duration::from_secs(1);
+/// While a relay serves a peer with no session, the move to it is made again this often
+/// (the other side may not have registered yet when the first handshake crossed).
+pub const RELAY_RETRY: Duration = Duration::from_millis(400);
+/// A relayed side registers again this often: after its NAT forgot its mapping the relay
+/// learns the new one within this.
+pub const REGISTER_EVERY: Duration = Duration::from_secs(1);
+/// A relayed pair tries a direct path once in each such slot of the wall clock (at an
+/// offset of the pair's own), so both sides try at the same moment without asking each
+/// other.
+pub const UPGRADE_EVERY: Duration = Duration::from_secs(10);
+/// How long after the higher-keyed side's punches the lower-keyed side tries the direct
+/// address, and how long its handshake there has to complete.
+const PUNCH_LEAD: Duration = Duration::from_millis(150);
+const TRIAL: Duration = Duration::from_secs(1);
 
 /// What the gateway says of one peer at a tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +61,38 @@ pub enum PathState {
     Up { via: SocketAddr, since: Instant },
     /// No live session: trying its candidates (tried so far, over all rounds).
     Searching { since: Instant, tried: u32 },
+    /// A live session through a relay, at this address (the pair's port on it).
+    Relayed { via: SocketAddr, since: Instant },
+}
+
+/// What one tick asks the gateway to do.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Tick {
+    /// Peers to move to an address, each with a handshake at once.
+    pub moves: Vec<(PublicKey, SocketAddr)>,
+    /// Peers whose relay to register with now (before any move to it).
+    pub register: Vec<PublicKey>,
+    /// Addresses to send a punch to from the WireGuard socket (opening this side's NAT
+    /// toward them for the other side's try of a direct path).
+    pub punches: Vec<SocketAddr>,
+    /// Peers for which this gateway wants a relay.
+    pub want_relay: std::collections::BTreeSet<PublicKey>,
+}
+
+/// A relayed peer's life on the relay.
+#[derive(Debug)]
+struct Relayed {
+    via: SocketAddr,
+    since: Instant,
+    registered: Instant,
+    /// The wall-clock slot of the last try of a direct path.
+    slot: u64,
+    /// A direct address to try at a moment (the lower-keyed side's part).
+    try_at: Option<Instant>,
+    /// The direct addresses left to try in this slot, in order.
+    trying: Vec<SocketAddr>,
+    /// A try under way: where, since when.
+    trial: Option<(SocketAddr, Instant)>,
 }
 
 #[derive(Debug)]
@@ -68,6 +116,9 @@ struct Search {
 pub struct Paths {
     searches: HashMap<PublicKey, Search>,
     up: HashMap<PublicKey, (SocketAddr, Instant)>,
+    relayed: HashMap<PublicKey, Relayed>,
+    /// When each searching peer was last moved to its relay.
+    relay_moves: HashMap<PublicKey, Instant>,
 }
 
 impl Paths {
@@ -80,16 +131,64 @@ impl Paths {
         peers: &[PeerNow],
         candidates: impl Fn(&PublicKey) -> Vec<SocketAddr>,
     ) -> Vec<(PublicKey, SocketAddr)> {
-        let mut moves = Vec::new();
+        let own = PublicKey::from_bytes([0; 32]);
+        self.tick_relayed(now, Duration::ZERO, &own, peers, candidates, |_| None)
+            .moves
+    }
+
+    /// [`Paths::tick`] with relays: `relay` is the address of the port a relay serves the
+    /// pair of this gateway (`own`) and a peer on, if one does; `wall` the time since the
+    /// Unix epoch (which schedules a relayed pair's tries of a direct path on both sides
+    /// alike).
+    pub fn tick_relayed(
+        &mut self,
+        now: Instant,
+        wall: Duration,
+        own: &PublicKey,
+        peers: &[PeerNow],
+        candidates: impl Fn(&PublicKey) -> Vec<SocketAddr>,
+        relay: impl Fn(&PublicKey) -> Option<SocketAddr>,
+    ) -> Tick {
+        let mut tick = Tick::default();
         let present: std::collections::HashSet<PublicKey> =
             peers.iter().map(|p| p.public_key).collect();
         self.searches.retain(|k, _| present.contains(k));
         self.up.retain(|k, _| present.contains(k));
+        self.relayed.retain(|k, _| present.contains(k));
+        self.relay_moves.retain(|k, _| present.contains(k));
         for peer in peers {
             let key = peer.public_key;
             let live = peer.since_handshake.is_some_and(|d| d < SESSION_LIFE);
+            let relay_at = relay(&key);
+            if self.relayed.contains_key(&key)
+                && self.relayed_tick(now, wall, own, peer, live, relay_at, &candidates, &mut tick)
+            {
+                continue;
+            }
+            let on_relay = relay_at.is_some() && peer.endpoint == relay_at;
+            if live && on_relay {
+                self.searches.remove(&key);
+                self.up.remove(&key);
+                self.relay_moves.remove(&key);
+                let via = peer.endpoint.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+                self.relayed.insert(
+                    key,
+                    Relayed {
+                        via,
+                        since: now,
+                        registered: now,
+                        slot: upgrade_slot(wall, own, &key),
+                        try_at: None,
+                        trying: Vec::new(),
+                        trial: None,
+                    },
+                );
+                tick.want_relay.insert(key);
+                continue;
+            }
             if live {
                 self.searches.remove(&key);
+                self.relay_moves.remove(&key);
                 if let Some(via) = peer.endpoint {
                     let since = match self.up.get(&key) {
                         Some((_, since)) => *since,
@@ -100,6 +199,34 @@ impl Paths {
                 continue;
             }
             self.up.remove(&key);
+            if let Some(search) = self.searches.get(&key) {
+                if now.saturating_duration_since(search.since) >= RELAY_AFTER {
+                    tick.want_relay.insert(key);
+                }
+            }
+            if let Some(at) = relay_at {
+                // A relay serves the pair: direct paths failed long enough. Go through it,
+                // again until a session stands (the other side may register late); tries of
+                // a direct path come once relayed.
+                let heard = self
+                    .searches
+                    .get(&key)
+                    .is_some_and(|s| s.rx_bytes != peer.rx_bytes);
+                if let Some(s) = self.searches.get_mut(&key) {
+                    s.rx_bytes = peer.rx_bytes;
+                }
+                tick.want_relay.insert(key);
+                let due = self
+                    .relay_moves
+                    .get(&key)
+                    .is_none_or(|t| now.saturating_duration_since(*t) >= RELAY_RETRY);
+                if due && !(heard && peer.endpoint == Some(at)) {
+                    tick.register.push(key);
+                    tick.moves.push((key, at));
+                    self.relay_moves.insert(key, now);
+                }
+                continue;
+            }
             let wanted = candidates(&key);
             if wanted.is_empty() {
                 self.searches.remove(&key);
@@ -141,7 +268,7 @@ impl Paths {
                 continue;
             }
             let to = search.candidates[search.next];
-            moves.push((key, to));
+            tick.moves.push((key, to));
             search.moved_to = Some(to);
             search.tried += 1;
             search.next += 1;
@@ -153,11 +280,115 @@ impl Paths {
                 search.round = (search.round * 2).min(LAST_ROUND);
             }
         }
-        moves
+        tick
+    }
+
+    /// A relayed peer's tick: registrations, tries of a direct path, and whether it is
+    /// still relayed (`false`: it left the relay, handled as any peer).
+    #[allow(clippy::too_many_arguments)]
+    fn relayed_tick(
+        &mut self,
+        now: Instant,
+        wall: Duration,
+        own: &PublicKey,
+        peer: &PeerNow,
+        live: bool,
+        relay_at: Option<SocketAddr>,
+        candidates: &impl Fn(&PublicKey) -> Vec<SocketAddr>,
+        tick: &mut Tick,
+    ) -> bool {
+        let key = peer.public_key;
+        let Some(r) = self.relayed.get_mut(&key) else {
+            return false;
+        };
+        if let Some((to, started)) = r.trial {
+            let answered = live
+                && peer.endpoint == Some(to)
+                && peer
+                    .since_handshake
+                    .is_some_and(|d| d < now.saturating_duration_since(started));
+            if answered {
+                // A direct path: the relay is let go.
+                self.relayed.remove(&key);
+                self.up.insert(key, (to, now));
+                return true;
+            }
+            // Each address but the last gets an attempt's time; the last a whole trial's.
+            let window = if r.trying.is_empty() { TRIAL } else { ATTEMPT };
+            if now.saturating_duration_since(started) < window {
+                tick.want_relay.insert(key);
+                return true;
+            }
+            r.trial = None;
+            if !r.trying.is_empty() {
+                let next = r.trying.remove(0);
+                r.trial = Some((next, now));
+                tick.moves.push((key, next));
+                tick.want_relay.insert(key);
+                return true;
+            }
+            if peer.endpoint == Some(to) {
+                // No answer there and nothing through the relay moved it back: back now.
+                if let Some(at) = relay_at {
+                    tick.register.push(key);
+                    tick.moves.push((key, at));
+                }
+                tick.want_relay.insert(key);
+                return true;
+            }
+        }
+        let Some(at) = relay_at.filter(|_| live) else {
+            // The relay went, or the session did: search again.
+            self.relayed.remove(&key);
+            return false;
+        };
+        if let Some(e) = peer.endpoint.filter(|e| *e != at) {
+            // Roamed off the relay: the other side's try of a direct path reached this one
+            // (its authenticated datagrams come straight from there).
+            self.relayed.remove(&key);
+            self.up.insert(key, (e, now));
+            return true;
+        }
+        r.via = at;
+        tick.want_relay.insert(key);
+        if now.saturating_duration_since(r.registered) >= REGISTER_EVERY {
+            r.registered = now;
+            tick.register.push(key);
+        }
+        let slot = upgrade_slot(wall, own, &key);
+        if slot != r.slot {
+            r.slot = slot;
+            let direct = candidates(&key);
+            if !direct.is_empty() {
+                if own.as_bytes() < key.as_bytes() {
+                    // Where others saw it (last) before what it advertises, which is
+                    // what a site behind NAT cannot be reached at.
+                    r.trying = direct.into_iter().rev().collect();
+                    r.try_at = Some(now + PUNCH_LEAD);
+                } else {
+                    tick.punches.extend(direct);
+                }
+            }
+        }
+        if let Some(at_time) = r.try_at {
+            if now >= at_time && !r.trying.is_empty() {
+                r.try_at = None;
+                let to = r.trying.remove(0);
+                r.trial = Some((to, now));
+                tick.moves.push((key, to));
+            }
+        }
+        true
     }
 
     /// Each peer's path now.
     pub fn state(&self, key: &PublicKey) -> Option<PathState> {
+        if let Some(r) = self.relayed.get(key) {
+            return Some(PathState::Relayed {
+                via: r.via,
+                since: r.since,
+            });
+        }
         if let Some((via, since)) = self.up.get(key) {
             return Some(PathState::Up {
                 via: *via,
@@ -169,6 +400,20 @@ impl Paths {
             tried: s.tried,
         })
     }
+}
+
+/// The wall-clock slot in which a relayed pair tries a direct path: both sides compute the
+/// same (the offset is the pair's), and pairs spread over the slot.
+fn upgrade_slot(wall: Duration, own: &PublicKey, peer: &PublicKey) -> u64 {
+    let pair = crate::relay::Pair::new(*own, *peer);
+    let offset = pair
+        .0
+        .as_bytes()
+        .iter()
+        .chain(pair.1.as_bytes())
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(*b)));
+    let every = UPGRADE_EVERY.as_millis() as u64;
+    (wall.as_millis() as u64 + offset % every) / every
 }
 
 /// What this gateway tells the fleet it saw: for each peer with a live session whose
@@ -306,6 +551,87 @@ mod tests {
             paths.tick(later, &[now.clone()], |_| both.clone()),
             vec![(peer, both[1])]
         );
+    }
+
+    /// A peer with no session whose pair a relay serves goes through it (registering first,
+    /// and again until a session stands); once relayed, the lower-keyed side tries the
+    /// direct addresses in one slot, seen ones first, and comes back without an answer.
+    #[test]
+    fn a_relayed_peer_goes_through_its_relay_and_tries_a_direct_path_once_a_slot() {
+        let (a, b) = (key(), key());
+        let (own, peer) = if a.as_bytes() < b.as_bytes() {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        let relay = addr("192.0.2.31:40000");
+        let direct = vec![addr("198.51.100.2:51820"), addr("192.0.2.61:51820")];
+        let mut paths = Paths::default();
+        let t0 = Instant::now();
+        let wall = Duration::from_secs(1_000_000);
+        let mut now = silent(peer, "198.51.100.2:51820");
+        let tick = |paths: &mut Paths, t: Duration, p: &PeerNow, served: bool| {
+            paths.tick_relayed(
+                t0 + t,
+                wall + t,
+                &own,
+                std::slice::from_ref(p),
+                |_| direct.clone(),
+                |_| served.then_some(relay),
+            )
+        };
+        // No relay yet: the direct search, and after RELAY_AFTER a relay is wanted.
+        let first = tick(&mut paths, Duration::ZERO, &now, false);
+        assert_eq!(first.moves, vec![(peer, direct[0])]);
+        assert!(first.want_relay.is_empty());
+        assert!(tick(&mut paths, RELAY_AFTER, &now, false)
+            .want_relay
+            .contains(&peer));
+        // The relay serves the pair: register, move, and again until a session stands.
+        let served = tick(&mut paths, RELAY_AFTER, &now, true);
+        assert_eq!(
+            (served.register, served.moves),
+            (vec![peer], vec![(peer, relay)])
+        );
+        now.endpoint = Some(relay);
+        let again = RELAY_AFTER + RELAY_RETRY;
+        assert_eq!(
+            tick(&mut paths, again, &now, true).moves,
+            vec![(peer, relay)]
+        );
+        now.since_handshake = Some(Duration::from_millis(10));
+        now.rx_bytes = 92;
+        let relayed = tick(&mut paths, again + ATTEMPT, &now, true);
+        assert!(relayed.moves.is_empty() && relayed.want_relay.contains(&peer));
+        assert!(matches!(
+            paths.state(&peer),
+            Some(PathState::Relayed { via, .. }) if via == relay
+        ));
+        // Within the next slot: the seen address, then the advertised one, then back.
+        let mut tried = Vec::new();
+        let mut t = again + ATTEMPT;
+        let handshake_at = again + ATTEMPT - Duration::from_millis(10);
+        // One slot starts within UPGRADE_EVERY (where in it depends on the pair).
+        while t < again + UPGRADE_EVERY + 2 * TRIAL + ATTEMPT * 4 && !tried.contains(&relay) {
+            t += Duration::from_millis(100);
+            now.since_handshake = Some(t - handshake_at);
+            for (_, to) in tick(&mut paths, t, &now, true).moves {
+                tried.push(to);
+                now.endpoint = Some(to);
+            }
+        }
+        assert_eq!(tried, vec![direct[1], direct[0], relay]);
+        assert!(matches!(
+            paths.state(&peer),
+            Some(PathState::Relayed { .. })
+        ));
+        // The other side's try reached this one: its datagrams come straight from it.
+        now.endpoint = Some(direct[1]);
+        tick(&mut paths, t + ATTEMPT, &now, true);
+        assert!(matches!(
+            paths.state(&peer),
+            Some(PathState::Up { via, .. }) if via == direct[1]
+        ));
     }
 
     #[test]

@@ -42,6 +42,7 @@ const REPEAT: Duration = Duration::from_secs(1);
 const OUTSTANDING: usize = 16;
 
 const MAGIC: &[u8; 4] = b"tfp1";
+const PROBE_LABEL: &[u8] = b"tunneld fleet probe v1";
 const PING: u8 = 1;
 const PONG: u8 = 2;
 const BODY: usize = 4 + 1 + 32 + 8;
@@ -84,15 +85,26 @@ pub struct ProbeView {
     pub answered: u64,
 }
 
-/// The keys of one pair of gateways, from their X25519 shared secret.
-struct PairKeys {
+/// The keys of one pair of gateways, from their X25519 shared secret and a label that
+/// keeps each use's keys apart (probes, a relay's registrations).
+pub(crate) struct PairKeys {
     own: PrivateKey,
     own_public: PublicKey,
+    label: &'static [u8],
     cache: HashMap<PublicKey, [u8; 32]>,
 }
 
 impl PairKeys {
-    fn key(&mut self, peer: &PublicKey) -> [u8; 32] {
+    pub(crate) fn new(own: PrivateKey, label: &'static [u8]) -> PairKeys {
+        PairKeys {
+            own_public: own.public_key(),
+            own,
+            label,
+            cache: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn key(&mut self, peer: &PublicKey) -> [u8; 32] {
         if let Some(k) = self.cache.get(peer) {
             return *k;
         }
@@ -106,7 +118,7 @@ impl PairKeys {
             (*peer, self.own_public)
         };
         let key: [u8; 32] = Blake2s256::new()
-            .chain_update(b"tunneld fleet probe v1")
+            .chain_update(self.label)
             .chain_update(secret.as_bytes())
             .chain_update(low.as_bytes())
             .chain_update(high.as_bytes())
@@ -120,7 +132,7 @@ impl PairKeys {
 /// BLAKE2s in its keyed mode (a MAC by design), cut to 16 bytes.
 type ProbeMac = Blake2sMac<U16>;
 
-fn mac(key: &[u8; 32], body: &[u8]) -> ProbeMac {
+pub(crate) fn mac(key: &[u8; 32], body: &[u8]) -> ProbeMac {
     // BLAKE2s takes keys of 1 to 32 bytes: a 32-byte key is always accepted.
     #[allow(clippy::expect_used)]
     let mut mac = <ProbeMac as Mac>::new_from_slice(key).expect("BLAKE2s accepts 32-byte keys");
@@ -192,12 +204,7 @@ impl Probes {
             view: Mutex::new(ProbeView::default()),
             stop: AtomicBool::new(false),
         });
-        let own_public = own.public_key();
-        let keys = || PairKeys {
-            own: own.clone(),
-            own_public,
-            cache: HashMap::new(),
-        };
+        let keys = || PairKeys::new(own.clone(), PROBE_LABEL);
         let answerer = {
             let (inner, mut keys) = (inner.clone(), keys());
             std::thread::Builder::new()
@@ -457,11 +464,7 @@ mod tests {
 
     fn pair() -> (PairKeys, PairKeys) {
         let (a, b) = (PrivateKey::generate(), PrivateKey::generate());
-        let keys = |k: &PrivateKey| PairKeys {
-            own: k.clone(),
-            own_public: k.public_key(),
-            cache: HashMap::new(),
-        };
+        let keys = |k: &PrivateKey| PairKeys::new(k.clone(), PROBE_LABEL);
         (keys(&a), keys(&b))
     }
 

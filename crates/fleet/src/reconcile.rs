@@ -24,6 +24,7 @@
 //!   shared prefixes (`PeerSettings::shared_ips`: flows spread over them by a hash).
 
 use crate::record::{seen_subject, Candidate, KeyKind, Keys, Record};
+use crate::relay::Pair;
 use ipnet::IpNet;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -217,6 +218,12 @@ pub struct Fleet {
     /// records), by the public key of the gateway seen: a gateway behind NAT as the world
     /// reaches it.
     pub seen: BTreeMap<PublicKey, Vec<SocketAddr>>,
+    /// Relays asked for (`relay/` keys of live records): (the gateway asking, the gateway it
+    /// wants to reach, the relay asked).
+    pub relay_wanted: Vec<(PublicKey, PublicKey, PublicKey)>,
+    /// Pairs relays serve (`relaying/` keys of live relays' records): the relay's key and
+    /// the address the pair's port is at.
+    pub relayed: BTreeMap<Pair, (PublicKey, SocketAddr)>,
 }
 
 impl Fleet {
@@ -231,6 +238,10 @@ impl Fleet {
         let mut candidates: HashMap<&str, Vec<(i64, i64, Candidate)>> = HashMap::new();
         // Observations: (observer's site, name, lease), the gateway seen, where.
         let mut sightings: Vec<((&str, &str, i64), PublicKey, SocketAddr)> = Vec::new();
+        // Relays asked for: (asker's site, name, lease), the gateway to reach, the relay.
+        let mut wants: Vec<((&str, &str, i64), PublicKey, PublicKey)> = Vec::new();
+        // Pairs served: (relay's site, name, lease), the pair, the port.
+        let mut serving: Vec<((&str, &str, i64), Pair, u16)> = Vec::new();
         for entry in view.entries.values() {
             match keys.kind(&entry.key) {
                 KeyKind::Record { site, gateway } => {
@@ -267,6 +278,35 @@ impl Fleet {
                         (seen_subject(subject), address, entry.lease != 0)
                     {
                         sightings.push(((site, gateway, entry.lease), subject, address));
+                    }
+                }
+                KeyKind::RelayWanted {
+                    site,
+                    gateway,
+                    subject,
+                } => {
+                    let relay = std::str::from_utf8(&entry.value)
+                        .ok()
+                        .and_then(|v| PublicKey::from_base64(v.trim()).ok());
+                    if let (Some(subject), Some(relay), true) =
+                        (seen_subject(subject), relay, entry.lease != 0)
+                    {
+                        wants.push(((site, gateway, entry.lease), subject, relay));
+                    }
+                }
+                KeyKind::Relaying {
+                    site,
+                    gateway,
+                    pair,
+                } => {
+                    let port = std::str::from_utf8(&entry.value)
+                        .ok()
+                        .and_then(|v| v.trim().parse::<u16>().ok())
+                        .filter(|p| *p != 0);
+                    if let (Some(pair), Some(port), true) =
+                        (Pair::from_hex(pair), port, entry.lease != 0)
+                    {
+                        serving.push(((site, gateway, entry.lease), pair, port));
                     }
                 }
                 KeyKind::Other => {}
@@ -345,6 +385,32 @@ impl Fleet {
             }
         }
         fleet.seen.retain(|_, a| !a.is_empty());
+        // A relay's word counts while its record lives under the same lease, and says it
+        // relays; an asker's while its record lives.
+        let live = |site: &str, gateway: &str, lease: i64| {
+            fleet.sites.get(site).and_then(|s| {
+                s.gateways
+                    .iter()
+                    .find(|m| m.record.gateway == gateway && m.lease == lease)
+                    .map(|m| &m.record)
+            })
+        };
+        let mut relayed = BTreeMap::new();
+        for ((site, gateway, lease), pair, port) in serving {
+            if let Some(relay) = live(site, gateway, lease).filter(|r| r.relay) {
+                if let Some(public) = relay.endpoints.first() {
+                    relayed.insert(pair, (relay.public_key, SocketAddr::new(public.ip(), port)));
+                }
+            }
+        }
+        let mut relay_wanted = Vec::new();
+        for ((site, gateway, lease), subject, relay) in wants {
+            if let Some(asker) = live(site, gateway, lease) {
+                relay_wanted.push((asker.public_key, subject, relay));
+            }
+        }
+        fleet.relayed = relayed;
+        fleet.relay_wanted = relay_wanted;
         for site in fleet.sites.values_mut() {
             // Members are in order of creation: the first is the earliest record.
             let decides = site.active_member().or(site.gateways.first());
@@ -419,11 +485,34 @@ impl Fleet {
             .map(|m| m.record.endpoints.clone())
             .unwrap_or_default();
         for address in self.seen.get(key).into_iter().flatten() {
-            if !all.contains(address) {
+            // A relay's port is where a gateway met it through the relay, not where it is.
+            let relayed = self.relayed.values().any(|(_, at)| at == address);
+            if !all.contains(address) && !relayed {
                 all.push(*address);
             }
         }
         all
+    }
+
+    /// The relay for `pair`: of the live gateways that relay (neither side of the pair), the
+    /// one of highest rendezvous weight, so both sides and the relays agree without asking
+    /// one another, and a relay leaving moves only its own pairs.
+    pub fn relay_for(&self, pair: &Pair) -> Option<PublicKey> {
+        use blake2::{Blake2s256, Digest};
+        self.sites
+            .values()
+            .flat_map(|s| &s.gateways)
+            .filter(|m| m.record.relay && pair.other(&m.record.public_key).is_none())
+            .map(|m| m.record.public_key)
+            .max_by_key(|relay| {
+                let weight: [u8; 32] = Blake2s256::new()
+                    .chain_update(pair.0.as_bytes())
+                    .chain_update(pair.1.as_bytes())
+                    .chain_update(relay.as_bytes())
+                    .finalize()
+                    .into();
+                weight
+            })
     }
 
     /// Whether the gateway of key `key` in `site` carries traffic to the other sites: the
@@ -572,6 +661,7 @@ mod tests {
             subnets: subnets.iter().map(|s| s.parse().unwrap()).collect(),
             role: Role::Standby,
             mode,
+            relay: false,
         };
         Entry {
             key: keys.record(site, gateway),

@@ -7,6 +7,12 @@
 //! - `gateways/<site>/<gateway>/refused/<lease id, hex>`: a gateway that claimed that name
 //!   and was refused, its record as it would have written it, under its lease: how the
 //!   holder (and everyone) learns of the duplicate;
+//! - `gateways/<site>/<gateway>/seen/<key hex>`: where that gateway sees the gateway of that
+//!   key (a NAT's address), under its lease;
+//! - `gateways/<site>/<gateway>/relay/<key hex>`: that gateway asks the relay whose key is
+//!   the value for a port to reach the gateway of that key, under its lease;
+//! - `gateways/<site>/<gateway>/relaying/<low key hex>-<high key hex>`: that relay serves
+//!   the pair on the UDP port in the value, under its lease;
 //! - `elections/<site>/<lease id, hex>`: the site's election (etcd's election service
 //!   writes these keys under each candidate's lease); the value is a [`Candidate`]: the
 //!   gateway's name and public key.
@@ -56,6 +62,8 @@ pub struct Record {
     pub role: Role,
     /// The site's mode as this gateway's config says it (the elected gateway's is the site's).
     pub mode: SiteMode,
+    /// It relays for pairs of gateways with no direct path (`[fleet] relay = true`).
+    pub relay: bool,
 }
 
 /// The record's JSON: strings, so that a hand-written one is easy to read and to refuse.
@@ -71,6 +79,9 @@ struct Json {
     /// routes the site then, through its elected one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mode: Option<String>,
+    /// Absent: no relay.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    relay: bool,
 }
 
 impl Record {
@@ -82,6 +93,7 @@ impl Record {
             subnets: self.subnets.iter().map(ToString::to_string).collect(),
             role: self.role,
             mode: (self.mode != SiteMode::ActiveStandby).then(|| self.mode.as_str().to_string()),
+            relay: self.relay,
         };
         serde_json::to_vec(&json).unwrap_or_default()
     }
@@ -139,6 +151,7 @@ impl Record {
                 .as_deref()
                 .and_then(SiteMode::parse)
                 .unwrap_or_default(),
+            relay: json.relay,
         })
     }
 }
@@ -205,6 +218,20 @@ pub enum KeyKind<'a> {
         gateway: &'a str,
         subject: &'a str,
     },
+    /// The gateway `site`/`gateway` asks the relay whose key the value holds to carry its
+    /// datagrams to and from the gateway of key `subject` (hex).
+    RelayWanted {
+        site: &'a str,
+        gateway: &'a str,
+        subject: &'a str,
+    },
+    /// The relay `site`/`gateway` serves `pair` (`<low key hex>-<high key hex>`) on the UDP
+    /// port in the value.
+    Relaying {
+        site: &'a str,
+        gateway: &'a str,
+        pair: &'a str,
+    },
     /// Something else under the prefix (ignored).
     Other,
 }
@@ -242,6 +269,20 @@ impl Keys {
         format!("{}/seen/{hex}", self.record(site, gateway))
     }
 
+    /// Where the gateway `site`/`gateway` asks for a relay to `subject` (under its record).
+    pub fn relay_wanted(&self, site: &str, gateway: &str, subject: &PublicKey) -> String {
+        format!(
+            "{}/relay/{}",
+            self.record(site, gateway),
+            crate::relay::hex(subject)
+        )
+    }
+
+    /// Where the relay `site`/`gateway` says which port serves `pair`.
+    pub fn relaying(&self, site: &str, gateway: &str, pair: &crate::relay::Pair) -> String {
+        format!("{}/relaying/{}", self.record(site, gateway), pair.to_hex())
+    }
+
     /// The name of a site's election (etcd's election service adds `/<lease>`).
     pub fn election(&self, site: &str) -> String {
         format!("{}elections/{site}", self.prefix)
@@ -265,6 +306,16 @@ impl Keys {
                 site,
                 gateway,
                 subject,
+            },
+            ["gateways", site, gateway, "relay", subject] => KeyKind::RelayWanted {
+                site,
+                gateway,
+                subject,
+            },
+            ["gateways", site, gateway, "relaying", pair] => KeyKind::Relaying {
+                site,
+                gateway,
+                pair,
             },
             _ => KeyKind::Other,
         }
@@ -296,6 +347,7 @@ mod tests {
             subnets: vec!["10.2.0.0/24".parse().unwrap()],
             role: Role::Standby,
             mode: SiteMode::ActiveStandby,
+            relay: false,
         }
     }
 
@@ -310,6 +362,12 @@ mod tests {
             ..record()
         };
         assert_eq!(Record::parse("b", "b1", &both.to_json()).unwrap(), both);
+        assert!(!String::from_utf8(r.to_json()).unwrap().contains("relay"));
+        let relay = Record {
+            relay: true,
+            ..record()
+        };
+        assert_eq!(Record::parse("b", "b1", &relay.to_json()).unwrap(), relay);
         let newer = String::from_utf8(both.to_json())
             .unwrap()
             .replace("active-active", "some-later-mode");
@@ -412,6 +470,17 @@ mod tests {
             panic!("{seen} is not a seen/ key: {:?}", keys.kind(&seen));
         };
         assert_eq!(seen_subject(hex), Some(subject));
+        let wanted = keys.relay_wanted("a", "a1", &subject);
+        assert!(matches!(
+            keys.kind(&wanted),
+            KeyKind::RelayWanted { site: "a", gateway: "a1", subject: s } if seen_subject(s) == Some(subject)
+        ));
+        let pair = crate::relay::Pair::new(subject, record().public_key);
+        let relaying = keys.relaying("r", "r1", &pair);
+        assert!(matches!(
+            keys.kind(&relaying),
+            KeyKind::Relaying { site: "r", gateway: "r1", pair: p } if crate::relay::Pair::from_hex(p) == Some(pair)
+        ));
         assert_eq!(seen_subject(&hex[1..]), None);
         assert_eq!(seen_subject(&format!("{}zz", &hex[2..])), None);
     }

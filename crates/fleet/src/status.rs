@@ -42,6 +42,26 @@ pub enum PathStatus {
     },
     /// No session: its addresses are being tried (so many so far), for so many seconds.
     Searching { tries: u32, for_secs: u64 },
+    /// A live session through a relay (`site/gateway`), at its port for the pair, for so
+    /// many seconds.
+    Relayed {
+        relay: String,
+        via: std::net::SocketAddr,
+        for_secs: u64,
+    },
+}
+
+/// What this gateway relays, when it is a relay (`[fleet] relay = true`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayStatus {
+    /// Pairs served (each a UDP port of its own).
+    pub pairs: usize,
+    /// Bytes and datagrams forwarded, all pairs (ciphertext: a relay has no session key).
+    pub bytes: u64,
+    pub datagrams: u64,
+    /// Datagrams from no registered side, or for a side not registered yet.
+    pub dropped: u64,
 }
 
 /// This gateway's name is held by another gateway's record (another lease): the claim was
@@ -95,6 +115,8 @@ pub struct FleetStatus {
     pub lan: Option<LanStatus>,
     /// The liveness probes between the site's gateways, when they run.
     pub probes: Option<ProbeStatus>,
+    /// What this gateway relays, when it is a relay.
+    pub relay: Option<RelayStatus>,
 }
 
 /// The liveness probes: which gateway this one watches (a standby watches its site's active
@@ -199,6 +221,16 @@ pub(crate) struct State {
     pub probes: Option<std::sync::Arc<crate::probe::Probes>>,
     /// Each peer gateway's path, as the paths' last tick found it.
     pub paths: std::collections::HashMap<tunneld_crypto::PublicKey, crate::paths::PathState>,
+    /// The relay of each relayed peer's pair (`site/gateway`).
+    pub path_relays: std::collections::HashMap<tunneld_crypto::PublicKey, String>,
+    /// This gateway's relay, when it is one.
+    pub relay: Option<std::sync::Arc<Mutex<crate::relay::Relay>>>,
+}
+
+pub(crate) fn lock_relay(
+    m: &Mutex<crate::relay::Relay>,
+) -> std::sync::MutexGuard<'_, crate::relay::Relay> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -237,6 +269,15 @@ impl Shared {
                     },
                     PathState::Searching { since, tried } => PathStatus::Searching {
                         tries: *tried,
+                        for_secs: now.duration_since(*since).as_secs(),
+                    },
+                    PathState::Relayed { via, since } => PathStatus::Relayed {
+                        relay: state
+                            .path_relays
+                            .get(&r.public_key)
+                            .cloned()
+                            .unwrap_or_else(|| "a relay".into()),
+                        via: *via,
                         for_secs: now.duration_since(*since).as_secs(),
                     },
                 });
@@ -312,6 +353,15 @@ impl Shared {
                     answered: view.answered,
                 }
             }),
+            relay: state.relay.as_ref().map(|relay| {
+                let pairs = lock_relay(relay).view();
+                RelayStatus {
+                    pairs: pairs.len(),
+                    bytes: pairs.iter().map(|p| p.bytes).sum(),
+                    datagrams: pairs.iter().map(|p| p.datagrams).sum(),
+                    dropped: pairs.iter().map(|p| p.dropped).sum(),
+                }
+            }),
         }
     }
 }
@@ -380,6 +430,13 @@ impl tunneld::FrontEnd for Shared {
             let _ = writeln!(out, "fleet_probe={line}");
             let _ = writeln!(out, "fleet_probes_answered={}", p.answered);
         }
+        if let Some(r) = &s.relay {
+            let _ = writeln!(
+                out,
+                "fleet_relay={} {} {} {}",
+                r.pairs, r.bytes, r.datagrams, r.dropped
+            );
+        }
         let c = s.counters;
         let _ = writeln!(out, "fleet_reconciles={}", c.reconciles);
         let _ = writeln!(out, "fleet_takeovers={}", c.takeovers);
@@ -415,6 +472,13 @@ impl tunneld::FrontEnd for Shared {
                         out,
                         "path=searching for {for_secs} s ({tries} addresses tried)"
                     );
+                }
+                Some(PathStatus::Relayed {
+                    relay,
+                    via,
+                    for_secs,
+                }) => {
+                    let _ = writeln!(out, "path=relayed via {relay} ({via}) for {for_secs} s");
                 }
                 None => {}
             }
@@ -538,6 +602,43 @@ impl tunneld::FrontEnd for Shared {
             "Peer gateways with no live session, whose addresses are being tried.",
             searching as u64,
         );
+        let relayed = s
+            .gateways
+            .iter()
+            .filter(|g| matches!(g.path, Some(PathStatus::Relayed { .. })))
+            .count();
+        metric(
+            "paths_relayed",
+            "gauge",
+            "Peer gateways reached through a relay (no direct path found).",
+            relayed as u64,
+        );
+        if let Some(r) = &s.relay {
+            metric(
+                "relay_pairs",
+                "gauge",
+                "Pairs of gateways this relay serves (a UDP port each).",
+                r.pairs as u64,
+            );
+            metric(
+                "relay_bytes_total",
+                "counter",
+                "Bytes this relay forwarded (WireGuard ciphertext; it holds no session key).",
+                r.bytes,
+            );
+            metric(
+                "relay_datagrams_total",
+                "counter",
+                "Datagrams this relay forwarded.",
+                r.datagrams,
+            );
+            metric(
+                "relay_dropped_total",
+                "counter",
+                "Datagrams this relay dropped: from no registered side, or for a side not registered yet.",
+                r.dropped,
+            );
+        }
         metric(
             "takeovers_total",
             "counter",

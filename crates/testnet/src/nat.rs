@@ -124,6 +124,28 @@ impl Nat {
         self.router.run(&["conntrack", "-F"]);
     }
 
+    /// Drops every datagram between this site and `other_public` (an address on the
+    /// underlay), both ways, as a firewall between two sites would; [`Nat::unblock`] ends it.
+    pub fn block(&self, other_public: &str) {
+        load_rules(
+            &self.router,
+            &format!(
+                "table ip tunneld_block {{\n\
+                 chain forward {{\n\
+                 type filter hook forward priority filter - 1; policy accept;\n\
+                 ip saddr {other_public} drop\n\
+                 ip daddr {other_public} drop\n\
+                 }}\n\
+                 }}\n"
+            ),
+        );
+    }
+
+    pub fn unblock(&self) {
+        self.router
+            .run(&["nft", "delete", "table", "ip", "tunneld_block"]);
+    }
+
     /// The router's mappings (`conntrack -L`), to show when a test fails.
     pub fn mappings(&self) -> String {
         let out: Output = self.router.output(&["conntrack", "-L"]);

@@ -499,6 +499,19 @@ impl Gateway {
         lock(&self.interface()?.control).try_endpoint(*peer, endpoint)
     }
 
+    /// Sends one datagram from the gateway's WireGuard socket (not through the tunnel): a NAT
+    /// maps it as it maps the WireGuard datagrams, which is what a relay's registration
+    /// needs (the fleet sends those). Nothing answers it here: what comes back to the
+    /// socket is read as WireGuard.
+    pub fn send_datagram(&self, to: std::net::SocketAddr, datagram: Vec<u8>) -> Result<(), Error> {
+        self.interface()?;
+        if self.workers()?.send_datagram(to, datagram) {
+            Ok(())
+        } else {
+            Err(Error::Stopped)
+        }
+    }
+
     /// Removes a peer, its sessions and its routes.
     pub fn remove_peer(&self, public_key: &PublicKey) -> Result<(), Error> {
         lock(&self.interface()?.control).remove_peer(*public_key)
