@@ -41,8 +41,11 @@ const SITE_HOSTS: std::ops::RangeInclusive<u8> = 40..=250;
 /// The longest a ping may wait for its first reply (or replies for a recovery) before the
 /// bench gives up on the pair.
 const STEP_LIMIT: Duration = Duration::from_secs(20);
-/// How long the path `tunneld show` says may take to become the one the NATs allow.
-const PATH_LIMIT: Duration = Duration::from_secs(5);
+/// How long after the first packet the path `tunneld show` says may take to become the
+/// one the NATs allow: a pair that can go direct may meet through the relay first (the
+/// relay is asked for after 1 s of search, the punch may take longer) and then tries a
+/// direct path once every 10 s.
+const PATH_LIMIT: Duration = Duration::from_secs(15);
 /// Pings per RTT sample.
 const RTT_PINGS: u32 = 20;
 
@@ -411,6 +414,10 @@ struct Round {
     first_packet: f64,
     /// The path A's `show` said B has, once it was the one the NATs allow.
     path: String,
+    /// The first path (`direct` or `relayed`) `show` said after the first packet.
+    first_path: String,
+    /// Seconds from both gateways up to `path`.
+    settled: f64,
     /// Seconds from the NAT's flush until replies flowed again (0: no gap over 50 ms);
     /// `None` for a pair with no NAT.
     recovery: Option<f64>,
@@ -496,23 +503,33 @@ impl Bench<'_> {
         let want = if pair.relayed() { "relayed" } else { "direct" };
         let b_site = format!("s{hb}");
         let deadline = Instant::now() + PATH_LIMIT;
-        let path = loop {
+        let mut first_path = None;
+        let (path, settled) = loop {
             let path = path_of(&ga.show(self.tunneld), &b_site).unwrap_or_default();
-            if path_kind(&path) == want {
-                break path;
+            // `show` looks at the paths five times a second: searching a moment after the
+            // first packet crossed is that lag, not a path.
+            let kind = path_kind(&path);
+            if first_path.is_none() && (kind == "direct" || kind == "relayed") {
+                first_path = Some(kind.to_string());
+            }
+            if kind == want {
+                break (path, unix_now() - up);
             }
             if Instant::now() > deadline {
                 return Err(self.failure(
                     pair,
                     &format!(
-                        "A's path to B is {path:?} {} s after the first packet, not {want}",
-                        PATH_LIMIT.as_secs()
+                        "A's path to B is {path:?} {} s after the first packet, not {want} \
+                         (the first path it had: {})",
+                        PATH_LIMIT.as_secs(),
+                        first_path.as_deref().unwrap_or("none")
                     ),
                     sides,
                 ));
             }
             std::thread::sleep(Duration::from_millis(50));
         };
+        let first_path = first_path.unwrap_or_default();
 
         let throughput = if throughput {
             let relay_pid = self.relay.pid().into_iter().collect::<Vec<_>>();
@@ -590,6 +607,8 @@ impl Bench<'_> {
         Ok(Round {
             first_packet,
             path,
+            first_path,
+            settled,
             recovery,
             flushed,
             throughput,
@@ -696,6 +715,7 @@ fn render(results: &[PairResult], options: &Options, took: Duration) -> String {
         "path A → B",
         "first packet (median)",
         "max",
+        "on that path after (max)",
         "back after a NAT's flush (median)",
         "max",
         "rounds",
@@ -709,6 +729,23 @@ fn render(results: &[PairResult], options: &Options, took: Duration) -> String {
         let back: Vec<f64> = r.rounds.iter().filter_map(|x| x.recovery).collect();
         let paths: std::collections::BTreeSet<&str> =
             r.rounds.iter().map(|x| path_kind(&x.path)).collect();
+        let mut path = paths.into_iter().collect::<Vec<_>>().join(", ");
+        // Rounds whose first packet crossed another path than the one they settled on.
+        let other_first: Vec<&str> = r
+            .rounds
+            .iter()
+            .filter(|x| x.first_path != path_kind(&x.path))
+            .map(|x| x.first_path.as_str())
+            .collect();
+        if !other_first.is_empty() {
+            path.push_str(&format!(
+                " ({} first in {} of {})",
+                other_first.join(", "),
+                other_first.len(),
+                r.rounds.len()
+            ));
+        }
+        let settled: Vec<f64> = r.rounds.iter().map(|x| x.settled).collect();
         let flushed = r
             .rounds
             .iter()
@@ -716,9 +753,10 @@ fn render(results: &[PairResult], options: &Options, took: Duration) -> String {
             .map_or(String::new(), |s| format!(" ({s}'s)"));
         t.row(&[
             r.pair.name(),
-            paths.into_iter().collect::<Vec<_>>().join(", "),
+            path,
             cell(median(first.clone()), 2, " s"),
             cell(max(&first), 2, " s"),
+            cell(max(&settled), 2, " s"),
             if back.is_empty() {
                 "– (no NAT)".into()
             } else {
@@ -735,10 +773,13 @@ fn render(results: &[PairResult], options: &Options, took: Duration) -> String {
          EDM endpoint-dependent, `masquerade fully-random`; both filter replies by address and \
          port). Each gateway behind NAT advertises only its private address. **First packet**: \
          from both gateways up (their UAPI sockets answer) to the first reply of a ping every \
-         10 ms from A's address to B's (targets: < 1 s direct, < 2 s relayed). **Back after a \
+         10 ms from A's address to B's (targets: < 1 s direct, < 2 s relayed). **Path**: what \
+         `tunneld show` on A says of B, checked against what the NATs allow (a pair that can \
+         go direct may meet through the relay first, and then tries a direct path every \
+         10 s: \"on that path after\" is from both gateways up). **Back after a \
          NAT's flush**: a ping every 10 ms from A to B while B's NAT (A's when B has none) \
          forgets every mapping (`conntrack -F`), the time until replies flow again, 0 when no \
-         gap exceeded 50 ms (target < 2 s). The path is what `tunneld show` on A says of B. \
+         gap exceeded 50 ms (target < 2 s). \
          {} round(s) per pair, pairs in turn; the whole run took {:.0} s.\n\n{}\n",
         options.rounds,
         took.as_secs_f64(),
