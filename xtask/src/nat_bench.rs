@@ -780,7 +780,9 @@ fn render(results: &[PairResult], options: &Options, took: Duration) -> String {
          NAT's flush**: a ping every 10 ms from A to B while B's NAT (A's when B has none) \
          forgets every mapping (`conntrack -F`), the time until replies flow again, 0 when no \
          gap exceeded 50 ms (target < 2 s). \
-         {} round(s) per pair, pairs in turn; the whole run took {:.0} s.\n\n{}\n",
+         {} round(s) per pair, pairs in turn; the whole run took {:.0} s. Sites behind a NAT \
+         that lets only TCP 443 out are not in it: the fleet does not carry a pair over a \
+         relay's TLS port yet.\n\n{}\n",
         options.rounds,
         took.as_secs_f64(),
         t.render()
