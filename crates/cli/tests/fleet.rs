@@ -1368,82 +1368,216 @@ fn nat_site(cluster: &Cluster, name: &'static str, n: u8, nat: &Nat) -> Site {
     site
 }
 
-/// Sites behind NAT (issue 48): a public site P, two sites behind endpoint-independent NATs
-/// (E1, E2) and one behind an endpoint-dependent NAT (D), on one etcd. Each NATed gateway
-/// advertises only its private address; P sees where their NATs map them and tells the
-/// fleet, and E1 and E2 punch a direct path to each other with their handshakes. Every pair
-/// but those with D on one side and a port-restricted NAT on the other (which need a relay)
-/// pings; a flush of E1's NAT (a NAT reboot) is recovered from.
+/// Sites behind NAT (issue 48), a matrix of NAT kinds on one etcd: a public relay site P,
+/// a public site Q, two sites behind endpoint-independent NATs (E1, E2) and two behind
+/// endpoint-dependent ones (D1, D2). Each NATed gateway advertises only its private
+/// address; P sees where their NATs map them and tells the fleet. Every pair pings, each
+/// pair of kinds carries 16 MiB intact; pairs with a public side or two endpoint-independent
+/// NATs go direct (E1 and E2 punch a hole with their handshakes), the others through P's
+/// relay, which sees only ciphertext. A flush of a NAT is recovered from, direct or relayed,
+/// and two sites relayed while a firewall parts them (E3, E4) go direct once it is gone.
 #[test]
-fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one() {
-    let test = "sites_behind_nat_find_a_direct_path_where_their_nats_allow_one";
+fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_otherwise() {
+    let test =
+        "sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_otherwise";
     if !require(test) || !require_tool(test, "conntrack") {
         return;
     }
     let wan = Underlay::new("192.0.2.1/24");
-    step("NAT: one etcd member, a public site and three behind NAT");
+    step("NAT: one etcd member, two public sites (P relays) and six behind NAT");
     let cluster = Cluster::start(&wan, &MEMBERS[..1], true);
     let np = wan.host("192.0.2.31/24");
+    let nq = wan.host("192.0.2.32/24");
     let e1 = Nat::new(&wan, "192.0.2.41/24", 1, NatKind::EndpointIndependent);
     let e2 = Nat::new(&wan, "192.0.2.42/24", 2, NatKind::EndpointIndependent);
-    let d = Nat::new(&wan, "192.0.2.43/24", 3, NatKind::EndpointDependent);
-    let mut p_site = Site::new(&cluster, "p", "gw", 31, 31, true);
-    p_site.body.push_str("relay = true\n");
-    let e1_site = nat_site(&cluster, "e1", 41, &e1);
-    let e2_site = nat_site(&cluster, "e2", 42, &e2);
-    let d_site = nat_site(&cluster, "d", 43, &d);
-    let _p = p_site.start(&np);
-    let started = Instant::now();
-    let _e1 = e1_site.start(&e1.site);
-    let _e2 = e2_site.start(&e2.site);
-    let _d = d_site.start(&d.site);
+    let d1 = Nat::new(&wan, "192.0.2.43/24", 3, NatKind::EndpointDependent);
+    let d2 = Nat::new(&wan, "192.0.2.46/24", 6, NatKind::EndpointDependent);
     // E3 and E4 would punch through to each other but for a firewall between them.
     let e3 = Nat::new(&wan, "192.0.2.44/24", 4, NatKind::EndpointIndependent);
     let e4 = Nat::new(&wan, "192.0.2.45/24", 5, NatKind::EndpointIndependent);
     e3.block(&e4.public);
+    // T can send only TCP to port 443 (and its fleet's etcd).
+    let t = Nat::new(&wan, "192.0.2.47/24", 7, NatKind::Tcp443Only);
+    t.allow_tcp("192.0.2.11", 2379);
+    let certs = cluster.certs();
+    let mut p_site = Site::new(&cluster, "p", "gw", 31, 31, true);
+    // The relay's TLS listener: the cluster's CA signed a certificate for the name
+    // "gateway", which serves.
+    p_site.body.push_str(&format!(
+        "relay = true\nrelay_tls = \"192.0.2.31:443\"\nrelay_tls_name = \"gateway\"\n\n\
+         [[tls.listen]]\nlisten = \"192.0.2.31:443\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\
+         forward_to = \"wireguard\"\n",
+        certs.join("client.pem").display(),
+        certs.join("client.key").display()
+    ));
+    let q_site = Site::new(&cluster, "q", "gw", 32, 32, true);
+    let e1_site = nat_site(&cluster, "e1", 41, &e1);
+    let e2_site = nat_site(&cluster, "e2", 42, &e2);
+    let d1_site = nat_site(&cluster, "d1", 43, &d1);
+    let d2_site = nat_site(&cluster, "d2", 46, &d2);
     let e3_site = nat_site(&cluster, "e3", 44, &e3);
     let e4_site = nat_site(&cluster, "e4", 45, &e4);
+    let mut t_site = nat_site(&cluster, "t", 47, &t);
+    t_site.body.push_str(&format!(
+        "transport = \"tls\"\nrelay_ca_file = \"{}\"\n",
+        certs.join("ca.pem").display()
+    ));
+    let _p = p_site.start(&np);
+    let started = Instant::now();
+    let _q = q_site.start(&nq);
+    let _e1 = e1_site.start(&e1.site);
+    let _e2 = e2_site.start(&e2.site);
+    let _d1 = d1_site.start(&d1.site);
+    let _d2 = d2_site.start(&d2.site);
     let _e3 = e3_site.start(&e3.site);
     let _e4 = e4_site.start(&e4.site);
+    let _t = t_site.start(&t.site);
 
-    step("NAT: the public site reaches each site behind NAT (they come to it)");
-    for (nat, n) in [(&e1, 41), (&e2, 42), (&d, 43)] {
-        let took = reachable(&np, &format!("10.{n}.0.1"));
-        println!(
-            "    P reaches 10.{n}.0.1 behind {:?} after {took:.2?}",
-            nat.kind
-        );
+    // (site, its namespace, its number, whether it is behind an endpoint-dependent NAT or
+    // public): what decides a pair's path.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Kind {
+        Public,
+        Independent,
+        Dependent,
+        TcpOnly,
     }
-    step("NAT: E1 and E2 punch a direct path to each other");
-    let took = reachable(&e1.site, "10.42.0.1");
-    println!(
-        "    E1 reaches E2 {:.2?} after they started ({took:.2?} of pings)",
-        started.elapsed()
-    );
-    reachable(&e2.site, "10.41.0.1");
-    // The paths are looked at five times a second.
-    let via = format!("path direct via {}:", e2.public);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let shown = loop {
-        let shown = show(&e1.site, &e1_site.ifname);
-        if shown.contains(&via) || Instant::now() > deadline {
-            break shown;
+    let matrix: [(&Site, &NetNs, u8, Kind); 7] = [
+        (&p_site, &np, 31, Kind::Public),
+        (&q_site, &nq, 32, Kind::Public),
+        (&e1_site, &e1.site, 41, Kind::Independent),
+        (&e2_site, &e2.site, 42, Kind::Independent),
+        (&d1_site, &d1.site, 43, Kind::Dependent),
+        (&d2_site, &d2.site, 46, Kind::Dependent),
+        (&t_site, &t.site, 47, Kind::TcpOnly),
+    ];
+    step("NAT: every pair of the matrix pings, both ways");
+    for (i, (a, a_ns, _, _)) in matrix.iter().enumerate() {
+        for (b, _, n, _) in &matrix[i + 1..] {
+            let took = reachable(a_ns, &format!("10.{n}.0.1"));
+            println!(
+                "    {} reaches {} {:.2?} after the start ({took:.2?} of pings)",
+                a.name,
+                b.name,
+                started.elapsed()
+            );
         }
-        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (i, (_, _, n, _)) in matrix.iter().enumerate() {
+        for (_, b_ns, _, _) in &matrix[i + 1..] {
+            reachable(b_ns, &format!("10.{n}.0.1"));
+        }
+    }
+    step("NAT: direct where a side is public or both NATs map independently, else relayed");
+    let path_to = |from: &Site, ns: &NetNs, to: &Site| -> String {
+        let shown = show(ns, &from.ifname);
+        shown
+            .lines()
+            .find(|l| l.starts_with(&format!("  {}/gw ", to.name)))
+            .unwrap_or_default()
+            .to_string()
     };
-    assert!(
-        shown.contains(&via),
-        "E1's show does not say it reaches E2 at its NAT ({via}):\n{shown}"
-    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (a, a_ns, _, a_kind) in &matrix {
+        for (b, _, _, b_kind) in &matrix {
+            if a.name == b.name {
+                continue;
+            }
+            // T reaches P's own listener; every other pair with T goes through it.
+            let with_p = a.name == "p" || b.name == "p";
+            let relayed = match (a_kind, b_kind) {
+                (Kind::TcpOnly, _) | (_, Kind::TcpOnly) => !with_p,
+                (Kind::Public, _) | (_, Kind::Public) => false,
+                _ => *a_kind == Kind::Dependent || *b_kind == Kind::Dependent,
+            };
+            let want = match (relayed, *a_kind == Kind::TcpOnly) {
+                (true, true) => "path relayed via p/gw (192.0.2.31:443)",
+                (true, false) => "path relayed via p/gw (192.0.2.31:",
+                (false, true) => "path direct via 192.0.2.31:443",
+                (false, false) => "path direct via ",
+            };
+            let line = loop {
+                let line = path_to(a, a_ns, b);
+                if line.contains(want) || Instant::now() > deadline {
+                    break line;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            assert!(
+                line.contains(want),
+                "{} to {}: want {want:?}, show says:\n{line}\n{}",
+                a.name,
+                b.name,
+                show(a_ns, &a.ifname)
+            );
+        }
+    }
     // P told the fleet where it sees each NATed gateway, under its own record.
     let listed = cluster.etcdctl(&np, &["get", "--prefix", "--keys-only", PREFIX]);
     let listed = String::from_utf8_lossy(&listed.stdout);
     assert!(
-        listed.contains("/gateways/p/gw/seen/"),
-        "no seen/ key in the store:\n{listed}"
+        listed.contains("/gateways/p/gw/seen/") && listed.contains("/gateways/p/gw/relaying/"),
+        "no seen/ or relaying/ key in the store:\n{listed}"
     );
 
-    step("NAT: a flush of E1's NAT (its mappings forgotten) is recovered from");
+    step("NAT: 16 MiB intact for each pair of kinds; the relay forwards only ciphertext");
+    let received_at_p = || -> u64 {
+        // What P's own WireGuard authenticated from the NATed sites (relayed traffic is not
+        // for it: it is no party to their sessions and holds none of their keys).
+        wg_dump(&np, &p_site.ifname)
+            .iter()
+            .skip(1)
+            .filter(|f| f[0] != q_site.public && f[0] != t_site.public)
+            .map(|f| f[5].parse::<u64>().unwrap_or(0))
+            .sum()
+    };
+    let (p_before, relayed_before) = (received_at_p(), scrape_relay_bytes(&p_site.ifname));
+    let pairs = [
+        (0, 1),
+        (1, 2),
+        (1, 4),
+        (2, 3),
+        (2, 4),
+        (4, 5),
+        (1, 6),
+        (2, 6),
+        (4, 6),
+    ];
+    for (i, j) in pairs {
+        let (a, a_ns, _, _) = matrix[i];
+        let (_, b_ns, n, _) = matrix[j];
+        let moved = Instant::now();
+        common::tcp_transfer(
+            a_ns,
+            b_ns,
+            format!("10.{n}.0.1:5201").parse().unwrap(),
+            16 << 20,
+        );
+        println!(
+            "    {} to {}: 16 MiB in {:.2?}",
+            a.name,
+            matrix[j].0.name,
+            moved.elapsed()
+        );
+    }
+    let forwarded = scrape_relay_bytes(&p_site.ifname) - relayed_before;
+    let p_more = received_at_p() - p_before;
+    assert!(
+        forwarded >= 5 * (16 << 20),
+        "the relay forwarded {forwarded} bytes for five relayed 16 MiB transfers"
+    );
+    assert!(
+        p_more < 1 << 20,
+        "P's WireGuard authenticated {p_more} bytes from NATed sites during the transfers"
+    );
+    let relay_line = show(&np, &p_site.ifname)
+        .lines()
+        .find(|l| l.contains("relay: serving"))
+        .unwrap_or_default()
+        .to_string();
+    println!("    {}", relay_line.trim());
+
+    step("NAT: a flush of E1's NAT (its mappings forgotten) is recovered from, direct");
     e1.flush();
     let flushed = Instant::now();
     let took = reachable(&e1.site, "10.42.0.1");
@@ -1453,103 +1587,68 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one() {
         flushed.elapsed().max(took)
     );
 
-    // D's NAT gives each destination a port of its own, and E1's lets in only what comes
-    // from where E1 sent: no hole meets. They go through P's relay.
-    step("NAT: E1 and D (no direct path) meet through P's relay");
-    let took = reachable(&e1.site, "10.43.0.1");
+    step("NAT: a flush of D1's NAT is recovered from through the relay");
+    d1.flush();
+    let flushed = Instant::now();
+    let took = reachable(&d1.site, "10.41.0.1");
+    reachable(&e1.site, "10.43.0.1");
+    reachable(&d2.site, "10.43.0.1");
     println!(
-        "    E1 reaches D through the relay {:.2?} after they started ({took:.2?} of pings)",
-        started.elapsed()
+        "    D1 reaches E1 again {:.2?} after the flush",
+        flushed.elapsed().max(took)
     );
-    reachable(&d.site, "10.41.0.1");
-    let via = "path relayed via p/gw (192.0.2.31:";
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let (shown_e1, shown_d) = loop {
-        let (e, dd) = (
-            show(&e1.site, &e1_site.ifname),
-            show(&d.site, &d_site.ifname),
-        );
-        if (e.contains(via) && dd.contains(via)) || Instant::now() > deadline {
-            break (e, dd);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(
-        shown_e1.contains(via) && shown_d.contains(via),
-        "E1 and D do not say they go through P's relay:\n{shown_e1}\n{shown_d}"
-    );
-    let received_at_p = |ns: &NetNs| -> u64 {
-        // What P's own WireGuard authenticated from E1 and D (the relay's traffic is not it).
-        wg_dump(ns, &p_site.ifname)
-            .iter()
-            .skip(1)
-            .filter(|f| f[0] == e1_site.public || f[0] == d_site.public)
-            .map(|f| f[5].parse::<u64>().unwrap_or(0))
-            .sum()
-    };
-    let p_received = received_at_p(&np);
-    common::tcp_transfer(
-        &e1.site,
-        &d.site,
-        "10.43.0.1:5201".parse().unwrap(),
-        16 << 20,
-    );
-    // The relay forwarded the 16 MiB as ciphertext; its own WireGuard saw none of it (it is
-    // no party to E1's and D's sessions and holds none of their keys).
-    let relay_line = show(&np, &p_site.ifname)
-        .lines()
-        .find(|l| l.contains("relay: serving"))
-        .unwrap_or_default()
-        .to_string();
-    let forwarded = scrape_relay_bytes(&p_site.ifname);
-    assert!(
-        forwarded >= 16 << 20,
-        "the relay forwarded {forwarded} bytes for a 16 MiB transfer: {relay_line}"
-    );
-    let p_more = received_at_p(&np) - p_received;
-    assert!(
-        p_more < 1 << 20,
-        "P's WireGuard authenticated {p_more} bytes from E1 and D during the relayed transfer"
-    );
-    println!("    {}", relay_line.trim());
 
     step("NAT: E3 and E4, relayed while a firewall parts them, go direct once it is gone");
     reachable(&e3.site, "10.45.0.1");
-    let shown = show(&e3.site, &e3_site.ifname);
+    let line = path_to(&e3_site, &e3.site, &e4_site);
     assert!(
-        shown.contains(via),
-        "E3 does not say it goes through P's relay to E4:\n{shown}"
+        line.contains("path relayed via p/gw"),
+        "E3 does not say it goes through P's relay to E4:\n{line}"
     );
     e3.unblock();
     let unblocked = Instant::now();
     let direct = format!("path direct via {}:", e4.public);
     let deadline = unblocked + Duration::from_secs(30);
-    let shown = loop {
-        let shown = show(&e3.site, &e3_site.ifname);
-        if shown.contains(&direct) || Instant::now() > deadline {
-            break shown;
+    let line = loop {
+        let line = path_to(&e3_site, &e3.site, &e4_site);
+        if line.contains(&direct) || Instant::now() > deadline {
+            break line;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
     assert!(
-        shown.contains(&direct),
-        "E3 did not move to a direct path to E4 within 30 s of the firewall's end:\n{shown}"
+        line.contains(&direct),
+        "E3 did not move to a direct path to E4 within 30 s of the firewall's end:\n{line}"
     );
     reachable(&e3.site, "10.45.0.1");
+    reachable(&e4.site, "10.44.0.1");
     println!(
-        "    E3 and E4 direct {:.2?} after the firewall went (a try every {} s)",
-        unblocked.elapsed(),
-        10
+        "    E3 and E4 direct {:.2?} after the firewall went (a try every 10 s)",
+        unblocked.elapsed()
     );
 
-    step("NAT: a flush of D's NAT is recovered from through the relay");
-    d.flush();
-    let flushed = Instant::now();
-    let took = reachable(&d.site, "10.41.0.1");
-    reachable(&e1.site, "10.43.0.1");
+    step("NAT: the firewall back, E3 and E4 find their direct path dead and go back to the relay");
+    e3.block(&e4.public);
+    let blocked = Instant::now();
+    // Keepalives go out every second from both (they are behind NAT); SILENT_AFTER (15 s)
+    // without an answer is a dead path.
+    let deadline = blocked + Duration::from_secs(40);
+    let line = loop {
+        let line = path_to(&e3_site, &e3.site, &e4_site);
+        if line.contains("path relayed via p/gw") || Instant::now() > deadline {
+            break line;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        line.contains("path relayed via p/gw"),
+        "E3 did not go back to the relay within 40 s of the firewall's return:\n{line}"
+    );
+    reachable(&e3.site, "10.45.0.1");
+    reachable(&e4.site, "10.44.0.1");
     println!(
-        "    D reaches E1 again {:.2?} after the flush",
-        flushed.elapsed().max(took)
+        "    E3 and E4 relayed again {:.2?} after the firewall came back",
+        blocked.elapsed()
     );
 }
 

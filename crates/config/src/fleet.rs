@@ -25,6 +25,10 @@ const FLEET_FIELDS: &[&str] = &[
     "lan_addresses",
     "mode",
     "relay",
+    "relay_tls",
+    "relay_tls_name",
+    "transport",
+    "relay_ca_file",
 ];
 
 /// The lease TTL when none is given, in seconds: a dead gateway's record goes this long
@@ -72,6 +76,14 @@ pub struct FleetConfig {
     /// WireGuard datagrams of pairs of gateways that find no direct path (sites behind NATs
     /// that map each destination apart), without decrypting them.
     pub relay: bool,
+    /// A relay's `[[tls.listen]]` (`forward_to = "wireguard"`) as sites that can send only
+    /// TCP reach it (`relay_tls = "192.0.2.31:443"`), and the name its certificate carries
+    /// (`relay_tls_name`; default: the address).
+    pub relay_tls: Option<(SocketAddr, String)>,
+    /// `transport = "tls"`: this gateway can send only TCP (a network that lets nothing out
+    /// but TCP 443): every other site is reached through a relay's TLS listener, whose
+    /// certificate leads to `relay_ca_file`.
+    pub tls_only: Option<PathBuf>,
 }
 
 /// `mode`: how a site's gateways carry its traffic. It is the site's: every gateway writes
@@ -352,6 +364,49 @@ pub(super) fn check_fleet(c: &mut Checker, value: &Value) -> Option<FleetConfig>
         }),
         None => SiteMode::default(),
     };
+    let relay_tls_name = c.string(t, path, "relay_tls_name").map(str::to_string);
+    let relay_tls = match c.string(t, path, "relay_tls") {
+        None => None,
+        Some(text) => match text.parse::<SocketAddr>() {
+            Ok(addr) if addr.port() != 0 => Some((
+                addr,
+                relay_tls_name.unwrap_or_else(|| addr.ip().to_string()),
+            )),
+            _ => {
+                c.error(
+                    "fleet.relay_tls",
+                    format!(
+                        "{} is not an address:port (its [[tls.listen]], e.g. 192.0.2.31:443)",
+                        quote(text)
+                    ),
+                );
+                None
+            }
+        },
+    };
+    let relay_ca_file = file(c, "relay_ca_file");
+    let tls_only = match c.string(t, path, "transport") {
+        None | Some("udp") => None,
+        Some("tls") => {
+            if relay_ca_file.is_none() && !t.contains_key("relay_ca_file") {
+                c.error(
+                    "fleet.transport",
+                    "\"tls\" needs `relay_ca_file` (the CA of the relays' TLS certificates)",
+                );
+            }
+            relay_ca_file.clone()
+        }
+        Some(other) => {
+            c.error(
+                "fleet.transport",
+                format!(
+                    "{} is not a transport (write \"udp\" or \"tls\")",
+                    quote(other)
+                ),
+            );
+            None
+        }
+    };
     let relay = match t.get("relay") {
         None => false,
         Some(Value::Boolean(b)) => *b,
@@ -363,6 +418,12 @@ pub(super) fn check_fleet(c: &mut Checker, value: &Value) -> Option<FleetConfig>
             false
         }
     };
+    if relay_tls.is_some() && !relay {
+        c.error(
+            "fleet.relay_tls",
+            "needs `relay = true` (it is a relay's TLS listener)",
+        );
+    }
     if c.errors.len() > before {
         return None;
     }
@@ -381,6 +442,8 @@ pub(super) fn check_fleet(c: &mut Checker, value: &Value) -> Option<FleetConfig>
         lan,
         mode,
         relay,
+        relay_tls,
+        tls_only,
     })
 }
 

@@ -781,6 +781,21 @@ pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
     let fleet = root
         .get("fleet")
         .and_then(|f| fleet::check_fleet(&mut c, f));
+    if let Some((at, _)) = fleet.as_ref().and_then(|f| f.relay_tls.as_ref()) {
+        // The address advertised is where sites reach it; the listener may listen on any
+        // address of that port.
+        let served = tls.listens.iter().any(|l| {
+            l.forward_to == TlsTarget::WireGuard
+                && l.listen.port() == at.port()
+                && (l.listen.ip() == at.ip() || l.listen.ip().is_unspecified())
+        });
+        if !served {
+            c.error(
+                "fleet.relay_tls",
+                format!("{at} is no [[tls.listen]] with forward_to = \"wireguard\" of this config"),
+            );
+        }
+    }
     if root.contains_key("fleet") && !root.contains_key("interface") {
         c.error(
             "fleet",

@@ -1408,8 +1408,25 @@ fn a_fleet_section_parses_with_its_defaults() {
     let both = ok(&fleet(&format!("{FLEET_OK}mode = \"active-active\"\n")));
     assert_eq!(both.fleet.unwrap().mode, config::SiteMode::ActiveActive);
     assert!(!f.relay, "no relay by default");
-    let relay = ok(&fleet(&format!("{FLEET_OK}relay = true\n")));
-    assert!(relay.fleet.unwrap().relay);
+    let relay = ok(&fleet(&format!(
+        "{FLEET_OK}relay = true\nrelay_tls = \"192.0.2.31:443\"\n\n[[tls.listen]]\n\
+         listen = \"0.0.0.0:443\"\ncert_file = \"r.pem\"\nkey_file = \"r.key\"\n\
+         forward_to = \"wireguard\"\n"
+    )))
+    .fleet
+    .unwrap();
+    assert!(relay.relay);
+    assert_eq!(
+        relay.relay_tls,
+        Some(("192.0.2.31:443".parse().unwrap(), "192.0.2.31".to_string()))
+    );
+    let tcp_only = ok(&fleet(&format!(
+        "{FLEET_OK}transport = \"tls\"\nrelay_ca_file = \"relay-ca.pem\"\n"
+    )));
+    assert_eq!(
+        tcp_only.fleet.unwrap().tls_only,
+        Some("relay-ca.pem".into())
+    );
 }
 
 #[test]
@@ -1471,6 +1488,28 @@ fn fleet_errors_name_the_field_in_one_line() {
         (
             fleet(&format!("{FLEET_OK}relay = \"yes\"\n")),
             "fleet.relay: must be true or false, not string",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}relay_tls = \"192.0.2.31:443\"\n")),
+            "fleet.relay_tls: needs `relay = true`",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}relay = true\nrelay_tls = \"relay:443\"\n")),
+            "fleet.relay_tls: `relay:443` is not an address:port",
+        ),
+        (
+            fleet(&format!(
+                "{FLEET_OK}relay = true\nrelay_tls = \"192.0.2.31:443\"\n"
+            )),
+            "fleet.relay_tls: 192.0.2.31:443 is no [[tls.listen]] with forward_to = \"wireguard\"",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}transport = \"tls\"\n")),
+            "fleet.transport: \"tls\" needs `relay_ca_file`",
+        ),
+        (
+            fleet(&format!("{FLEET_OK}transport = \"quic\"\n")),
+            "fleet.transport: `quic` is not a transport",
         ),
         (
             fleet(&format!("{FLEET_OK}lease_ttl = 1\n")),

@@ -67,6 +67,8 @@ pub struct FleetSettings {
     /// The interface's private key: the probes between a site's gateways are authenticated
     /// with its X25519 with each other gateway's public key. Without it, no probes.
     static_key: Option<tunneld_crypto::PrivateKey>,
+    /// `transport = "tls"`: the CA of the relays' TLS certificates (resolved).
+    relay_ca: Option<std::path::PathBuf>,
 }
 
 impl FleetSettings {
@@ -118,6 +120,19 @@ impl FleetSettings {
             }
             None => None,
         };
+        let relay_ca = match &config.tls_only {
+            Some(p) => {
+                let pem = read(p, "relay_ca_file")?;
+                certificates(&pem).map_err(|why| {
+                    Error::Settings(format!(
+                        "fleet.relay_ca_file: {}: {why}",
+                        base_dir.join(p).display()
+                    ))
+                })?;
+                Some(base_dir.join(p))
+            }
+            None => None,
+        };
         let gateway = match &config.gateway {
             Some(g) => g.clone(),
             None => host_name()?,
@@ -135,6 +150,7 @@ impl FleetSettings {
             config: config.clone(),
             announcer: None,
             static_key: None,
+            relay_ca,
         })
     }
 
@@ -292,6 +308,15 @@ impl Fleet {
                 (true, Some(key), Some(public)) => {
                     let relay = Arc::new(Mutex::new(relay::Relay::new(key.clone(), public)));
                     shared.state().relay = Some(relay.clone());
+                    // A site that can send only TCP registers through a stream to the TLS
+                    // listener: the stream then goes to the pair's port.
+                    let serving = Arc::downgrade(&relay);
+                    gateway.set_tls_redirect(Some(Arc::new(move |datagram: &[u8]| {
+                        let port = relay::registration_port(datagram)?;
+                        let relay = serving.upgrade()?;
+                        let serves = status::lock_relay(&relay).serves(port);
+                        serves.then_some(port)
+                    })));
                     Some(relay)
                 }
                 (true, _, _) => return Err(Error::Settings(
@@ -312,6 +337,8 @@ impl Fleet {
             role: Role::Standby,
             mode: config.mode,
             relay: config.relay,
+            relay_tls: config.relay_tls.clone(),
+            tls_only: config.tls_only.is_some(),
         };
         let member = Member {
             store,
@@ -350,6 +377,10 @@ impl Fleet {
             wants_told: BTreeMap::new(),
             registrations,
             register_stamp: 0,
+            relay_ca: settings.relay_ca.clone(),
+            bridges: HashMap::new(),
+            tls_registered: HashMap::new(),
+            tls_since: HashMap::new(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -524,6 +555,14 @@ struct Member<S: Store> {
     registrations: Option<probe::PairKeys>,
     /// The last registration's stamp: each one's is higher.
     register_stamp: u64,
+    /// `transport = "tls"`: the relays' CA, and each peer's bridge (a TLS stream to a
+    /// relay's listener, or to the peer's own when it is a relay).
+    relay_ca: Option<std::path::PathBuf>,
+    bridges: HashMap<PublicKey, (SocketAddr, tunneld::TlsBridge)>,
+    /// When each bridged peer's relay last had a registration, and since when each has
+    /// been live.
+    tls_registered: HashMap<PublicKey, Instant>,
+    tls_since: HashMap<PublicKey, Instant>,
 }
 
 /// The keepalive of a gateway behind NAT toward its peers (seconds): after its NAT forgets
@@ -1091,6 +1130,9 @@ impl<S: Store> Member<S> {
         };
         let mut wanted = fleet.wanted_peers(&self.record.site, own_carries, keepalive);
         wanted.retain(|k, _| !self.refused_keys.contains(k));
+        if self.relay_ca.is_some() {
+            self.bridge_peers(&fleet, &mut wanted);
+        }
         self.candidates = wanted.keys().map(|k| (*k, fleet.candidates(k))).collect();
         let own_key = self.record.public_key;
         self.relay_ports = fleet
@@ -1160,6 +1202,7 @@ impl<S: Store> Member<S> {
                 endpoint: p.endpoint,
                 since_handshake: p.last_handshake.map(|t| wall.saturating_sub(t)),
                 rx_bytes: p.rx_bytes,
+                tx_bytes: p.tx_bytes,
             })
             .collect();
         let now = Instant::now();
@@ -1167,18 +1210,32 @@ impl<S: Store> Member<S> {
             .iter()
             .filter_map(|p| Some((p.public_key, self.paths.state(&p.public_key)?)))
             .collect();
-        let candidates = &self.candidates;
-        let relay_ports = &self.relay_ports;
-        let tick = self.paths.tick_relayed(
-            now,
-            wall,
-            &self.record.public_key,
-            &peers,
-            |k| candidates.get(k).cloned().unwrap_or_default(),
-            |k| relay_ports.get(k).map(|(_, at)| *at),
-        );
+        let tick = if self.relay_ca.is_some() {
+            self.tls_tick(now, &peers)
+        } else {
+            let candidates = &self.candidates;
+            let relay_ports = &self.relay_ports;
+            self.paths.tick_relayed(
+                now,
+                wall,
+                &self.record.public_key,
+                &peers,
+                |k| candidates.get(k).cloned().unwrap_or_default(),
+                |k| relay_ports.get(k).map(|(_, at)| *at),
+            )
+        };
         for key in &tick.register {
             self.register_with_relay(key);
+        }
+        for (key, at) in &tick.tries {
+            match self.gateway.try_path(key, *at) {
+                Ok(()) => tracing::debug!(
+                    "{}: trying a direct path to {} at {at}",
+                    self.name(),
+                    self.peer_name(key)
+                ),
+                Err(e) => tracing::debug!("{}: cannot try {at}: {e}", self.name()),
+            }
         }
         for to in &tick.punches {
             // Opens this side's NAT toward the other side's try of a direct path; the other
@@ -1195,7 +1252,12 @@ impl<S: Store> Member<S> {
         }
         let mut states = HashMap::new();
         for p in &peers {
-            let Some(state) = self.paths.state(&p.public_key) else {
+            let state = if self.relay_ca.is_some() {
+                self.tls_state(p, now)
+            } else {
+                self.paths.state(&p.public_key)
+            };
+            let Some(state) = state else {
                 continue;
             };
             match (before.get(&p.public_key), &state) {
@@ -1290,6 +1352,130 @@ impl<S: Store> Member<S> {
         Ok(())
     }
 
+    /// `transport = "tls"`: every peer is reached over TLS, through a bridge to the TLS
+    /// listener of the relay the pair agrees on, or of the peer itself when it is a relay;
+    /// `wanted`'s endpoints become the bridges. Bridges of peers gone, or whose relay
+    /// changed, are closed.
+    fn bridge_peers(&mut self, fleet: &FleetView, wanted: &mut BTreeMap<PublicKey, PeerSettings>) {
+        let Some(ca) = self.relay_ca.clone() else {
+            return;
+        };
+        let own = self.record.public_key;
+        let record_of = |key: &PublicKey| {
+            fleet
+                .sites
+                .values()
+                .flat_map(|s| &s.gateways)
+                .find(|m| m.record.public_key == *key)
+                .map(|m| &m.record)
+        };
+        let mut keep = HashSet::new();
+        for (peer, settings) in wanted.iter_mut() {
+            let target = match record_of(peer).and_then(|r| r.relay_tls.clone()) {
+                Some(its_own) => Some(its_own),
+                None => fleet
+                    .relay_for(&relay::Pair::new(own, *peer))
+                    .and_then(|r| record_of(&r)?.relay_tls.clone()),
+            };
+            let Some((remote, server_name)) = target else {
+                tracing::warn!(
+                    "{}: no relay with a TLS listener for {}: it cannot be reached over TCP",
+                    self.name(),
+                    self.peer_name(peer)
+                );
+                continue;
+            };
+            if self.bridges.get(peer).is_none_or(|(r, _)| *r != remote) {
+                match self
+                    .gateway
+                    .open_tls_bridge(*peer, remote, &server_name, &ca)
+                {
+                    Ok(bridge) => {
+                        tracing::info!(
+                            "{}: {} over TLS through {remote} ({server_name})",
+                            self.name(),
+                            self.peer_name(peer)
+                        );
+                        self.bridges.insert(*peer, (remote, bridge));
+                    }
+                    Err(e) => {
+                        tracing::warn!("{}: {e}", self.name());
+                        continue;
+                    }
+                }
+            }
+            if let Some((_, bridge)) = self.bridges.get(peer) {
+                settings.endpoint = Some(bridge.address);
+                keep.insert(*peer);
+            }
+        }
+        self.bridges.retain(|k, _| keep.contains(k));
+    }
+
+    /// `transport = "tls"`'s tick: each peer a relay serves the pair with gets a
+    /// registration through its bridge every `REGISTER_EVERY` (a relay restarted, or a
+    /// stream reconnected, learns it again), and its relay asked for; a relay peer is
+    /// reached through its own listener and needs none.
+    fn tls_tick(&mut self, now: Instant, peers: &[paths::PeerNow]) -> paths::Tick {
+        let mut tick = paths::Tick::default();
+        let relays: HashSet<PublicKey> = self
+            .shared
+            .state()
+            .fleet
+            .sites
+            .values()
+            .flat_map(|s| &s.gateways)
+            .filter(|m| m.record.relay_tls.is_some())
+            .map(|m| m.record.public_key)
+            .collect();
+        for p in peers {
+            let key = p.public_key;
+            if relays.contains(&key) || !self.bridges.contains_key(&key) {
+                continue;
+            }
+            tick.want_relay.insert(key);
+            let due = self
+                .tls_registered
+                .get(&key)
+                .is_none_or(|t| now.saturating_duration_since(*t) >= paths::REGISTER_EVERY);
+            if self.relay_ports.contains_key(&key) && due {
+                tick.register.push(key);
+                self.tls_registered.insert(key, now);
+            }
+        }
+        let bridges = &self.bridges;
+        self.tls_registered.retain(|k, _| bridges.contains_key(k));
+        tick
+    }
+
+    /// A peer's path for `transport = "tls"`: through the TLS listener of its relay (or its
+    /// own), live or not yet.
+    fn tls_state(&mut self, p: &paths::PeerNow, now: Instant) -> Option<paths::PathState> {
+        let (remote, _) = self.bridges.get(&p.public_key)?;
+        let live = p
+            .since_handshake
+            .is_some_and(|d| d < Duration::from_secs(180));
+        if !live {
+            self.tls_since.remove(&p.public_key);
+            return Some(paths::PathState::Searching {
+                since: now,
+                tried: 0,
+            });
+        }
+        let since = *self.tls_since.entry(p.public_key).or_insert(now);
+        Some(if self.relay_ports.contains_key(&p.public_key) {
+            paths::PathState::Relayed {
+                via: *remote,
+                since,
+            }
+        } else {
+            paths::PathState::Up {
+                via: *remote,
+                since,
+            }
+        })
+    }
+
     /// Sends this gateway's registration for its pair with `peer` to the relay serving it,
     /// from the WireGuard socket (so the relay learns where this gateway's NAT maps it).
     fn register_with_relay(&mut self, peer: &PublicKey) {
@@ -1310,7 +1496,9 @@ impl<S: Store> Member<S> {
             at.port(),
             self.register_stamp,
         );
-        if let Err(e) = self.gateway.send_datagram(*at, datagram) {
+        // A site that sends only TCP registers through its stream to the relay.
+        let to = self.bridges.get(peer).map_or(*at, |(_, b)| b.address);
+        if let Err(e) = self.gateway.send_datagram(to, datagram) {
             tracing::debug!(
                 "{}: cannot register with the relay at {at}: {e}",
                 self.name()
@@ -1656,6 +1844,8 @@ mod tests {
             lan: None,
             mode: tunneld_config::SiteMode::default(),
             relay: false,
+            relay_tls: None,
+            tls_only: None,
         }
     }
 

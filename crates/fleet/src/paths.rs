@@ -36,12 +36,20 @@ pub const RELAY_RETRY: Duration = Duration::from_millis(400);
 pub const REGISTER_EVERY: Duration = Duration::from_secs(1);
 /// A relayed pair tries a direct path once in each such slot of the wall clock (at an
 /// offset of the pair's own), so both sides try at the same moment without asking each
-/// other.
+/// other: the higher-keyed side punches, the lower-keyed one sends a handshake to each
+/// direct address in turn without moving off the relay (`Gateway::try_path`); an answer
+/// moves it, as roaming does.
 pub const UPGRADE_EVERY: Duration = Duration::from_secs(10);
 /// How long after the higher-keyed side's punches the lower-keyed side tries the direct
-/// address, and how long its handshake there has to complete.
-const PUNCH_LEAD: Duration = Duration::from_millis(150);
+/// address (more than a tick of `PATHS_EVERY`: the two sides' ticks are not in step), and
+/// how long its handshake there has to complete.
+const PUNCH_LEAD: Duration = Duration::from_millis(450);
 const TRIAL: Duration = Duration::from_secs(1);
+/// Nothing authenticated from a peer for this long while this side kept sending to it
+/// (`SILENT_BYTES` at least): its path is dead, whatever its session's age (WireGuard's own
+/// keepalive and rekey timeouts, 10 s and 5 s: a live peer answers within them).
+pub const SILENT_AFTER: Duration = Duration::from_secs(15);
+const SILENT_BYTES: u64 = 3 * 32;
 
 /// What the gateway says of one peer at a tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +60,8 @@ pub struct PeerNow {
     pub since_handshake: Option<Duration>,
     /// Bytes authenticated from it so far.
     pub rx_bytes: u64,
+    /// Bytes sent to it so far.
+    pub tx_bytes: u64,
 }
 
 /// A peer's path as the search sees it.
@@ -70,6 +80,9 @@ pub enum PathState {
 pub struct Tick {
     /// Peers to move to an address, each with a handshake at once.
     pub moves: Vec<(PublicKey, SocketAddr)>,
+    /// Peers to send a handshake at an address without moving them (a relayed peer's
+    /// direct address: an answer from there moves it).
+    pub tries: Vec<(PublicKey, SocketAddr)>,
     /// Peers whose relay to register with now (before any move to it).
     pub register: Vec<PublicKey>,
     /// Addresses to send a punch to from the WireGuard socket (opening this side's NAT
@@ -119,6 +132,8 @@ pub struct Paths {
     relayed: HashMap<PublicKey, Relayed>,
     /// When each searching peer was last moved to its relay.
     relay_moves: HashMap<PublicKey, Instant>,
+    /// Each peer's bytes received and sent when it was last heard from, and when.
+    heard: HashMap<PublicKey, (u64, u64, Instant)>,
 }
 
 impl Paths {
@@ -156,9 +171,11 @@ impl Paths {
         self.up.retain(|k, _| present.contains(k));
         self.relayed.retain(|k, _| present.contains(k));
         self.relay_moves.retain(|k, _| present.contains(k));
+        self.heard.retain(|k, _| present.contains(k));
         for peer in peers {
             let key = peer.public_key;
-            let live = peer.since_handshake.is_some_and(|d| d < SESSION_LIFE);
+            let live =
+                peer.since_handshake.is_some_and(|d| d < SESSION_LIFE) && !self.silent(now, peer);
             let relay_at = relay(&key);
             if self.relayed.contains_key(&key)
                 && self.relayed_tick(now, wall, own, peer, live, relay_at, &candidates, &mut tick)
@@ -283,6 +300,22 @@ impl Paths {
         tick
     }
 
+    /// Whether `peer` has been silent for `SILENT_AFTER` while this side sent to it: a path
+    /// that died under a session (a NAT that changed, a firewall) is searched again, not
+    /// left until the session expires.
+    fn silent(&mut self, now: Instant, peer: &PeerNow) -> bool {
+        let heard =
+            self.heard
+                .entry(peer.public_key)
+                .or_insert((peer.rx_bytes, peer.tx_bytes, now));
+        if heard.0 != peer.rx_bytes {
+            *heard = (peer.rx_bytes, peer.tx_bytes, now);
+            return false;
+        }
+        now.saturating_duration_since(heard.2) >= SILENT_AFTER
+            && peer.tx_bytes.saturating_sub(heard.1) >= SILENT_BYTES
+    }
+
     /// A relayed peer's tick: registrations, tries of a direct path, and whether it is
     /// still relayed (`false`: it left the relay, handled as any peer).
     #[allow(clippy::too_many_arguments)]
@@ -323,16 +356,7 @@ impl Paths {
             if !r.trying.is_empty() {
                 let next = r.trying.remove(0);
                 r.trial = Some((next, now));
-                tick.moves.push((key, next));
-                tick.want_relay.insert(key);
-                return true;
-            }
-            if peer.endpoint == Some(to) {
-                // No answer there and nothing through the relay moved it back: back now.
-                if let Some(at) = relay_at {
-                    tick.register.push(key);
-                    tick.moves.push((key, at));
-                }
+                tick.tries.push((key, next));
                 tick.want_relay.insert(key);
                 return true;
             }
@@ -375,7 +399,7 @@ impl Paths {
                 r.try_at = None;
                 let to = r.trying.remove(0);
                 r.trial = Some((to, now));
-                tick.moves.push((key, to));
+                tick.tries.push((key, to));
             }
         }
         true
@@ -450,6 +474,7 @@ mod tests {
             endpoint: Some(addr(at)),
             since_handshake: None,
             rx_bytes: 0,
+            tx_bytes: 0,
         }
     }
 
@@ -607,20 +632,25 @@ mod tests {
             paths.state(&peer),
             Some(PathState::Relayed { via, .. }) if via == relay
         ));
-        // Within the next slot: the seen address, then the advertised one, then back.
+        // Within the next slot: a handshake to the seen address, then to the advertised
+        // one, none moving the peer off the relay.
         let mut tried = Vec::new();
         let mut t = again + ATTEMPT;
         let handshake_at = again + ATTEMPT - Duration::from_millis(10);
         // One slot starts within UPGRADE_EVERY (where in it depends on the pair).
-        while t < again + UPGRADE_EVERY + 2 * TRIAL + ATTEMPT * 4 && !tried.contains(&relay) {
+        while t < again + UPGRADE_EVERY + 2 * TRIAL + ATTEMPT * 4 && tried.len() < 2 {
             t += Duration::from_millis(100);
             now.since_handshake = Some(t - handshake_at);
-            for (_, to) in tick(&mut paths, t, &now, true).moves {
-                tried.push(to);
-                now.endpoint = Some(to);
-            }
+            let ticked = tick(&mut paths, t, &now, true);
+            assert!(ticked.moves.is_empty(), "a try moves nothing");
+            tried.extend(ticked.tries.into_iter().map(|(_, to)| to));
         }
-        assert_eq!(tried, vec![direct[1], direct[0], relay]);
+        assert_eq!(tried, vec![direct[1], direct[0]]);
+        for _ in 0..15 {
+            t += Duration::from_millis(100);
+            now.since_handshake = Some(t - handshake_at);
+            tick(&mut paths, t, &now, true);
+        }
         assert!(matches!(
             paths.state(&peer),
             Some(PathState::Relayed { .. })
@@ -634,6 +664,49 @@ mod tests {
         ));
     }
 
+    /// A path that dies under a live session (nothing heard for `SILENT_AFTER` while this
+    /// side kept sending) is searched again; a peer that is only idle (nothing sent) is not.
+    #[test]
+    fn a_peer_silent_while_sent_to_is_searched_again_and_an_idle_one_is_not() {
+        let both = vec![addr("198.51.100.2:51820"), addr("192.0.2.61:51820")];
+        let mut paths = Paths::default();
+        let t0 = Instant::now();
+        let (dead, idle) = (key(), key());
+        let live = |k, at: &str| PeerNow {
+            public_key: k,
+            endpoint: Some(addr(at)),
+            since_handshake: Some(Duration::from_secs(1)),
+            rx_bytes: 500,
+            tx_bytes: 500,
+        };
+        let (mut d, i) = (
+            live(dead, "192.0.2.61:51820"),
+            live(idle, "192.0.2.62:51820"),
+        );
+        assert!(paths
+            .tick(t0, &[d.clone(), i.clone()], |_| both.clone())
+            .is_empty());
+        // Keepalives go out to `dead`, nothing comes back.
+        d.tx_bytes += 10 * 32;
+        let early = t0 + SILENT_AFTER - Duration::from_secs(1);
+        assert!(paths
+            .tick(early, &[d.clone(), i.clone()], |_| both.clone())
+            .is_empty());
+        let moves = paths.tick(t0 + SILENT_AFTER, &[d.clone(), i.clone()], |_| both.clone());
+        assert_eq!(moves, vec![(dead, both[0])]);
+        assert!(matches!(
+            paths.state(&dead),
+            Some(PathState::Searching { .. })
+        ));
+        assert!(matches!(paths.state(&idle), Some(PathState::Up { .. })));
+        // Heard from again (its handshake on the new path): up.
+        d.rx_bytes += 92;
+        d.endpoint = Some(both[0]);
+        let later = t0 + SILENT_AFTER + ATTEMPT;
+        assert!(paths.tick(later, &[d, i], |_| both.clone()).is_empty());
+        assert!(matches!(paths.state(&dead), Some(PathState::Up { .. })));
+    }
+
     #[test]
     fn only_addresses_a_peer_does_not_advertise_are_told() {
         let (natted, public, bridged, silent_one) = (key(), key(), key(), key());
@@ -642,6 +715,7 @@ mod tests {
             endpoint: Some(addr(at)),
             since_handshake: Some(Duration::from_secs(3)),
             rx_bytes: 92,
+            tx_bytes: 92,
         };
         let peers = [
             live(natted, "192.0.2.61:40000"),

@@ -499,10 +499,17 @@ impl Fleet {
     /// one another, and a relay leaving moves only its own pairs.
     pub fn relay_for(&self, pair: &Pair) -> Option<PublicKey> {
         use blake2::{Blake2s256, Digest};
+        // A side that can send only TCP needs a relay with a TLS listener.
+        let tls_only = self
+            .sites
+            .values()
+            .flat_map(|s| &s.gateways)
+            .any(|m| pair.other(&m.record.public_key).is_some() && m.record.tls_only);
         self.sites
             .values()
             .flat_map(|s| &s.gateways)
             .filter(|m| m.record.relay && pair.other(&m.record.public_key).is_none())
+            .filter(|m| !tls_only || m.record.relay_tls.is_some())
             .map(|m| m.record.public_key)
             .max_by_key(|relay| {
                 let weight: [u8; 32] = Blake2s256::new()
@@ -662,6 +669,8 @@ mod tests {
             role: Role::Standby,
             mode,
             relay: false,
+            relay_tls: None,
+            tls_only: false,
         };
         Entry {
             key: keys.record(site, gateway),

@@ -64,6 +64,12 @@ pub struct Record {
     pub mode: SiteMode,
     /// It relays for pairs of gateways with no direct path (`[fleet] relay = true`).
     pub relay: bool,
+    /// Its TLS listener for sites that can send only TCP, and the name its certificate
+    /// carries (a relay's `relay_tls`).
+    pub relay_tls: Option<(SocketAddr, String)>,
+    /// It can send only TCP: reached only through relays' TLS listeners
+    /// (`transport = "tls"`).
+    pub tls_only: bool,
 }
 
 /// The record's JSON: strings, so that a hand-written one is easy to read and to refuse.
@@ -82,6 +88,13 @@ struct Json {
     /// Absent: no relay.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     relay: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    relay_tls: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    relay_tls_name: Option<String>,
+    /// Absent: UDP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    transport: Option<String>,
 }
 
 impl Record {
@@ -94,6 +107,9 @@ impl Record {
             role: self.role,
             mode: (self.mode != SiteMode::ActiveStandby).then(|| self.mode.as_str().to_string()),
             relay: self.relay,
+            relay_tls: self.relay_tls.as_ref().map(|(a, _)| a.to_string()),
+            relay_tls_name: self.relay_tls.as_ref().map(|(_, n)| n.clone()),
+            transport: self.tls_only.then(|| "tls".to_string()),
         };
         serde_json::to_vec(&json).unwrap_or_default()
     }
@@ -152,6 +168,16 @@ impl Record {
                 .and_then(SiteMode::parse)
                 .unwrap_or_default(),
             relay: json.relay,
+            relay_tls: match (json.relay_tls, json.relay_tls_name) {
+                (Some(a), name) => {
+                    let addr = a
+                        .parse::<SocketAddr>()
+                        .map_err(|_| format!("relay_tls {a:?} is not an address:port"))?;
+                    Some((addr, name.unwrap_or_else(|| addr.ip().to_string())))
+                }
+                (None, _) => None,
+            },
+            tls_only: json.transport.as_deref() == Some("tls"),
         })
     }
 }
@@ -348,6 +374,8 @@ mod tests {
             role: Role::Standby,
             mode: SiteMode::ActiveStandby,
             relay: false,
+            relay_tls: None,
+            tls_only: false,
         }
     }
 
@@ -365,8 +393,17 @@ mod tests {
         assert!(!String::from_utf8(r.to_json()).unwrap().contains("relay"));
         let relay = Record {
             relay: true,
+            relay_tls: Some(("192.0.2.31:443".parse().unwrap(), "relay.example".into())),
             ..record()
         };
+        let tls_only = Record {
+            tls_only: true,
+            ..record()
+        };
+        assert_eq!(
+            Record::parse("b", "b1", &tls_only.to_json()).unwrap(),
+            tls_only
+        );
         assert_eq!(Record::parse("b", "b1", &relay.to_json()).unwrap(), relay);
         let newer = String::from_utf8(both.to_json())
             .unwrap()

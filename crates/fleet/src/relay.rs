@@ -108,6 +108,15 @@ pub(crate) fn relay_keys(own: PrivateKey) -> PairKeys {
     PairKeys::new(own, LABEL)
 }
 
+/// The port a registration is for, if `datagram` looks like one (its MAC is the port's to
+/// check): what moves a TLS stream to that port on a relay.
+pub fn registration_port(datagram: &[u8]) -> Option<u16> {
+    if datagram.len() != REGISTRATION_LEN || &datagram[..4] != MAGIC {
+        return None;
+    }
+    Some(u16::from_be_bytes(datagram[68..70].try_into().ok()?))
+}
+
 /// The side a registration for `pair` at `port` names (0 or 1) and its stamp, if it is
 /// one and its MAC holds (`keys`: one per side, from the relay's static key).
 fn registered(
@@ -231,6 +240,11 @@ impl Relay {
     /// Closes every port but those of `keep`.
     pub fn retain(&mut self, keep: impl Fn(&Pair) -> bool) {
         self.allocations.retain(|pair, _| keep(pair));
+    }
+
+    /// Whether one of its ports is `port`.
+    pub fn serves(&self, port: u16) -> bool {
+        self.allocations.values().any(|a| a.port == port)
     }
 
     /// The pairs served and their ports.

@@ -124,6 +124,29 @@ impl Nat {
         self.router.run(&["conntrack", "-F"]);
     }
 
+    /// Lets the site open TCP connections to `to`:`port` too (a TCP-443-only site's way to
+    /// its fleet's etcd, say), ahead of the router's other rules.
+    pub fn allow_tcp(&self, to: &str, port: u16) {
+        self.router.run(&[
+            "nft",
+            "insert",
+            "rule",
+            "ip",
+            "tunneld_nat",
+            "forward",
+            "ip",
+            "saddr",
+            &self.private,
+            "ip",
+            "daddr",
+            to,
+            "tcp",
+            "dport",
+            &port.to_string(),
+            "accept",
+        ]);
+    }
+
     /// Drops every datagram between this site and `other_public` (an address on the
     /// underlay), both ways, as a firewall between two sites would; [`Nat::unblock`] ends it.
     pub fn block(&self, other_public: &str) {

@@ -38,12 +38,63 @@ const FRAMES: usize = 256 * 1024;
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(10));
 
 /// Where the bridge sends the datagrams that arrive over TLS.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub enum UdpPeer {
     /// Client side: the worker's address, learnt from what it sends (known once it has).
     Learnt,
-    /// Server side: the interface's UDP port on loopback, known once the interface is up.
-    Port(Arc<OnceLock<u16>>),
+    /// Server side: the interface's UDP port on loopback, known once the interface is up,
+    /// unless the stream asked for another (see [`Redirect`]).
+    Port(Arc<OnceLock<u16>>, Arc<RedirectSlot>),
+}
+
+/// Reads a datagram that came over a server-side stream and says whether it moves the
+/// stream's datagrams to another UDP port on loopback (a fleet relay's port for a pair: the
+/// datagram is a side's registration with it), and which.
+pub type Redirect = Arc<dyn Fn(&[u8]) -> Option<u16> + Send + Sync>;
+
+/// Where a gateway puts its [`Redirect`] once it has one (the fleet starts after the
+/// listeners).
+#[derive(Default)]
+pub struct RedirectSlot(std::sync::RwLock<Option<Redirect>>);
+
+impl std::fmt::Debug for RedirectSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedirectSlot")
+            .field("set", &self.get().is_some())
+            .finish()
+    }
+}
+
+impl RedirectSlot {
+    /// Puts `redirect` in place for the streams' next turns (`None`: none).
+    pub fn set(&self, redirect: Option<Redirect>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = redirect;
+    }
+
+    fn get(&self) -> Option<Redirect> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Stops a client side started at run time ([`crate::Bridge`]): set, and its stream shut
+/// down, the thread ends.
+#[derive(Default)]
+pub struct ClientStop {
+    stop: std::sync::atomic::AtomicBool,
+    stream: std::sync::Mutex<Option<TcpStream>>,
+}
+
+impl ClientStop {
+    pub fn stop(&self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(s) = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// Relays between the bridge socket and an established TLS stream until the stream ends
@@ -64,13 +115,26 @@ pub fn bridge(
     let mut from_udp = Box::new(Batch::new());
     let mut to_udp = Box::new(Batch::new());
     let mut deframer = Deframer::new();
-    let to = |learnt: Option<SocketAddr>| match peer {
+    // Where a registration moved this stream's datagrams (server side).
+    let mut redirected: Option<SocketAddr> = None;
+    let to = |learnt: Option<SocketAddr>, redirected: Option<SocketAddr>| match peer {
         UdpPeer::Learnt => learnt,
-        UdpPeer::Port(port) => port.get().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))),
+        UdpPeer::Port(port, _) => {
+            redirected.or_else(|| port.get().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))))
+        }
+    };
+    let redirect = || match peer {
+        UdpPeer::Port(_, slot) => slot.get(),
+        UdpPeer::Learnt => None,
     };
     // Datagrams that came with the other side's last handshake message were decrypted during
     // the handshake: deliver them now, or they would wait for the stream's next bytes.
-    deliver(&early, &mut deframer, udp, &mut to_udp, to(*learnt))?;
+    let mut target = Target {
+        to: to(*learnt, redirected),
+        redirect: redirect(),
+        redirected: &mut redirected,
+    };
+    deliver(&early, &mut deframer, udp, &mut to_udp, &mut target)?;
     send(udp, &mut to_udp)?;
     loop {
         let mut progress = stream.flush()?;
@@ -99,13 +163,17 @@ pub fn bridge(
         // Read until WouldBlock, as level-triggered polling wants.
         stream.mark_readable(true);
         progress |= stream.receive()?;
-        let destination = to(*learnt);
+        let mut target = Target {
+            to: to(*learnt, redirected),
+            redirect: redirect(),
+            redirected: &mut redirected,
+        };
         while stream.has_pending() {
             let mut iov = [IoSlice::new(&[]); 16];
             let count = stream.pending(&mut iov);
             let mut taken = 0;
             for piece in &iov[..count] {
-                deliver(piece, &mut deframer, udp, &mut to_udp, destination)?;
+                deliver(piece, &mut deframer, udp, &mut to_udp, &mut target)?;
                 taken += piece.len();
             }
             stream.take(taken);
@@ -170,14 +238,22 @@ fn take_datagrams(
     Ok(())
 }
 
+/// Where a turn's datagrams from the stream go, and what may move them.
+struct Target<'a> {
+    to: Option<SocketAddr>,
+    redirect: Option<Redirect>,
+    redirected: &'a mut Option<SocketAddr>,
+}
+
 /// Feeds stream bytes to the deframer and queues every datagram they complete for the
-/// worker at `to`, sending a batch whenever it fills.
+/// worker at `target.to` (or where a registration moved the stream), sending a batch
+/// whenever it fills.
 fn deliver(
     mut bytes: &[u8],
     deframer: &mut Deframer,
     udp: &mut UdpSocket,
     batch: &mut Batch,
-    to: Option<SocketAddr>,
+    target: &mut Target<'_>,
 ) -> anyhow::Result<()> {
     while !bytes.is_empty() {
         let space = deframer.space();
@@ -186,9 +262,19 @@ fn deliver(
         deframer.filled(n);
         bytes = &bytes[n..];
         while let Some(datagram) = deframer.next_datagram() {
+            if let Some(port) = target.redirect.as_ref().and_then(|r| r(datagram)) {
+                // What came before goes where it was meant to.
+                send(udp, batch)?;
+                let moved = SocketAddr::from(([127, 0, 0, 1], port));
+                if *target.redirected != Some(moved) {
+                    tracing::debug!("WireGuard over TLS: the stream's datagrams now go to {moved}");
+                }
+                *target.redirected = Some(moved);
+                target.to = Some(moved);
+            }
             // Until the worker has spoken (client side) there is nowhere to deliver; like a
             // full socket buffer, that loses the datagram, which WireGuard retries.
-            let Some(to) = to else { continue };
+            let Some(to) = target.to else { continue };
             if batch.is_full() {
                 send(udp, batch)?;
             }
@@ -226,18 +312,28 @@ pub fn run_client(
     mut udp: UdpSocket,
     connect: impl Fn() -> anyhow::Result<(TcpStream, Established)>,
     connected: impl Fn(),
+    stop: &ClientStop,
 ) {
     let mut delay = BACKOFF.0;
     let mut learnt = None;
     let mut failures: u64 = 0;
-    loop {
+    while !stop.stopped() {
         let started = Instant::now();
         match connect() {
             Ok((tls, established)) => {
+                if let Ok(clone) = tls.try_clone() {
+                    *stop.stream.lock().unwrap_or_else(|p| p.into_inner()) = Some(clone);
+                }
+                if stop.stopped() {
+                    return;
+                }
                 tracing::info!("{name}: WireGuard over TLS connected");
                 failures = 0;
                 connected();
                 let ended = bridge(&mut udp, &UdpPeer::Learnt, &mut learnt, tls, established);
+                if stop.stopped() {
+                    return;
+                }
                 match ended {
                     Ok(()) => tracing::info!("{name}: the TLS stream was closed; reconnecting"),
                     Err(e) => tracing::warn!("{name}: TLS stream ended: {e:#}; reconnecting"),
@@ -254,7 +350,11 @@ pub fn run_client(
                 }
             }
         }
-        std::thread::sleep(delay);
+        // Waits in short steps, so that a stop is seen soon.
+        let until = Instant::now() + delay;
+        while Instant::now() < until && !stop.stopped() {
+            std::thread::sleep(Duration::from_millis(50).min(delay));
+        }
         delay = (delay * 2).min(BACKOFF.1);
     }
 }

@@ -20,6 +20,8 @@
 #![deny(missing_docs)]
 
 mod datagrams;
+use datagrams::ClientStop;
+pub use datagrams::{Redirect, RedirectSlot};
 pub mod groups;
 mod handshake;
 mod pool;
@@ -103,6 +105,8 @@ pub struct TlsService {
     listening: Vec<SocketAddr>,
     /// How many relay workers to start with the process's first relayed connection.
     relay_workers: usize,
+    /// What may move a WireGuard-over-TLS stream to another port (a fleet relay's).
+    redirect: Arc<RedirectSlot>,
 }
 
 impl std::fmt::Debug for TlsService {
@@ -405,6 +409,7 @@ impl TlsService {
             forwards.push((f.clone(), config));
         }
         let mut listens = Vec::new();
+        let redirect = Arc::new(RedirectSlot::default());
         for (i, l) in tls.listens.iter().enumerate() {
             let config = Arc::new(RwLock::new(
                 server_config(l, base).with_context(|| format!("tls.listen[{i}]"))?,
@@ -420,6 +425,7 @@ impl TlsService {
                     listen: l.clone(),
                     config: config.clone(),
                     wg_port: wg_port.clone(),
+                    redirect: redirect.clone(),
                 },
                 name,
                 stats,
@@ -437,7 +443,14 @@ impl TlsService {
             stopping: Arc::default(),
             listening: Vec::new(),
             relay_workers,
+            redirect,
         })
+    }
+
+    /// Where a gateway puts what may move a WireGuard-over-TLS stream's datagrams to another
+    /// port on loopback (a fleet relay's, on a side's registration).
+    pub fn redirect_slot(&self) -> Arc<RedirectSlot> {
+        self.redirect.clone()
     }
 
     /// Starts accepting on every bound listener: a thread each. Call it once privileges are
@@ -530,6 +543,7 @@ enum Side {
         listen: TlsListen,
         config: Arc<RwLock<Arc<ListenerConfig>>>,
         wg_port: Arc<OnceLock<u16>>,
+        redirect: Arc<RedirectSlot>,
     },
 }
 
@@ -647,6 +661,7 @@ fn connection(
             listen,
             config,
             wg_port,
+            redirect,
         } => {
             let config = config.read().unwrap_or_else(|p| p.into_inner()).clone();
             let conn = handshake::Unbuffered::server(&config);
@@ -663,7 +678,7 @@ fn connection(
                 TlsTarget::WireGuard => {
                     let mut udp = datagrams::bridge_socket().context("bridge socket")?;
                     tracing::info!(%peer, "WireGuard over TLS: stream accepted");
-                    let target = datagrams::UdpPeer::Port(wg_port.clone());
+                    let target = datagrams::UdpPeer::Port(wg_port.clone(), redirect.clone());
                     datagrams::bridge(&mut udp, &target, &mut None, accepted, established)
                         .context("WireGuard over TLS")?;
                     Ok(None)
@@ -722,7 +737,9 @@ pub fn prepare_peer_transports(
             tls.server_name,
             udp.local_addr()
         );
-        starters.push(Box::new(move || transport.start(udp)));
+        starters.push(Box::new(move || {
+            transport.start(udp, Arc::new(ClientStop::default()))
+        }));
     }
     Ok((endpoints, starters))
 }
@@ -745,8 +762,12 @@ struct TlsTransport {
 }
 
 impl TlsTransport {
-    /// Starts the thread that keeps the stream up and bridges it to `udp`.
-    fn start(self, udp: tunneld_dataplane::udp::UdpSocket) -> anyhow::Result<()> {
+    /// Starts the thread that keeps the stream up and bridges it to `udp`, until `stop`.
+    fn start(
+        self,
+        udp: tunneld_dataplane::udp::UdpSocket,
+        stop: Arc<ClientStop>,
+    ) -> anyhow::Result<()> {
         let TlsTransport {
             name,
             remote,
@@ -772,7 +793,7 @@ impl TlsTransport {
         };
         std::thread::Builder::new()
             .name(format!("{name}-tls"))
-            .spawn(move || datagrams::run_client(name, udp, connect, connected))
+            .spawn(move || datagrams::run_client(name, udp, connect, connected, &stop))
             .context("cannot start a TLS transport thread")?;
         Ok(())
     }
@@ -821,13 +842,67 @@ fn watch_udp(transport: TlsTransport) {
         );
         let (addr, udp) = bridge;
         let peers = transport.peers.clone();
-        if let Err(e) = transport.start(udp) {
+        if let Err(e) = transport.start(udp, Arc::new(ClientStop::default())) {
             tracing::error!("{name}: {e:#}");
             return;
         }
         peers.move_peer(&key, addr);
         return;
     }
+}
+
+/// A WireGuard-over-TLS client side opened at run time (the fleet's, for a site that can
+/// send only TCP): a loopback bridge socket, the peer's endpoint, and a thread that keeps a
+/// TLS stream to `remote` up. Dropping it stops the thread.
+pub struct Bridge {
+    /// The bridge socket's address: what the peer's endpoint is set to.
+    pub address: SocketAddr,
+    stop: Arc<ClientStop>,
+}
+
+impl std::fmt::Debug for Bridge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bridge")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.stop.stop();
+    }
+}
+
+/// Opens a [`Bridge`] for the peer of `key` to the `[[tls.listen]]` at `remote`, whose
+/// certificate must name `server_name` and lead to the CA in `ca_file`.
+pub fn open_bridge(
+    name: String,
+    remote: SocketAddr,
+    server_name: &str,
+    ca_file: &Path,
+    key: PublicKey,
+    peers: Arc<dyn WireGuardPeers>,
+) -> anyhow::Result<Bridge> {
+    let client = client_config(ca_file, None, Path::new(""))?;
+    let udp = datagrams::bridge_socket().context("cannot make a bridge socket")?;
+    let address = udp.local_addr();
+    let transport = TlsTransport {
+        name,
+        remote: Endpoint::Addr(remote),
+        tls: PeerTls {
+            server_name: server_name.to_string(),
+            ca_file: ca_file.to_path_buf(),
+            client_cert: None,
+            fallback: None,
+        },
+        client,
+        key,
+        peers,
+    };
+    let stop = Arc::new(ClientStop::default());
+    transport.start(udp, stop.clone())?;
+    Ok(Bridge { address, stop })
 }
 
 /// Connects to `to` (resolving a host name each time), trying each address it has.

@@ -399,6 +399,23 @@ impl Control {
         }
     }
 
+    /// Sends `key` a handshake initiation at `to`, its endpoint left where it is
+    /// (`Device::try_path`): if it answers from there, roaming moves it.
+    pub(crate) fn try_path(&mut self, key: PublicKey, to: SocketAddr) -> Result<(), Error> {
+        if !self.has_peer(key)? {
+            return Err(Error::UnknownPeer(key));
+        }
+        let sent = self
+            .workers
+            .run_each(move |device, _| device.try_path(&key, to))
+            .is_some_and(|sent| sent.into_iter().any(|s| s));
+        if sent {
+            Ok(())
+        } else {
+            Err(Error::Stopped)
+        }
+    }
+
     /// Moves `key` to `endpoint` on every worker and in the control plane's own copy of the
     /// peers: a reload starts from that copy, so a peer it adds again (removed by hand, or
     /// its `parallel` changed) comes back where it runs, not where it was first.

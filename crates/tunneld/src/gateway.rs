@@ -394,7 +394,14 @@ struct Inner {
     /// Whether the thread that looks host-name endpoints up again runs (`reresolve.rs`),
     /// started with the first such peer.
     reresolving: Mutex<bool>,
+    /// What may move the TLS listeners' WireGuard streams (`set_tls_redirect`).
+    tls_redirect: Option<Arc<tunneld_tls::RedirectSlot>>,
 }
+
+/// A WireGuard-over-TLS bridge opened at run time ([`Gateway::open_tls_bridge`]).
+pub type TlsBridge = tunneld_tls::Bridge;
+/// What moves a WireGuard-over-TLS stream to another local port ([`Gateway::set_tls_redirect`]).
+pub type TlsRedirect = tunneld_tls::Redirect;
 
 /// The WireGuard side of a running gateway, fixed for its life.
 struct Interface {
@@ -510,6 +517,52 @@ impl Gateway {
         } else {
             Err(Error::Stopped)
         }
+    }
+
+    /// Carries the peer of `key`'s datagrams over a TLS stream to the `[[tls.listen]]` at
+    /// `remote` (certificate for `server_name`, leading to the CA in `ca_file`) from now on:
+    /// a loopback bridge whose address the caller makes the peer's endpoint
+    /// ([`Gateway::move_peer`]); WireGuard over TLS as a `transport = "tls"` peer has it, set
+    /// up at run time (the fleet does, for a site that can send only TCP). Dropping the
+    /// bridge ends its stream.
+    pub fn open_tls_bridge(
+        &self,
+        key: PublicKey,
+        remote: std::net::SocketAddr,
+        server_name: &str,
+        ca_file: &std::path::Path,
+    ) -> Result<TlsBridge, Error> {
+        let control = self.interface()?.control.clone();
+        let peers = Arc::new(crate::tls_peers::TlsPeers(Arc::new(OnceLock::from(
+            control,
+        ))));
+        tunneld_tls::open_bridge(
+            format!("peer {}", key.to_base64()),
+            remote,
+            server_name,
+            ca_file,
+            key,
+            peers,
+        )
+        .map_err(|e| Error::System(format!("WireGuard over TLS to {remote}: {e:#}")))
+    }
+
+    /// Lets `redirect` move a WireGuard-over-TLS stream accepted by this gateway's
+    /// `[[tls.listen]]` (`forward_to = "wireguard"`) to another UDP port on loopback: a fleet
+    /// relay's port for a pair, on a side's registration. `None` takes it back. Without a
+    /// listener, nothing to do.
+    pub fn set_tls_redirect(&self, redirect: Option<TlsRedirect>) {
+        if let Some(slot) = &self.inner.tls_redirect {
+            slot.set(redirect);
+        }
+    }
+
+    /// Sends the peer a handshake initiation at `to` without moving it: a path to try
+    /// beside the one in use (the fleet tries a relayed peer's direct address so). If the
+    /// peer answers from `to`, its authenticated answer moves it there, as roaming moves any
+    /// peer; if not, nothing changed.
+    pub fn try_path(&self, peer: &PublicKey, to: std::net::SocketAddr) -> Result<(), Error> {
+        lock(&self.interface()?.control).try_path(*peer, to)
     }
 
     /// Removes a peer, its sessions and its routes.
@@ -761,6 +814,7 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
             .map_err(Error::system)?,
         )
     };
+    let tls_redirect = tls.as_ref().map(tunneld_tls::TlsService::redirect_slot);
     let metrics = match &plan.config.metrics {
         Some(m) => Some(crate::metrics::MetricsServer::bind(m.listen).map_err(Error::system)?),
         None => None,
@@ -840,6 +894,7 @@ fn start(builder: GatewayBuilder) -> Result<Gateway, Error> {
             running: Mutex::new(Some(running)),
             monitor: Mutex::new(None),
             reresolving: Mutex::new(false),
+            tls_redirect,
         }),
     };
     gateway.follow_host_names();

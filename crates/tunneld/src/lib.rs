@@ -73,7 +73,7 @@ pub use bare::BareInterface;
 pub use error::Error;
 pub use events::GatewayEvents;
 pub use front_end::FrontEnd;
-pub use gateway::{Gateway, GatewayBuilder, Settings, SettingsBuilder};
+pub use gateway::{Gateway, GatewayBuilder, Settings, SettingsBuilder, TlsBridge, TlsRedirect};
 pub use ipnet::IpNet;
 pub use reload::ReloadReport;
 pub use tunneld_config::{self as config, ConfigError, ConfigErrors};

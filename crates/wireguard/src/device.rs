@@ -1400,6 +1400,7 @@ impl Device {
         peer: &mut Peer,
         now: Instant,
         force: bool,
+        to: Option<SocketAddr>,
         underlay: &mut impl DatagramSink,
         stats: &mut Stats,
     ) -> bool {
@@ -1407,7 +1408,7 @@ impl Device {
             stats.drop(DropReason::NetworkBatchFull);
             return false;
         };
-        let Some(endpoint) = peer.endpoint else {
+        let Some(endpoint) = to.or(peer.endpoint) else {
             return true;
         };
         if let Some(n) = peer.sessions.initiate(local, buf, now, force) {
@@ -1522,6 +1523,24 @@ impl Device {
         }
     }
 
+    /// Sends `peer` a handshake initiation at `to` at the next tick, leaving its endpoint
+    /// where it is: a path to try without moving off the one that works (a relayed peer's
+    /// direct address). If the peer answers from there, the answer, authenticated, moves it
+    /// as roaming does; if not, nothing changed. False for an unknown peer.
+    pub fn try_path(&mut self, peer: &PublicKey, to: SocketAddr) -> bool {
+        let Some(slot) = self.by_key.get(peer).copied() else {
+            return false;
+        };
+        match self.peers.get_mut(slot).and_then(Option::as_mut) {
+            Some(p) => {
+                p.path_to_try = Some(to);
+                p.handshake_forced = true;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Runs the protocol timers (handshake retries, rekeys, keepalives) of every peer.
     /// Call it every few hundred milliseconds.
     pub fn tick(&mut self, now: Instant, underlay: &mut impl DatagramSink) {
@@ -1549,8 +1568,17 @@ impl Device {
                 Timer::Expired | Timer::Idle => {}
             }
             let forced = std::mem::take(&mut peer.handshake_forced);
+            let to = peer.path_to_try.take();
             if (std::mem::take(&mut peer.handshake_requested) || forced)
-                && !Self::initiate(&self.local, peer, now, forced, underlay, &mut self.stats)
+                && !Self::initiate(
+                    &self.local,
+                    peer,
+                    now,
+                    forced,
+                    to,
+                    underlay,
+                    &mut self.stats,
+                )
             {
                 return;
             }
@@ -1572,8 +1600,15 @@ impl Device {
                         // handshake, so the far side can reach us before we send anything.
                         // The sessions' own timers retry it; this path waits an interval.
                         peer.last_sent = Some(now);
-                        if !Self::initiate(&self.local, peer, now, false, underlay, &mut self.stats)
-                        {
+                        if !Self::initiate(
+                            &self.local,
+                            peer,
+                            now,
+                            false,
+                            None,
+                            underlay,
+                            &mut self.stats,
+                        ) {
                             return;
                         }
                     }

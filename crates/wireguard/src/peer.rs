@@ -30,6 +30,8 @@ pub(crate) struct Peer {
     /// ... even if one is under way: the peer moved to a new address, and the initiation
     /// sent to the old one may never be answered (see `Device::move_peer`).
     pub handshake_forced: bool,
+    /// ... sent there, not to the endpoint, which stays (see `Device::try_path`).
+    pub path_to_try: Option<SocketAddr>,
     /// Whether a session is up, for logging its start and end once (not every rekey).
     pub connected: bool,
     /// Sub-tunnels the peer is split into (`parallel`), and which one this copy carries.
@@ -69,6 +71,7 @@ impl Peer {
             maybe_queued: false,
             handshake_requested: false,
             handshake_forced: false,
+            path_to_try: None,
             connected: false,
             parallel: 1,
             sub: 0,

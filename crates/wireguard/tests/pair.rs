@@ -1160,3 +1160,55 @@ fn a_run_replays_exactly_from_its_seed() {
         "another seed gave the same run"
     );
 }
+
+/// A path tried (`Device::try_path`: a relayed peer's direct address) gets a handshake
+/// initiation and leaves the endpoint where it is; only an answer from that address moves
+/// it, as roaming does. Unanswered, nothing changed and data keeps its path.
+#[test]
+fn a_path_tried_moves_the_peer_only_when_it_answers_from_there() {
+    const RELAY: &str = "198.51.100.7:40000";
+    let mut pair = Pair::new(PairConfig::default());
+    pair.send(Side::A, &ip_packet("10.0.0.1", "10.0.0.2", b"hi"));
+    let b_key = pair.b.public_key();
+    // B is reached through a relay: A sends there, B's datagrams come from there.
+    pair.src[Side::B as usize] = RELAY.parse().unwrap();
+    assert!(pair.a.move_peer(&b_key, RELAY.parse().unwrap()));
+    pair.send(
+        Side::B,
+        &ip_packet("10.0.0.2", "10.0.0.1", b"through the relay"),
+    );
+    assert_eq!(pair.a.carried_peer_endpoint(&b_key), RELAY.parse().ok());
+
+    // The direct address answers nothing (the answer is lost): the endpoint stays.
+    let initiations = pair.initiations_from(Side::A);
+    assert!(pair.a.try_path(&b_key, B_ADDR.parse().unwrap()));
+    pair.lose = Box::new(|from, d| from == Side::B && d[0] == 2);
+    pair.advance(Duration::from_millis(250));
+    assert_eq!(pair.initiations_from(Side::A), initiations + 1);
+    assert_eq!(
+        pair.sent_to.iter().rev().find(|(s, _)| *s == Side::A),
+        Some(&(Side::A, B_ADDR.parse().unwrap())),
+        "the initiation went to the address tried"
+    );
+    assert_eq!(pair.a.carried_peer_endpoint(&b_key), RELAY.parse().ok());
+    pair.lose = Box::new(|_, _| false);
+    let still = ip_packet("10.0.0.1", "10.0.0.2", b"still through the relay");
+    pair.send(Side::A, &still);
+    assert_eq!(pair.to_b_tun.last(), Some(&still));
+    assert_eq!(
+        pair.sent_to.last(),
+        Some(&(Side::A, RELAY.parse().unwrap()))
+    );
+
+    // Tried again, and B answers from its own address: A moves there.
+    pair.src[Side::B as usize] = B_ADDR.parse().unwrap();
+    assert!(pair.a.try_path(&b_key, B_ADDR.parse().unwrap()));
+    pair.advance(Duration::from_millis(250));
+    assert_eq!(pair.a.carried_peer_endpoint(&b_key), B_ADDR.parse().ok());
+    assert!(
+        !pair
+            .a
+            .try_path(&pair.a.public_key(), B_ADDR.parse().unwrap()),
+        "no such peer"
+    );
+}
