@@ -1,8 +1,8 @@
 //! `cargo xtask bench-nat`: sites behind NAT (issue 48). One etcd member (TLS), a public
 //! relay site (`[fleet] relay = true`, where this build has relays) and, per round, two
 //! fresh sites whose gateways (`tunneld up`) sit behind the NAT kinds of a pair: none
-//! (public), endpoint-independent mapping, endpoint-dependent mapping (`testnet::nat`),
-//! all on one routed underlay (192.0.2.0/24) in network namespaces.
+//! (public), endpoint-independent mapping, endpoint-dependent mapping, only TCP 443 out
+//! (`testnet::nat`), all on one routed underlay (192.0.2.0/24) in network namespaces.
 //!
 //! Per pair and round:
 //! - first packet: from the moment both gateways are up (their UAPI sockets answer) to the
@@ -13,9 +13,9 @@
 //!   its mappings (`conntrack -F`): the time until replies flow again.
 //!
 //! Throughput and RTT, direct against relayed for the same pair kind: two sites behind
-//! endpoint-independent NATs punch a direct path; the same pair with UDP between the two
-//! routers' public addresses dropped (an nftables rule on A's router) can only go through
-//! the relay. Those two pairs alternate round by round (iperf3, one TCP stream; ping), and
+//! endpoint-independent NATs punch a direct path; the same pair with everything between
+//! the two routers' public addresses dropped (an nftables rule on A's router) can only go
+//! through the relay. Those two pairs alternate round by round (iperf3, one TCP stream; ping), and
 //! over the relayed round the relay's CPU (utime + stime of its tunneld) per Gbit moved.
 
 use crate::fleet_bench::{back_after, iperf, unix_now, Fleet, Gateway, Probe, Spec};
@@ -105,6 +105,7 @@ enum Kind {
 impl Kind {
     const EIM: Kind = Kind::Behind(NatKind::EndpointIndependent);
     const EDM: Kind = Kind::Behind(NatKind::EndpointDependent);
+    const TCP443: Kind = Kind::Behind(NatKind::Tcp443Only);
 
     fn label(self) -> &'static str {
         match self {
@@ -116,7 +117,7 @@ impl Kind {
     }
 }
 
-/// Two sites' NAT kinds; `blocked`: UDP between their routers dropped.
+/// Two sites' NAT kinds; `blocked`: everything between their routers dropped (`Nat::block`).
 #[derive(Debug, Clone, Copy)]
 struct Pair {
     a: Kind,
@@ -135,19 +136,20 @@ impl Pair {
 
     fn name(&self) -> String {
         let block = if self.blocked {
-            ", UDP between them dropped"
+            ", traffic between them dropped"
         } else {
             ""
         };
         format!("{} – {}{block}", self.a.label(), self.b.label())
     }
 
-    /// Whether the pair's NATs leave only the relay: both behind NAT, not both
-    /// endpoint-independent (a port-restricted NAT only lets in whom its site sent to, and
-    /// an endpoint-dependent one maps each destination to a port nobody else saw), or UDP
-    /// between them dropped.
+    /// Whether the pair's NATs leave only the relay: a side that sends only TCP 443 (over
+    /// the relay's TLS listener); both behind NAT, not both endpoint-independent (a
+    /// port-restricted NAT only lets in whom its site sent to, and an endpoint-dependent
+    /// one maps each destination to a port nobody else saw); or a block between them.
     fn relayed(&self) -> bool {
         match (self.a, self.b) {
+            (Kind::TCP443, _) | (_, Kind::TCP443) => true,
             (Kind::Public, _) | (_, Kind::Public) => false,
             (Kind::EIM, Kind::EIM) => self.blocked,
             _ => true,
@@ -183,6 +185,8 @@ fn pairs(quick: bool) -> Vec<Pair> {
         Pair::new(Kind::EIM, Kind::EDM),
         Pair::new(Kind::EDM, Kind::EDM),
         EIM_EIM_BLOCKED,
+        Pair::new(Public, Kind::TCP443),
+        Pair::new(Kind::EIM, Kind::TCP443),
     ]
 }
 
@@ -216,13 +220,16 @@ pub fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether this build's config knows `[fleet] relay` (the relay is built in main after the
-/// direct paths; until then the relayed pairs are left out and said to be).
-fn relay_in_build() -> bool {
-    let text = "[interface]\nname = \"x\"\n[fleet]\nrelay = true\n";
-    match tunneld_config::parse(text) {
+/// Whether this build's config knows the `[fleet]` field `field` (the relay, then its TLS
+/// listener for sites that send only TCP 443, were built in main after the direct paths;
+/// until a build has them, the pairs that need them are left out and said to be).
+fn config_knows(field: &str) -> bool {
+    let text = format!("[interface]\nname = \"x\"\n[fleet]\n{field} = true\n");
+    match tunneld_config::parse(&text) {
         Ok(_) => true,
-        Err(errors) => !errors.to_string().contains("unknown field `relay`"),
+        Err(errors) => !errors
+            .to_string()
+            .contains(&format!("unknown field `{field}`")),
     }
 }
 
@@ -241,7 +248,14 @@ impl Place {
                 addr: format!("192.0.2.{host}"),
             },
             // One NAT slot per host number: never two alike at once.
-            Kind::Behind(nat) => Place::Behind(Nat::new(wan, &cidr, host % 64, nat)),
+            Kind::Behind(kind) => {
+                let nat = Nat::new(wan, &cidr, host % 64, kind);
+                if kind == NatKind::Tcp443Only {
+                    // Its fleet's store, as a network that lets TCP 443 out would reach it.
+                    nat.allow_tcp(MEMBER, 2379);
+                }
+                Place::Behind(nat)
+            }
         }
     }
 
@@ -273,35 +287,6 @@ impl Place {
             Place::Behind(nat) => Some(nat),
         }
     }
-}
-
-/// Drops UDP between `router` and `other` (a public address), both ways, as a network that
-/// lets no UDP between the two sites while each still reaches the relay.
-fn block_udp(router: &NetNs, other: &str) -> Result<(), String> {
-    let rules = format!(
-        "table ip tunneld_bench_block {{\n\
-         chain prerouting {{\n\
-         type filter hook prerouting priority raw; policy accept;\n\
-         ip saddr {other} meta l4proto udp drop\n\
-         }}\n\
-         chain forward {{\n\
-         type filter hook forward priority filter; policy accept;\n\
-         ip daddr {other} meta l4proto udp drop\n\
-         }}\n\
-         }}\n"
-    );
-    let out = system::output_with_input(
-        router.command("nft").args(["-f", "-"]),
-        rules.as_bytes(),
-        Duration::from_secs(10),
-    )?;
-    if !out.status.success() {
-        return Err(format!(
-            "nft refused the UDP block: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
 }
 
 /// The path `show` says this gateway has to site `site`'s gateway, as written there
@@ -437,8 +422,20 @@ struct Throughput {
 
 impl Bench<'_> {
     /// Site `host`'s gateway: named `s{host}`, with 10.{host}.0.1 and 10.{host}.0.0/24.
+    /// A site that sends only TCP 443 carries its datagrams over TLS to the relay.
     fn gateway(&self, place: &Place, host: u8) -> Result<Gateway, String> {
-        self.fleet.gateway(
+        let tls_only = place
+            .nat()
+            .is_some_and(|nat| nat.kind == NatKind::Tcp443Only);
+        let fleet_lines = if tls_only {
+            format!(
+                "transport = \"tls\"\nrelay_ca_file = \"{}\"\n",
+                self.fleet.cluster.certs().join("ca.pem").display()
+            )
+        } else {
+            String::new()
+        };
+        self.fleet.gateway_with(
             place.ns(),
             Some(PREFIX),
             Spec {
@@ -449,6 +446,8 @@ impl Bench<'_> {
                 subnet: &format!("10.{host}.0.0/24"),
                 mode: None,
             },
+            &fleet_lines,
+            "",
         )
     }
 
@@ -483,11 +482,9 @@ impl Bench<'_> {
         let a = Place::new(self.wan, pair.a, ha);
         let b = Place::new(self.wan, pair.b, hb);
         if pair.blocked {
-            let router = &a
-                .nat()
-                .ok_or("a UDP block needs site A behind a NAT")?
-                .router;
-            block_udp(router, b.public())?;
+            a.nat()
+                .ok_or("a block between two sites needs site A behind a NAT")?
+                .block(b.public());
         }
         // Declared after the places: dropped (stopped) before their namespaces go.
         let ga = self.gateway(&a, ha)?;
@@ -624,7 +621,8 @@ struct PairResult {
 }
 
 fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<Vec<PairResult>, String> {
-    let relay_built = relay_in_build();
+    let relay_built = config_knows("relay");
+    let relay_tls_built = config_knows("relay_tls");
     let pairs = pairs(options.quick);
     let sites = pairs.len() * 2 * options.rounds;
     if sites > SITE_HOSTS.len() {
@@ -643,7 +641,23 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<Vec<PairResu
         cluster: &cluster,
         lease_ttl: None,
     };
-    let relay_line = if relay_built { "relay = true\n" } else { "" };
+    // The relay's TLS listener: the cluster's CA signed a certificate for the name
+    // "gateway" (its client certificate), which serves here.
+    let certs = cluster.certs();
+    let relay_tls = format!("192.0.2.{RELAY_HOST}:443");
+    let (relay_lines, relay_sections) = match (relay_built, relay_tls_built) {
+        (true, true) => (
+            format!("relay = true\nrelay_tls = \"{relay_tls}\"\nrelay_tls_name = \"gateway\"\n"),
+            format!(
+                "\n[[tls.listen]]\nlisten = \"{relay_tls}\"\ncert_file = \"{}\"\n\
+                 key_file = \"{}\"\nforward_to = \"wireguard\"\n",
+                certs.join("client.pem").display(),
+                certs.join("client.key").display()
+            ),
+        ),
+        (true, false) => ("relay = true\n".to_string(), String::new()),
+        (false, _) => (String::new(), String::new()),
+    };
     let relay = fleet.gateway_with(
         &relay_ns,
         Some(PREFIX),
@@ -655,8 +669,8 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<Vec<PairResu
             subnet: &format!("10.{RELAY_HOST}.0.0/24"),
             mode: None,
         },
-        relay_line,
-        &format!("\n[metrics]\nlisten = \"{RELAY_METRICS}\"\n"),
+        &relay_lines,
+        &format!("{relay_sections}\n[metrics]\nlisten = \"{RELAY_METRICS}\"\n"),
     )?;
     let bench = Bench {
         tunneld,
@@ -672,8 +686,13 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<Vec<PairResu
         .map(|&pair| PairResult {
             pair,
             rounds: Vec::new(),
-            left_out: (pair.relayed() && !relay_built)
-                .then_some("left out: this build has no relay (`[fleet] relay`)"),
+            left_out: if pair.relayed() && !relay_built {
+                Some("left out: this build has no relay (`[fleet] relay`)")
+            } else if (pair.a == Kind::TCP443 || pair.b == Kind::TCP443) && !relay_tls_built {
+                Some("left out: this build's relay has no TLS listener (`[fleet] relay_tls`)")
+            } else {
+                None
+            },
         })
         .collect();
     let mut hosts = SITE_HOSTS;
@@ -780,9 +799,9 @@ fn render(results: &[PairResult], options: &Options, took: Duration) -> String {
          NAT's flush**: a ping every 10 ms from A to B while B's NAT (A's when B has none) \
          forgets every mapping (`conntrack -F`), the time until replies flow again, 0 when no \
          gap exceeded 50 ms (target < 2 s). \
-         {} round(s) per pair, pairs in turn; the whole run took {:.0} s. Sites behind a NAT \
-         that lets only TCP 443 out are not in it: the fleet does not carry a pair over a \
-         relay's TLS port yet.\n\n{}\n",
+         {} round(s) per pair, pairs in turn; the whole run took {:.0} s. TCP 443 only: a NAT \
+         that lets only TCP to port 443 out (and to the store); such a site's gateway carries \
+         its datagrams over TLS to the relay's listener (`transport = \"tls\"`).\n\n{}\n",
         options.rounds,
         took.as_secs_f64(),
         t.render()
@@ -855,9 +874,9 @@ fn render_throughput(results: &[PairResult], options: &Options) -> String {
     };
     format!(
         "\nDirect against relayed for the same pair kind: two sites behind EIM NATs punch a \
-         direct path; the same pair with UDP between their routers' public addresses dropped \
-         (an nftables rule on A's router; each still reaches the relay) goes through the \
-         relay. The two alternate round by round, each on fresh sites (medians; target: \
+         direct path; the same pair with everything between their routers' public addresses \
+         dropped (an nftables rule on A's router; each still reaches the relay) goes through \
+         the relay. The two alternate round by round, each on fresh sites (medians; target: \
          relayed ≥ 0.8× direct). Every process shares this machine's cores: the relay's \
          forwarding competes with both gateways' encryption and iperf3.\n\n{}\n\
          Per round, Mbit/s: direct {}; relayed {}.{counted}\n",
@@ -899,6 +918,7 @@ mod tests {
         assert!(EIM_EIM_BLOCKED.relayed());
         assert!(Pair::new(Kind::EIM, Kind::EDM).relayed());
         assert!(Pair::new(Kind::EDM, Kind::EDM).relayed());
+        assert!(Pair::new(Kind::Public, Kind::TCP443).relayed());
     }
 
     #[test]
@@ -917,6 +937,7 @@ mod tests {
         assert!(parse(&["--quick".into(), "--update-docs".into()]).is_err());
         assert_eq!(parse(&["--rounds".into(), "5".into()]).unwrap().rounds, 5);
         // Every site of a full run has an address of its own.
+        assert!(config_knows("relay") || !config_knows("relay_tls"));
         assert!(pairs(false).len() * 2 * 10 <= SITE_HOSTS.len());
     }
 }
