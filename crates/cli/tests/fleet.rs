@@ -1399,6 +1399,8 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     // T can send only TCP to port 443 (and its fleet's etcd).
     let t = Nat::new(&wan, "192.0.2.47/24", 7, NatKind::Tcp443Only);
     t.allow_tcp("192.0.2.11", 2379);
+    let t2 = Nat::new(&wan, "192.0.2.48/24", 8, NatKind::Tcp443Only);
+    t2.allow_tcp("192.0.2.11", 2379);
     let certs = cluster.certs();
     let mut p_site = Site::new(&cluster, "p", "gw", 31, 31, true);
     // The relay's TLS listener: the cluster's CA signed a certificate for the name
@@ -1417,11 +1419,21 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     let d2_site = nat_site(&cluster, "d2", 46, &d2);
     let e3_site = nat_site(&cluster, "e3", 44, &e3);
     let e4_site = nat_site(&cluster, "e4", 45, &e4);
-    let mut t_site = nat_site(&cluster, "t", 47, &t);
-    t_site.body.push_str(&format!(
-        "transport = \"tls\"\nrelay_ca_file = \"{}\"\n",
-        certs.join("ca.pem").display()
-    ));
+    let tcp_only = |name, n, nat: &Nat| {
+        let mut site = nat_site(&cluster, name, n, nat);
+        site.body.push_str(&format!(
+            "transport = \"tls\"\nrelay_ca_file = \"{}\"\n",
+            certs.join("ca.pem").display()
+        ));
+        site
+    };
+    let t_site = tcp_only("t", 47, &t);
+    let t2_site = tcp_only("t2", 48, &t2);
+    // E1 serves its metrics, to see its paths there.
+    let mut e1_site = e1_site;
+    e1_site
+        .body
+        .push_str("\n[metrics]\nlisten = \"127.0.0.1:9586\"\n");
     let _p = p_site.start(&np);
     let started = Instant::now();
     let _q = q_site.start(&nq);
@@ -1432,6 +1444,7 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     let _e3 = e3_site.start(&e3.site);
     let _e4 = e4_site.start(&e4.site);
     let _t = t_site.start(&t.site);
+    let _t2 = t2_site.start(&t2.site);
 
     // (site, its namespace, its number, whether it is behind an endpoint-dependent NAT or
     // public): what decides a pair's path.
@@ -1442,7 +1455,7 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         Dependent,
         TcpOnly,
     }
-    let matrix: [(&Site, &NetNs, u8, Kind); 7] = [
+    let matrix: [(&Site, &NetNs, u8, Kind); 8] = [
         (&p_site, &np, 31, Kind::Public),
         (&q_site, &nq, 32, Kind::Public),
         (&e1_site, &e1.site, 41, Kind::Independent),
@@ -1450,6 +1463,7 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         (&d1_site, &d1.site, 43, Kind::Dependent),
         (&d2_site, &d2.site, 46, Kind::Dependent),
         (&t_site, &t.site, 47, Kind::TcpOnly),
+        (&t2_site, &t2.site, 48, Kind::TcpOnly),
     ];
     step("NAT: every pair of the matrix pings, both ways");
     for (i, (a, a_ns, _, _)) in matrix.iter().enumerate() {
@@ -1527,7 +1541,7 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         wg_dump(&np, &p_site.ifname)
             .iter()
             .skip(1)
-            .filter(|f| f[0] != q_site.public && f[0] != t_site.public)
+            .filter(|f| f[0] != q_site.public && f[0] != t_site.public && f[0] != t2_site.public)
             .map(|f| f[5].parse::<u64>().unwrap_or(0))
             .sum()
     };
@@ -1542,6 +1556,7 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         (1, 6),
         (2, 6),
         (4, 6),
+        (6, 7),
     ];
     for (i, j) in pairs {
         let (a, a_ns, _, _) = matrix[i];
@@ -1563,8 +1578,8 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     let forwarded = scrape_relay_bytes(&p_site.ifname) - relayed_before;
     let p_more = received_at_p() - p_before;
     assert!(
-        forwarded >= 5 * (16 << 20),
-        "the relay forwarded {forwarded} bytes for five relayed 16 MiB transfers"
+        forwarded >= 6 * (16 << 20),
+        "the relay forwarded {forwarded} bytes for six relayed 16 MiB transfers"
     );
     assert!(
         p_more < 1 << 20,
@@ -1576,6 +1591,27 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         .unwrap_or_default()
         .to_string();
     println!("    {}", relay_line.trim());
+
+    step("NAT: E1's metrics say each path, its kind, where it goes and through which relay");
+    let metrics = scrape(&e1.site);
+    for (peer, want) in [
+        ("d1/gw", "path=\"relayed\",via=\"192.0.2.31:"),
+        (
+            "e2/gw",
+            "path=\"direct\",via=\"192.0.2.42:51820\",relay=\"\"",
+        ),
+        ("t/gw", "path=\"relayed\",via=\"192.0.2.31:"),
+    ] {
+        let series = format!(
+            "tunneld_fleet_path_seconds{{site=\"e1\",gateway=\"gw\",peer=\"{peer}\",{want}"
+        );
+        assert!(metrics.contains(&series), "no {series} in:\n{metrics}");
+    }
+    assert!(
+        metrics.contains("tunneld_fleet_paths_relayed{site=\"e1\",gateway=\"gw\"} 4"),
+        "E1 goes through the relay to D1, D2, T and T2:\n{metrics}"
+    );
+    promtool_checks(metrics.split_once("\r\n\r\n").map_or("", |(_, body)| body));
 
     step("NAT: a flush of E1's NAT (its mappings forgotten) is recovered from, direct");
     e1.flush();
@@ -1649,6 +1685,34 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
     println!(
         "    E3 and E4 relayed again {:.2?} after the firewall came back",
         blocked.elapsed()
+    );
+}
+
+/// Prometheus's own checker passes `metrics` (when promtool is here: the metrics test
+/// requires it).
+fn promtool_checks(metrics: &str) {
+    let Ok(mut promtool) = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        return;
+    };
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned()
+        + &String::from_utf8_lossy(&checked.stderr);
+    assert!(
+        checked.status.success() && said.trim().is_empty(),
+        "promtool check metrics: {}\n{said}",
+        checked.status
     );
 }
 

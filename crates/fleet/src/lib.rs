@@ -1601,7 +1601,7 @@ impl<S: Store> Member<S> {
             if self.relaying_told.get(pair) == Some(port) {
                 continue;
             }
-            let key = self.keys.relaying(&site, &gateway, pair);
+            let key = self.keys.relaying(&site, &gateway, &pair.to_hex());
             tokio::time::timeout(
                 self.request_timeout,
                 self.store.put(&key, port.to_string().into_bytes(), lease),
@@ -1623,7 +1623,7 @@ impl<S: Store> Member<S> {
             .copied()
             .collect();
         for pair in gone {
-            let key = self.keys.relaying(&site, &gateway, &pair);
+            let key = self.keys.relaying(&site, &gateway, &pair.to_hex());
             tokio::time::timeout(self.request_timeout, self.store.delete(&key))
                 .await
                 .map_err(|_| StoreError("etcd did not answer in time".into()))??;

@@ -287,26 +287,18 @@ impl Keys {
     /// Where the gateway `site`/`gateway` publishes the address it sees `subject`'s
     /// datagrams come from (under its own record, so a site's etcd role covers it).
     pub fn seen(&self, site: &str, gateway: &str, subject: &PublicKey) -> String {
-        let hex: String = subject
-            .as_bytes()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        format!("{}/seen/{hex}", self.record(site, gateway))
+        format!("{}/seen/{}", self.record(site, gateway), key_hex(subject))
     }
 
     /// Where the gateway `site`/`gateway` asks for a relay to `subject` (under its record).
     pub fn relay_wanted(&self, site: &str, gateway: &str, subject: &PublicKey) -> String {
-        format!(
-            "{}/relay/{}",
-            self.record(site, gateway),
-            crate::relay::hex(subject)
-        )
+        format!("{}/relay/{}", self.record(site, gateway), key_hex(subject))
     }
 
     /// Where the relay `site`/`gateway` says which port serves `pair`.
-    pub fn relaying(&self, site: &str, gateway: &str, pair: &crate::relay::Pair) -> String {
-        format!("{}/relaying/{}", self.record(site, gateway), pair.to_hex())
+    /// `pair`: the pair's `<low key hex>-<high key hex>` (`relay::Pair::to_hex`).
+    pub fn relaying(&self, site: &str, gateway: &str, pair: &str) -> String {
+        format!("{}/relaying/{pair}", self.record(site, gateway))
     }
 
     /// The name of a site's election (etcd's election service adds `/<lease>`).
@@ -346,6 +338,11 @@ impl Keys {
             _ => KeyKind::Other,
         }
     }
+}
+
+/// A public key as the store's keys name it: 64 hex digits.
+pub fn key_hex(key: &PublicKey) -> String {
+    key.as_bytes().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The public key a `seen/` key names (64 hex digits).
@@ -513,7 +510,7 @@ mod tests {
             KeyKind::RelayWanted { site: "a", gateway: "a1", subject: s } if seen_subject(s) == Some(subject)
         ));
         let pair = crate::relay::Pair::new(subject, record().public_key);
-        let relaying = keys.relaying("r", "r1", &pair);
+        let relaying = keys.relaying("r", "r1", &pair.to_hex());
         assert!(matches!(
             keys.kind(&relaying),
             KeyKind::Relaying { site: "r", gateway: "r1", pair: p } if crate::relay::Pair::from_hex(p) == Some(pair)

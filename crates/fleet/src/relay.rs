@@ -18,6 +18,7 @@
 //! forwards and counts is ciphertext.
 
 use crate::probe::{mac, PairKeys};
+use crate::record::key_hex as hex;
 use blake2::digest::Mac;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -75,10 +76,6 @@ impl Pair {
         );
         (a.as_bytes() < b.as_bytes()).then_some(Pair(a, b))
     }
-}
-
-pub fn hex(key: &PublicKey) -> String {
-    key.as_bytes().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A side's registration with `relay` for the pair's `port`: sent from the side's

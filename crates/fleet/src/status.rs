@@ -562,18 +562,6 @@ impl tunneld::FrontEnd for Shared {
         }
         if let Some(p) = &s.probes {
             metric(
-                "probe_rtt_microseconds",
-                "gauge",
-                "Round trip of the last answered probe to the site's active gateway (a standby's; 0: none).",
-                p.rtt_us.unwrap_or(0),
-            );
-            metric(
-                "probe_last_answer_milliseconds",
-                "gauge",
-                "Time since the site's active gateway last answered a probe (a standby's; 0: none).",
-                p.last_answer_ms_ago.unwrap_or(0),
-            );
-            metric(
                 "probes_answered_total",
                 "counter",
                 "Probes this gateway answered for its site's other gateways.",
@@ -675,6 +663,57 @@ impl tunneld::FrontEnd for Shared {
             "Times this gateway's name was refused to it, or to another gateway claiming it.",
             c.name_conflicts,
         );
+        if let Some(p) = &s.probes {
+            // In seconds, Prometheus's base unit (fractions).
+            for (name, help, value) in [
+                (
+                    "probe_rtt_seconds",
+                    "Round trip of the last answered probe to the site's active gateway (a standby's; 0: none).",
+                    p.rtt_us.unwrap_or(0) as f64 / 1e6,
+                ),
+                (
+                    "probe_last_answer_seconds",
+                    "Time since the site's active gateway last answered a probe (a standby's; 0: none).",
+                    p.last_answer_ms_ago.unwrap_or(0) as f64 / 1e3,
+                ),
+            ] {
+                let _ = writeln!(out, "# HELP tunneld_fleet_{name} {help}");
+                let _ = writeln!(out, "# TYPE tunneld_fleet_{name} gauge");
+                let _ = writeln!(out, "tunneld_fleet_{name}{{{labels}}} {value}");
+            }
+        }
+        // Each peer gateway's path: one series per peer, its kind and where it goes in the
+        // labels, how long it has been so as the value.
+        let paths: Vec<(&GatewayStatus, &PathStatus)> = s
+            .gateways
+            .iter()
+            .filter_map(|g| Some((g, g.path.as_ref()?)))
+            .collect();
+        if !paths.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP tunneld_fleet_path_seconds How long the path to each peer gateway has been as its labels say: path (direct, relayed or searching), via (where its datagrams go), relay (the relay's site/gateway)."
+            );
+            let _ = writeln!(out, "# TYPE tunneld_fleet_path_seconds gauge");
+        }
+        for (g, path) in paths {
+            let (kind, via, relay, secs) = match path {
+                PathStatus::Direct { via, for_secs } => ("direct", via.to_string(), "", *for_secs),
+                PathStatus::Relayed {
+                    relay,
+                    via,
+                    for_secs,
+                } => ("relayed", via.to_string(), relay.as_str(), *for_secs),
+                PathStatus::Searching { for_secs, .. } => {
+                    ("searching", String::new(), "", *for_secs)
+                }
+            };
+            let _ = writeln!(
+                out,
+                "tunneld_fleet_path_seconds{{{labels},peer=\"{}/{}\",path=\"{kind}\",via=\"{via}\",relay=\"{relay}\"}} {secs}",
+                g.site, g.gateway
+            );
+        }
         out
     }
 }
