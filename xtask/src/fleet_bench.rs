@@ -175,7 +175,7 @@ impl Gateway {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn show(&self, tunneld: &Path) -> String {
+    pub(crate) fn show(&self, tunneld: &Path) -> String {
         let out = Command::new(tunneld)
             .args(["show", &self.ifname])
             .output()
@@ -226,6 +226,19 @@ impl Fleet<'_> {
         prefix: Option<&str>,
         spec: Spec,
     ) -> Result<Gateway, String> {
+        self.gateway_with(ns, prefix, spec, "", "")
+    }
+
+    /// [`Fleet::gateway`], with `fleet_lines` added to its `[fleet]` section and `sections`
+    /// (whole TOML sections) after it.
+    pub(crate) fn gateway_with(
+        &self,
+        ns: &NetNs,
+        prefix: Option<&str>,
+        spec: Spec,
+        fleet_lines: &str,
+        sections: &str,
+    ) -> Result<Gateway, String> {
         let Spec {
             underlay,
             site,
@@ -274,7 +287,9 @@ impl Fleet<'_> {
             if let Some(ttl) = self.lease_ttl {
                 text.push_str(&format!("lease_ttl = {ttl}\n"));
             }
+            text.push_str(fleet_lines);
         }
+        text.push_str(sections);
         let config = self.dir.join(format!("{ifname}.toml"));
         fs::write(&config, text).map_err(|e| e.to_string())?;
         let mut g = Gateway {
@@ -316,14 +331,14 @@ fn wait_for_within(
 }
 
 /// A ping every 10 ms from `ns` to `addr`, its replies' times read back.
-struct Probe {
+pub(crate) struct Probe {
     /// Stopped with the probe.
     _process: Guard,
     out: PathBuf,
 }
 
 impl Probe {
-    fn start(ns: &NetNs, addr: &str, out: PathBuf) -> Result<Probe, String> {
+    pub(crate) fn start(ns: &NetNs, addr: &str, out: PathBuf) -> Result<Probe, String> {
         let file = fs::File::create(&out).map_err(|e| e.to_string())?;
         let child = ns
             .command("ping")
@@ -338,14 +353,18 @@ impl Probe {
         })
     }
 
+    /// The Unix times of its replies so far.
+    pub(crate) fn reply_times(&self) -> Vec<f64> {
+        etcd::ping_reply_times(&fs::read_to_string(&self.out).unwrap_or_default())
+    }
+
     /// Seconds from `event` (Unix time) to the first reply after the longest gap in the
     /// replies that follows it (0 when no gap exceeded [`LOST`]), once replies have flowed
     /// for [`SETTLED`] after that gap.
     fn resumed_after(&self, event: f64) -> Result<f64, String> {
         let deadline = Instant::now() + STEP_LIMIT;
         loop {
-            let times = etcd::ping_reply_times(&fs::read_to_string(&self.out).unwrap_or_default());
-            if let Some(resumed) = back_after(&times, event) {
+            if let Some(resumed) = back_after(&self.reply_times(), event) {
                 return Ok(resumed);
             }
             system::check_interrupted()?;
@@ -364,7 +383,7 @@ const SETTLED: f64 = 1.0;
 
 /// Seconds from `event` to the end of the longest gap in `replies` after it (0 without one
 /// longer than [`LOST`]); `None` until replies have flowed for [`SETTLED`] after that gap.
-fn back_after(replies: &[f64], event: f64) -> Option<f64> {
+pub(crate) fn back_after(replies: &[f64], event: f64) -> Option<f64> {
     let mut previous = replies
         .iter()
         .copied()
@@ -603,7 +622,7 @@ fn forwarded_per_stream(ns: &NetNs) -> Vec<u64> {
 }
 
 /// iperf3 from `from` to `to_addr` (a server started in `to`): received bit/s.
-fn iperf(
+pub(crate) fn iperf(
     from: &NetNs,
     to: &NetNs,
     to_addr: &str,

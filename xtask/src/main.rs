@@ -16,6 +16,7 @@ mod kernel_wg;
 mod library_deps;
 #[cfg(test)]
 mod module_cycles;
+mod nat_bench;
 #[cfg(test)]
 mod one_netlink_parser;
 mod package;
@@ -79,6 +80,15 @@ commands:
                    time, a new site known to all and pinged, etcd requests and events, CPU
                    and memory at rest (default 60 s), extrapolated to 10 000 sites; lease
                    TTL 10 s by default; report in target/bench-report/fleet-scale-report.md
+  bench-nat [--quick] [--rounds N] [--seconds S] [--update-docs]
+                   sites behind NAT (issue 48) on one etcd member with a public relay site,
+                   per pair of NAT kinds (public, endpoint-independent, endpoint-dependent):
+                   time from both gateways up to the first ping through, time back after a
+                   NAT's conntrack flush, the path `tunneld show` says (direct, relayed);
+                   iperf3 and RTT direct against relayed for the same EIM pair (UDP between
+                   them dropped), the relay's CPU per Gbit; N rounds (default 3, --quick: 1
+                   of three pairs, about 20 s), S s of iperf3 each (default 3); report in
+                   target/bench-report/nat-report.md
   bench-hub [--quick] [--rounds N] [--peers N,...] [--no-up] [--spread S]
              [--baseline TUNNELD] [--update-docs]
                    a hub with N peers (default 1000,10000,100000), tunneld beside
@@ -140,6 +150,7 @@ fn main() -> ExitCode {
                 | "bench-fleet"
                 | "bench-fleet-scale"
                 | "bench-hub"
+                | "bench-nat"
         )
     ) {
         system::catch_interrupts();
@@ -154,6 +165,7 @@ fn main() -> ExitCode {
         Some("bench-fleet") => fleet_bench::run(&args[1..]),
         Some("bench-fleet-scale") => fleet_scale::run(&args[1..]),
         Some("bench-hub") => hub_bench::run(&args[1..]),
+        Some("bench-nat") => nat_bench::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("tlsfuzzer") => tlsfuzzer::run(&args[1..]),
         Some("kernel-wg") => system::install_tools().and_then(|()| kernel_wg::run(&args[1..])),
