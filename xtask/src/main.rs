@@ -539,6 +539,12 @@ fn test() -> ExitCode {
             eprintln!("bench-fleet-scale --quick: {e}");
             failures.push("bench-fleet-scale --quick".into());
         }
+        // Sites behind NAT: a direct pair, a relayed one, direct against relayed: about 17 s.
+        eprintln!("==> NAT bench smoke run: cargo xtask bench-nat --quick");
+        if let Err(e) = nat_bench::run(&["--quick".to_string()]) {
+            eprintln!("bench-nat --quick: {e}");
+            failures.push("bench-nat --quick".into());
+        }
     } else if let Err(e) = skip_step(
         "benchmark harness smoke run",
         "needs root for network namespaces",

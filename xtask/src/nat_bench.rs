@@ -220,19 +220,6 @@ pub fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether this build's config knows the `[fleet]` field `field` (the relay, then its TLS
-/// listener for sites that send only TCP 443, were built in main after the direct paths;
-/// until a build has them, the pairs that need them are left out and said to be).
-fn config_knows(field: &str) -> bool {
-    let text = format!("[interface]\nname = \"x\"\n[fleet]\n{field} = true\n");
-    match tunneld_config::parse(&text) {
-        Ok(_) => true,
-        Err(errors) => !errors
-            .to_string()
-            .contains(&format!("unknown field `{field}`")),
-    }
-}
-
 /// One site: its place on the underlay (behind its NAT or not).
 enum Place {
     Public { ns: NetNs, addr: String },
@@ -613,16 +600,13 @@ impl Bench<'_> {
     }
 }
 
-/// Every round of a pair, or why the pair was left out.
+/// Every round of a pair.
 struct PairResult {
     pair: Pair,
     rounds: Vec<Round>,
-    left_out: Option<&'static str>,
 }
 
 fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<Vec<PairResult>, String> {
-    let relay_built = config_knows("relay");
-    let relay_tls_built = config_knows("relay_tls");
     let pairs = pairs(options.quick);
     let sites = pairs.len() * 2 * options.rounds;
     if sites > SITE_HOSTS.len() {
@@ -645,19 +629,14 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<Vec<PairResu
     // "gateway" (its client certificate), which serves here.
     let certs = cluster.certs();
     let relay_tls = format!("192.0.2.{RELAY_HOST}:443");
-    let (relay_lines, relay_sections) = match (relay_built, relay_tls_built) {
-        (true, true) => (
-            format!("relay = true\nrelay_tls = \"{relay_tls}\"\nrelay_tls_name = \"gateway\"\n"),
-            format!(
-                "\n[[tls.listen]]\nlisten = \"{relay_tls}\"\ncert_file = \"{}\"\n\
-                 key_file = \"{}\"\nforward_to = \"wireguard\"\n",
-                certs.join("client.pem").display(),
-                certs.join("client.key").display()
-            ),
-        ),
-        (true, false) => ("relay = true\n".to_string(), String::new()),
-        (false, _) => (String::new(), String::new()),
-    };
+    let relay_lines =
+        format!("relay = true\nrelay_tls = \"{relay_tls}\"\nrelay_tls_name = \"gateway\"\n");
+    let relay_sections = format!(
+        "\n[[tls.listen]]\nlisten = \"{relay_tls}\"\ncert_file = \"{}\"\n\
+         key_file = \"{}\"\nforward_to = \"wireguard\"\n",
+        certs.join("client.pem").display(),
+        certs.join("client.key").display()
+    );
     let relay = fleet.gateway_with(
         &relay_ns,
         Some(PREFIX),
@@ -686,19 +665,12 @@ fn measure(tunneld: &Path, dir: &Path, options: &Options) -> Result<Vec<PairResu
         .map(|&pair| PairResult {
             pair,
             rounds: Vec::new(),
-            left_out: if pair.relayed() && !relay_built {
-                Some("left out: this build has no relay (`[fleet] relay`)")
-            } else if (pair.a == Kind::TCP443 || pair.b == Kind::TCP443) && !relay_tls_built {
-                Some("left out: this build's relay has no TLS listener (`[fleet] relay_tls`)")
-            } else {
-                None
-            },
         })
         .collect();
     let mut hosts = SITE_HOSTS;
     // Round by round over the pairs: the direct and the relayed EIM – EIM pairs alternate.
     for round in 0..options.rounds {
-        for result in results.iter_mut().filter(|r| r.left_out.is_none()) {
+        for result in results.iter_mut() {
             let pair = result.pair;
             let (Some(ha), Some(hb)) = (hosts.next(), hosts.next()) else {
                 return Err("out of site addresses".into());
@@ -740,10 +712,6 @@ fn render(results: &[PairResult], options: &Options, took: Duration) -> String {
         "rounds",
     ]);
     for r in results {
-        if let Some(why) = r.left_out {
-            t.note(&r.pair.name(), why);
-            continue;
-        }
         let first: Vec<f64> = r.rounds.iter().map(|x| x.first_packet).collect();
         let back: Vec<f64> = r.rounds.iter().filter_map(|x| x.recovery).collect();
         let paths: std::collections::BTreeSet<&str> =
@@ -937,7 +905,6 @@ mod tests {
         assert!(parse(&["--quick".into(), "--update-docs".into()]).is_err());
         assert_eq!(parse(&["--rounds".into(), "5".into()]).unwrap().rounds, 5);
         // Every site of a full run has an address of its own.
-        assert!(config_knows("relay") || !config_knows("relay_tls"));
         assert!(pairs(false).len() * 2 * 10 <= SITE_HOSTS.len());
     }
 }
