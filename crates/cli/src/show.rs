@@ -346,6 +346,20 @@ fn show_fleet(out: &mut String, fleet: &[(String, String)]) {
             at(2),
             at(3)
         );
+        // `site/gw site/gw port bytes`, one line per pair.
+        for (key, value) in fleet {
+            if key != "fleet_relay_pair" {
+                continue;
+            }
+            let words: Vec<&str> = value.split(' ').collect();
+            if let [a, b, port, sent] = words[..] {
+                say!(
+                    out,
+                    "    {a} <-> {b} on UDP port {port}: {}",
+                    bytes(sent.parse().unwrap_or(0))
+                );
+            }
+        }
     }
     say!(
         out,

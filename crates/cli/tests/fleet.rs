@@ -1571,12 +1571,24 @@ fn sites_behind_nat_find_a_direct_path_where_their_nats_allow_one_and_a_relay_ot
         p_more < 1 << 20,
         "P's WireGuard authenticated {p_more} bytes from NATed sites during the transfers"
     );
-    let relay_line = show(&np, &p_site.ifname)
+    let shown = show(&np, &p_site.ifname);
+    let relay_line = shown
         .lines()
         .find(|l| l.contains("relay: serving"))
         .unwrap_or_default()
         .to_string();
     println!("    {}", relay_line.trim());
+    // Each pair it serves, by name, with its port.
+    let d1_d2 = shown.lines().find(|l| {
+        l.contains(" <-> ")
+            && l.contains("d1/gw")
+            && l.contains("d2/gw")
+            && l.contains("on UDP port")
+    });
+    assert!(
+        d1_d2.is_some(),
+        "P's show lists no D1 <-> D2 pair:\n{shown}"
+    );
 
     step("NAT: E1's metrics say each path, its kind, where it goes and through which relay");
     let metrics = scrape(&e1.site);

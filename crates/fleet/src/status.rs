@@ -62,6 +62,18 @@ pub struct RelayStatus {
     pub datagrams: u64,
     /// Datagrams from no registered side, or for a side not registered yet.
     pub dropped: u64,
+    /// Each pair served: its sides (`site/gateway`, else the key), its port, bytes
+    /// forwarded.
+    pub each: Vec<RelayedPair>,
+}
+
+/// One pair a relay serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayedPair {
+    pub sides: [String; 2],
+    pub port: u16,
+    pub bytes: u64,
 }
 
 /// This gateway's name is held by another gateway's record (another lease): the claim was
@@ -355,11 +367,31 @@ impl Shared {
             }),
             relay: state.relay.as_ref().map(|relay| {
                 let pairs = lock_relay(relay).view();
+                let name = |key: &tunneld_crypto::PublicKey| {
+                    state
+                        .fleet
+                        .sites
+                        .values()
+                        .flat_map(|s| &s.gateways)
+                        .find(|m| m.record.public_key == *key)
+                        .map_or_else(
+                            || key.to_base64(),
+                            |m| format!("{}/{}", m.record.site, m.record.gateway),
+                        )
+                };
                 RelayStatus {
                     pairs: pairs.len(),
                     bytes: pairs.iter().map(|p| p.bytes).sum(),
                     datagrams: pairs.iter().map(|p| p.datagrams).sum(),
                     dropped: pairs.iter().map(|p| p.dropped).sum(),
+                    each: pairs
+                        .iter()
+                        .map(|p| RelayedPair {
+                            sides: [name(&p.pair.0), name(&p.pair.1)],
+                            port: p.port,
+                            bytes: p.bytes,
+                        })
+                        .collect(),
                 }
             }),
         }
@@ -436,6 +468,13 @@ impl tunneld::FrontEnd for Shared {
                 "fleet_relay={} {} {} {}",
                 r.pairs, r.bytes, r.datagrams, r.dropped
             );
+            for p in &r.each {
+                let _ = writeln!(
+                    out,
+                    "fleet_relay_pair={} {} {} {}",
+                    p.sides[0], p.sides[1], p.port, p.bytes
+                );
+            }
         }
         let c = s.counters;
         let _ = writeln!(out, "fleet_reconciles={}", c.reconciles);
