@@ -381,6 +381,7 @@ impl Fleet {
             bridges: HashMap::new(),
             tls_registered: HashMap::new(),
             tls_since: HashMap::new(),
+            tls_unreachable: HashSet::new(),
         };
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
@@ -560,9 +561,11 @@ struct Member<S: Store> {
     relay_ca: Option<std::path::PathBuf>,
     bridges: HashMap<PublicKey, (SocketAddr, tunneld::TlsBridge)>,
     /// When each bridged peer's relay last had a registration, and since when each has
-    /// been live.
+    /// been live (or not).
     tls_registered: HashMap<PublicKey, Instant>,
-    tls_since: HashMap<PublicKey, Instant>,
+    tls_since: HashMap<PublicKey, (bool, Instant)>,
+    /// Peers no relay with a TLS listener serves (logged once each).
+    tls_unreachable: HashSet<PublicKey>,
 }
 
 /// The keepalive of a gateway behind NAT toward its peers (seconds): after its NAT forgets
@@ -1378,13 +1381,16 @@ impl<S: Store> Member<S> {
                     .and_then(|r| record_of(&r)?.relay_tls.clone()),
             };
             let Some((remote, server_name)) = target else {
-                tracing::warn!(
-                    "{}: no relay with a TLS listener for {}: it cannot be reached over TCP",
-                    self.name(),
-                    self.peer_name(peer)
-                );
+                if self.tls_unreachable.insert(*peer) {
+                    tracing::warn!(
+                        "{}: no relay with a TLS listener for {}: it cannot be reached over TCP",
+                        self.name(),
+                        self.peer_name(peer)
+                    );
+                }
                 continue;
             };
+            self.tls_unreachable.remove(peer);
             if self.bridges.get(peer).is_none_or(|(r, _)| *r != remote) {
                 match self
                     .gateway
@@ -1445,6 +1451,7 @@ impl<S: Store> Member<S> {
         }
         let bridges = &self.bridges;
         self.tls_registered.retain(|k, _| bridges.contains_key(k));
+        self.tls_since.retain(|k, _| bridges.contains_key(k));
         tick
     }
 
@@ -1455,14 +1462,16 @@ impl<S: Store> Member<S> {
         let live = p
             .since_handshake
             .is_some_and(|d| d < Duration::from_secs(180));
+        let (was_live, since) = *self.tls_since.entry(p.public_key).or_insert((live, now));
+        let since = if was_live == live {
+            since
+        } else {
+            self.tls_since.insert(p.public_key, (live, now));
+            now
+        };
         if !live {
-            self.tls_since.remove(&p.public_key);
-            return Some(paths::PathState::Searching {
-                since: now,
-                tried: 0,
-            });
+            return Some(paths::PathState::Searching { since, tried: 0 });
         }
-        let since = *self.tls_since.entry(p.public_key).or_insert(now);
         Some(if self.relay_ports.contains_key(&p.public_key) {
             paths::PathState::Relayed {
                 via: *remote,
