@@ -1649,17 +1649,7 @@ impl<S: Store> Member<S> {
 
     /// `site/gateway` of a peer, or its key.
     fn peer_name(&self, key: &PublicKey) -> String {
-        self.shared
-            .state()
-            .fleet
-            .sites
-            .values()
-            .flat_map(|s| &s.gateways)
-            .find(|m| m.record.public_key == *key)
-            .map_or_else(
-                || key.to_base64(),
-                |m| format!("{}/{}", m.record.site, m.record.gateway),
-            )
+        self.shared.state().fleet.name_of(key)
     }
 
     fn apply(&mut self, op: PeerOp) {

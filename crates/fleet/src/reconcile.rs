@@ -489,6 +489,18 @@ impl Fleet {
         all
     }
 
+    /// `site/gateway` of the gateway of `key`, or the key when the fleet has no such record.
+    pub fn name_of(&self, key: &PublicKey) -> String {
+        self.sites
+            .values()
+            .flat_map(|s| &s.gateways)
+            .find(|m| m.record.public_key == *key)
+            .map_or_else(
+                || key.to_base64(),
+                |m| format!("{}/{}", m.record.site, m.record.gateway),
+            )
+    }
+
     /// The relay for `pair`: of the live gateways that relay (neither side of the pair), the
     /// one of highest rendezvous weight, so both sides and the relays agree without asking
     /// one another, and a relay leaving moves only its own pairs.

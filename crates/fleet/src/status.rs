@@ -367,18 +367,6 @@ impl Shared {
             }),
             relay: state.relay.as_ref().map(|relay| {
                 let pairs = lock_relay(relay).view();
-                let name = |key: &tunneld_crypto::PublicKey| {
-                    state
-                        .fleet
-                        .sites
-                        .values()
-                        .flat_map(|s| &s.gateways)
-                        .find(|m| m.record.public_key == *key)
-                        .map_or_else(
-                            || key.to_base64(),
-                            |m| format!("{}/{}", m.record.site, m.record.gateway),
-                        )
-                };
                 RelayStatus {
                     pairs: pairs.len(),
                     bytes: pairs.iter().map(|p| p.bytes).sum(),
@@ -387,7 +375,10 @@ impl Shared {
                     each: pairs
                         .iter()
                         .map(|p| RelayedPair {
-                            sides: [name(&p.pair.0), name(&p.pair.1)],
+                            sides: [
+                                state.fleet.name_of(&p.pair.0),
+                                state.fleet.name_of(&p.pair.1),
+                            ],
                             port: p.port,
                             bytes: p.bytes,
                         })
