@@ -1090,6 +1090,9 @@ fn a_fleet_forms_fails_over_and_outlives_its_store() {
     ping(&lan, "10.1.0.1");
 
     step("site B's active gateway is cut off etcd alone: it gives up the LAN addresses in time, B1 takes them");
+    // B2 took the site over by its probes: it takes the LAN addresses a lease TTL later,
+    // which B1's return (handshakes sent at once) may beat.
+    wait_until("b2 to hold the LAN addresses", || vip_ports[1].holds_vip());
     assert!(vip_ports[1].holds_vip() && !vip_ports[0].holds_vip());
     let probe = Probe::start(&na, "10.2.0.20", 40);
     let watch = VipWatch::start(&vip_ports);
